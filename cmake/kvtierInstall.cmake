@@ -1,0 +1,19 @@
+# Install rules and the package config: find_package(kvtier CONFIG REQUIRED)
+# gives kvtier::kvtier, plus kvtier::asio / kvtier::uring / kvtier::nccl where
+# those parts were built and their dependencies are found on the consumer side.
+set(KVTIER_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvtier)
+
+install(TARGETS kvtier EXPORT kvtier-targets FILE_SET HEADERS)
+install(EXPORT kvtier-targets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR})
+foreach(part IN LISTS KVTIER_EXPORTED_PARTS)
+  install(TARGETS kvtier_${part} EXPORT kvtier-${part}-targets FILE_SET HEADERS)
+  install(EXPORT kvtier-${part}-targets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR})
+endforeach()
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kvtierConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/kvtierConfig.cmake INSTALL_DESTINATION ${KVTIER_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvtierConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
+install(FILES ${PROJECT_BINARY_DIR}/kvtierConfig.cmake ${PROJECT_BINARY_DIR}/kvtierConfigVersion.cmake
+  DESTINATION ${KVTIER_CMAKE_DIR})
+install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/kvtier)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kvtier's build, tests, benchmarks and examples
+# use. Idempotent: packages already present are not fetched again.
+set -euo pipefail
+packages=(build-essential cmake pkg-config clang libclang-rt-14-dev
+          libboost-dev liburing-dev libxxhash-dev catch2 librapidcheck-dev
+          redis-server libhiredis-dev libssl-dev gnuplot-nox)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  echo "kvtier: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# redis-server from the package starts a system instance; the tests start their own
+# on free loopback ports and need none running.

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# kvtier's whole test suite, as CI runs it (.ci/run calls exactly this):
+#   1. Release build: every header compiled on its own, every test label.
+#   2. ASan+UBSan build: the unit and property tests.
+#   3. TSan build: the concurrent tests (label tsan).
+#   4. clang libFuzzer build: the fuzz targets for a bounded time (label fuzz).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+jobs=${KVTIER_JOBS:-$(nproc)}
+root=${KVTIER_BUILD_ROOT:-build}
+step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
+
+step "release build"
+cmake -S . -B "$root/release" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$root/release" -j"$jobs"
+cmake --build "$root/release" --target all_verify_interface_header_sets -j"$jobs"
+step "release tests"
+ctest --test-dir "$root/release" --output-on-failure -j"$jobs"
+
+step "asan+ubsan build"
+cmake -S . -B "$root/asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_SANITIZE=address >/dev/null
+cmake --build "$root/asan" -j"$jobs"
+step "asan+ubsan tests (unit, property)"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir "$root/asan" --output-on-failure -j"$jobs" -L 'unit|property'
+
+step "tsan build"
+cmake -S . -B "$root/tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_SANITIZE=thread >/dev/null
+cmake --build "$root/tsan" -j"$jobs"
+if [ -n "$(ctest --test-dir "$root/tsan" -N -L tsan | grep 'Test *#')" ]; then
+  step "tsan tests"
+  TSAN_OPTIONS=halt_on_error=1 ctest --test-dir "$root/tsan" --output-on-failure -j"$jobs" -L tsan
+fi
+
+step "fuzz build (clang, libFuzzer)"
+cmake -S . -B "$root/fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DKVTIER_FUZZ=ON -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_EXAMPLES=OFF -DKVTIER_BUILD_TOOLS=OFF >/dev/null
+cmake --build "$root/fuzz" -j"$jobs"
+if [ -n "$(ctest --test-dir "$root/fuzz" -N -L fuzz | grep 'Test *#')" ]; then
+  step "fuzz tests"
+  ctest --test-dir "$root/fuzz" --output-on-failure -L fuzz
+fi
+step "all suites passed"
