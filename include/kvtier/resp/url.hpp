@@ -1,0 +1,272 @@
+// kvtier/resp/url.hpp: server URLs and per-rank URL templates.
+//
+// Forms accepted:
+//   resp://[user[:password]@]host[:port][/db]          TCP; port defaults to 6379, db to 0
+//   resp://[user[:password]@][v6addr]:port[/db]        IPv6 literal in brackets
+//   resp+unix://[user[:password]@]/path/to.sock[?db=N] Unix socket (absolute path)
+// User and password may be percent-encoded (%40 for '@', %3A for ':').
+//
+// Templates: "{rank}" is replaced by the rank anywhere in the text, and "{rank+N}"
+// is allowed as the whole port, which becomes N + rank. So rank r of every engine
+// can talk to its own server instance:
+//
+//   auto r = kvtier::resp::parse_url("resp://127.0.0.1:{rank+6400}/0", /*rank=*/3);
+//   if (!r) std::cerr << r.message << "\n";   // names what is wrong
+//   else    use(r.value);                      // r.value.port == 6403
+//
+// Parsing never throws; a bad URL is errc::bad_url plus a message.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "kvtier/errc.hpp"
+
+namespace kvtier::resp {
+
+/// Where a server listens and how to log in.
+struct endpoint {
+  enum class transport : std::uint8_t { tcp, unix_socket };
+  transport kind = transport::tcp;
+  std::string host;           ///< TCP: name or address (IPv6 without brackets)
+  std::uint16_t port = 6379;  ///< TCP only
+  std::string path;           ///< Unix socket path
+  std::string user;           ///< empty: AUTH with password only (the "default" user)
+  std::string password;       ///< empty: no AUTH
+  int db = 0;                 ///< SELECT db after connecting when non-zero
+
+  /// "host:port/db" or "unix:/path/db" without credentials, for messages and logs.
+  std::string describe() const {
+    std::string s;
+    if (kind == transport::unix_socket) {
+      s = "unix:" + path;
+    } else {
+      s = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+      s += ":" + std::to_string(port);
+    }
+    if (db != 0) s += "/" + std::to_string(db);
+    return s;
+  }
+};
+
+/// Result of parse_url: `value` when `ec` is empty, else `message` says what is wrong.
+struct url_result {
+  endpoint value;
+  std::error_code ec;
+  std::string message;
+  explicit operator bool() const noexcept { return !ec; }
+};
+
+namespace detail {
+
+inline url_result conn_url_error(std::string_view url, std::string what) {
+  url_result r;
+  r.ec = make_error_code(errc::bad_url);
+  r.message = "bad server URL '" + std::string(url) + "': " + std::move(what);
+  return r;
+}
+
+// Decodes %XX escapes; nullopt on a malformed escape.
+inline std::optional<std::string> conn_percent_decode(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out.push_back(s[i]);
+      continue;
+    }
+    if (i + 2 >= s.size()) return std::nullopt;
+    unsigned v = 0;
+    auto [p, e] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
+    if (e != std::errc{} || p != s.data() + i + 3) return std::nullopt;
+    out.push_back(static_cast<char>(v));
+    i += 2;
+  }
+  return out;
+}
+
+// Parses a whole decimal string into [lo, hi]; nullopt otherwise.
+inline std::optional<long long> conn_parse_int(std::string_view s, long long lo, long long hi) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  long long v = 0;
+  auto [p, e] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (e != std::errc{} || p != s.data() + s.size() || v < lo || v > hi) return std::nullopt;
+  return v;
+}
+
+}  // namespace detail
+
+/// Replaces every "{rank}" in `tmpl` by `rank`; "{rank+N}" is left for parse_url's port.
+inline std::string substitute_rank(std::string_view tmpl, int rank) {
+  std::string out;
+  constexpr std::string_view tok = "{rank}";
+  std::size_t i = 0;
+  while (i < tmpl.size()) {
+    if (tmpl.substr(i, tok.size()) == tok) {
+      out += std::to_string(rank);
+      i += tok.size();
+    } else {
+      out.push_back(tmpl[i++]);
+    }
+  }
+  return out;
+}
+
+/// Parses a server URL. `rank` (when given) is substituted for "{rank}" and
+/// "{rank+N}"; a template with a placeholder and no rank is an error.
+inline url_result parse_url(std::string_view url, std::optional<int> rank = std::nullopt) {
+  using detail::conn_url_error;
+  if (rank && *rank < 0) return conn_url_error(url, "rank " + std::to_string(*rank) + " is negative");
+  const std::string text = rank ? substitute_rank(url, *rank) : std::string(url);
+  std::string_view s = text;
+
+  // Anything in braces left now is "{rank+N}" (allowed only as a TCP port: after
+  // ':' and before '/' or the end) or a placeholder nobody can expand.
+  for (std::size_t b = s.find('{'); b != std::string_view::npos; b = s.find('{', b + 1)) {
+    const std::size_t e = s.find('}', b);
+    if (e == std::string_view::npos)
+      return conn_url_error(url, "unclosed '{' in '" + std::string(s.substr(b)) + "'");
+    const std::string_view ph = s.substr(b, e - b + 1);
+    if (ph.substr(0, 6) != "{rank+" && ph != "{rank}")
+      return conn_url_error(
+          url, "unknown placeholder " + std::string(ph) + " (only {rank} anywhere and {rank+N} as the port)");
+    if (!rank)
+      return conn_url_error(url, "contains the placeholder " + std::string(ph) + " but no rank was given");
+    const bool port_position =
+        b > 0 && s[b - 1] == ':' && (e + 1 == s.size() || s[e + 1] == '/') && s.substr(0, 7) == "resp://";
+    if (!port_position) return conn_url_error(url, std::string(ph) + " is only allowed as the port");
+  }
+
+  endpoint ep;
+  constexpr std::string_view tcp_scheme = "resp://", unix_scheme = "resp+unix://";
+  std::string_view rest;
+  if (s.substr(0, tcp_scheme.size()) == tcp_scheme) {
+    rest = s.substr(tcp_scheme.size());
+  } else if (s.substr(0, unix_scheme.size()) == unix_scheme) {
+    ep.kind = endpoint::transport::unix_socket;
+    rest = s.substr(unix_scheme.size());
+  } else {
+    const auto colon = s.find("://");
+    return conn_url_error(url, colon == std::string_view::npos
+                                   ? "missing scheme (expected resp:// or resp+unix://)"
+                                   : "unsupported scheme '" + std::string(s.substr(0, colon)) +
+                                         "' (expected resp or resp+unix)");
+  }
+
+  // userinfo@: TCP: before the last '@' of the authority (up to the first '/');
+  // Unix: before the "@/" that starts the path.
+  std::size_t at = std::string_view::npos;
+  if (ep.kind == endpoint::transport::tcp) {
+    at = rest.substr(0, rest.find('/')).rfind('@');
+  } else if (!rest.empty() && rest.front() != '/') {
+    at = rest.find("@/");
+  }
+  if (at != std::string_view::npos) {
+    const std::string_view info = rest.substr(0, at);
+    rest.remove_prefix(at + 1);
+    const std::size_t colon = info.find(':');
+    auto user = detail::conn_percent_decode(info.substr(0, colon));
+    auto pass = colon == std::string_view::npos ? std::optional<std::string>(std::string())
+                                                : detail::conn_percent_decode(info.substr(colon + 1));
+    if (!user || !pass) return conn_url_error(url, "malformed percent escape in user or password");
+    if (colon == std::string_view::npos) {
+      // "resp://secret@host": a lone word is the password of the default user (requirepass).
+      ep.password = *user;
+    } else {
+      ep.user = *user;
+      ep.password = *pass;
+      if (ep.password.empty())
+        return conn_url_error(url, "user '" + ep.user + "' given with an empty password");
+    }
+    if (ep.user.empty() && ep.password.empty())
+      return conn_url_error(url, "empty user and password before '@'");
+  }
+
+  if (ep.kind == endpoint::transport::unix_socket) {
+    std::string_view path = rest;
+    const std::size_t q = rest.find('?');
+    if (q != std::string_view::npos) {
+      path = rest.substr(0, q);
+      std::string_view query = rest.substr(q + 1);
+      if (query.substr(0, 3) != "db=")
+        return conn_url_error(url, "unsupported query '" + std::string(query) + "' (only ?db=N)");
+      auto db = detail::conn_parse_int(query.substr(3), 0, 1 << 30);
+      if (!db)
+        return conn_url_error(url, "database '" + std::string(query.substr(3)) + "' is not a number >= 0");
+      ep.db = static_cast<int>(*db);
+    }
+    if (path.empty() || path.front() != '/')
+      return conn_url_error(url, "Unix socket path must be absolute (resp+unix:///path/to.sock)");
+    if (path.size() >= 108) return conn_url_error(url, "Unix socket path longer than 107 bytes");
+    ep.path = std::string(path);
+    return {std::move(ep), {}, {}};
+  }
+
+  // host[:port][/db]
+  std::string_view hostport = rest, dbpart;
+  const std::size_t slash = rest.find('/');
+  if (slash != std::string_view::npos) {
+    hostport = rest.substr(0, slash);
+    dbpart = rest.substr(slash + 1);
+    if (dbpart.find('?') != std::string_view::npos)
+      return conn_url_error(url, "query parameters are not supported");
+    if (!dbpart.empty()) {
+      auto db = detail::conn_parse_int(dbpart, 0, 1 << 30);
+      if (!db) return conn_url_error(url, "database '" + std::string(dbpart) + "' is not a number >= 0");
+      ep.db = static_cast<int>(*db);
+    }
+  }
+  std::string_view host = hostport, port;
+  if (!hostport.empty() && hostport.front() == '[') {
+    const std::size_t close = hostport.find(']');
+    if (close == std::string_view::npos) return conn_url_error(url, "IPv6 address missing its closing ']'");
+    host = hostport.substr(1, close - 1);
+    std::string_view after = hostport.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':')
+        return conn_url_error(url, "unexpected '" + std::string(after) + "' after the IPv6 address");
+      port = after.substr(1);
+      if (port.empty()) return conn_url_error(url, "empty port after ':'");
+    }
+  } else {
+    const std::size_t colon = hostport.rfind(':');
+    if (colon != std::string_view::npos) {
+      host = hostport.substr(0, colon);
+      port = hostport.substr(colon + 1);
+      if (port.empty()) return conn_url_error(url, "empty port after ':'");
+      if (host.find(':') != std::string_view::npos)
+        return conn_url_error(url, "IPv6 addresses need brackets, e.g. resp://[::1]:6379");
+    }
+  }
+  if (host.empty()) return conn_url_error(url, "missing host");
+  if (host.find_first_of("{}@ ") != std::string_view::npos)
+    return conn_url_error(url, "host '" + std::string(host) + "' contains an invalid character");
+  ep.host = std::string(host);
+
+  if (!port.empty()) {
+    if (port.substr(0, 6) == "{rank+") {
+      if (port.back() != '}')
+        return conn_url_error(url, "port placeholder '" + std::string(port) + "' must be exactly {rank+N}");
+      auto base = detail::conn_parse_int(port.substr(6, port.size() - 7), 0, 65535);
+      if (!base)
+        return conn_url_error(url,
+                              "port placeholder '" + std::string(port) + "': N must be a number in 0..65535");
+      const long long p = *base + *rank;
+      if (p < 1 || p > 65535)
+        return conn_url_error(url, "port " + std::to_string(p) + " from '" + std::string(port) +
+                                       "' with rank " + std::to_string(*rank) + " is outside 1..65535");
+      ep.port = static_cast<std::uint16_t>(p);
+    } else {
+      auto p = detail::conn_parse_int(port, 1, 65535);
+      if (!p) return conn_url_error(url, "port '" + std::string(port) + "' is not a number in 1..65535");
+      ep.port = static_cast<std::uint16_t>(*p);
+    }
+  }
+  return {std::move(ep), {}, {}};
+}
+
+}  // namespace kvtier::resp

@@ -1,0 +1,112 @@
+// Unit tests of resp URL parsing and {rank} templates.
+#include <catch2/catch.hpp>
+
+#include "kvtier/resp/url.hpp"
+
+using kvtier::resp::endpoint;
+using kvtier::resp::parse_url;
+
+namespace {
+// The message of a URL that must fail, checked to contain `needle`.
+void require_bad(std::string_view url, std::string_view needle, std::optional<int> rank = std::nullopt) {
+  auto r = parse_url(url, rank);
+  INFO("url: " << url << " message: " << r.message);
+  REQUIRE_FALSE(r);
+  REQUIRE(r.ec == kvtier::errc::bad_url);
+  REQUIRE(r.message.find(needle) != std::string::npos);
+}
+}  // namespace
+
+TEST_CASE("url: TCP forms", "[unit]") {
+  auto r = parse_url("resp://127.0.0.1:6380");
+  REQUIRE(r);
+  CHECK(r.value.kind == endpoint::transport::tcp);
+  CHECK(r.value.host == "127.0.0.1");
+  CHECK(r.value.port == 6380);
+  CHECK(r.value.db == 0);
+  CHECK(r.value.user.empty());
+  CHECK(r.value.password.empty());
+
+  r = parse_url("resp://alice:s3cr%40t@cache-1.local:7000/5");
+  REQUIRE(r);
+  CHECK(r.value.user == "alice");
+  CHECK(r.value.password == "s3cr@t");
+  CHECK(r.value.host == "cache-1.local");
+  CHECK(r.value.port == 7000);
+  CHECK(r.value.db == 5);
+  CHECK(r.value.describe() == "cache-1.local:7000/5");  // no credentials in logs
+
+  r = parse_url("resp://pw@host");
+  REQUIRE(r);
+  CHECK(r.value.user.empty());
+  CHECK(r.value.password == "pw");
+  CHECK(r.value.port == 6379);
+
+  r = parse_url("resp://u:p@ss@host:1/");  // last '@' of the authority ends the userinfo
+  REQUIRE(r);
+  CHECK(r.value.password == "p@ss");
+  CHECK(r.value.db == 0);
+
+  r = parse_url("resp://[::1]:6379/2");
+  REQUIRE(r);
+  CHECK(r.value.host == "::1");
+  CHECK(r.value.describe() == "[::1]:6379/2");
+}
+
+TEST_CASE("url: Unix socket forms", "[unit]") {
+  auto r = parse_url("resp+unix:///run/redis/redis.sock");
+  REQUIRE(r);
+  CHECK(r.value.kind == endpoint::transport::unix_socket);
+  CHECK(r.value.path == "/run/redis/redis.sock");
+  r = parse_url("resp+unix://bob:pw@/tmp/r.sock?db=3");
+  REQUIRE(r);
+  CHECK(r.value.user == "bob");
+  CHECK(r.value.password == "pw");
+  CHECK(r.value.path == "/tmp/r.sock");
+  CHECK(r.value.db == 3);
+  CHECK(r.value.describe() == "unix:/tmp/r.sock/3");
+}
+
+TEST_CASE("url: rank templates", "[unit]") {
+  auto r = parse_url("resp://127.0.0.1:{rank+6400}", 3);
+  REQUIRE(r);
+  CHECK(r.value.port == 6403);
+  r = parse_url("resp://valkey-{rank}:6379/{rank}", 7);
+  REQUIRE(r);
+  CHECK(r.value.host == "valkey-7");
+  CHECK(r.value.db == 7);
+  r = parse_url("resp://h:63{rank}9", 8);
+  REQUIRE(r);
+  CHECK(r.value.port == 6389);
+  r = parse_url("resp+unix:///tmp/redis-{rank}.sock", 2);
+  REQUIRE(r);
+  CHECK(r.value.path == "/tmp/redis-2.sock");
+  r = parse_url("resp://h:{rank+0}/1", 0);  // rank 0 + 0 is port 0: invalid
+  REQUIRE_FALSE(r);
+}
+
+TEST_CASE("url: errors name what is wrong", "[unit]") {
+  require_bad("redis://h:1", "unsupported scheme 'redis'");
+  require_bad("h:1", "missing scheme");
+  require_bad("resp://:6379", "missing host");
+  require_bad("resp://h:", "empty port");
+  require_bad("resp://h:70000", "port '70000' is not a number in 1..65535");
+  require_bad("resp://h:abc", "port 'abc'");
+  require_bad("resp://h:1/x", "database 'x'");
+  require_bad("resp://h:1/0?timeout=3", "query parameters");
+  require_bad("resp://::1:6379", "IPv6 addresses need brackets");
+  require_bad("resp://[::1:6379", "closing ']'");
+  require_bad("resp://u:@h:1", "empty password");
+  require_bad("resp://u:%zz@h:1", "percent escape");
+  require_bad("resp+unix://relative.sock", "must be absolute");
+  require_bad("resp+unix:///tmp/a.sock?x=1", "unsupported query");
+  require_bad("resp://h:{rank}", "no rank was given");
+  require_bad("resp://h:{rank+6400}", "no rank was given");
+  require_bad("resp://h:{node}", "unknown placeholder {node}");
+  require_bad("resp://h:{rank", "unclosed '{'");
+  require_bad("resp://h-{rank+1}:6379", "only allowed as the port", 0);
+  require_bad("resp+unix:///tmp/{rank+1}", "only allowed as the port", 0);
+  require_bad("resp://h:{rank+x}", "N must be a number", 1);
+  require_bad("resp://h:{rank+65535}", "outside 1..65535", 1);
+  require_bad("resp://h:1", "negative", -1);
+}
