@@ -1,12 +1,14 @@
 # RESP I/O benchmarks: batched GETs of 12.4 MB values, kvtier's Asio and io_uring connections
 # against hiredis (stock and tuned) in the same run. Baselines are linked only where present.
 set(_kvtier_resp_get_libs "")
+# kvtier_clients.hpp adapts kvtier's connections to the benchmark's client interface.
+set(_kvtier_resp_get_adapter ${CMAKE_CURRENT_LIST_DIR}/resp_io/kvtier_clients.hpp)
 set(_kvtier_resp_get_defs "")
-if(TARGET kvtier::asio)
+if(TARGET kvtier::asio AND EXISTS ${_kvtier_resp_get_adapter})
   list(APPEND _kvtier_resp_get_libs kvtier::asio)
   list(APPEND _kvtier_resp_get_defs KVTIER_BENCH_HAS_ASIO=1)
 endif()
-if(TARGET kvtier::uring)
+if(TARGET kvtier::uring AND EXISTS ${_kvtier_resp_get_adapter})
   list(APPEND _kvtier_resp_get_libs kvtier::uring)
   list(APPEND _kvtier_resp_get_defs KVTIER_BENCH_HAS_URING=1)
 endif()
