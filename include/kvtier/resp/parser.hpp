@@ -1,0 +1,481 @@
+// kvtier/resp/parser.hpp: sans-io, incremental RESP2/RESP3 reply parser.
+//
+// The parser owns one fixed-size read buffer (parser_limits::buffer_bytes) and never grows it.
+// The caller asks prepare() where to read the next bytes, reads into that span, and reports the
+// count with commit(); next() then returns every complete top-level reply. Any split of the
+// input gives the same replies.
+//
+// Large bulk strings never pass through a growing buffer:
+//  - a reply registered with expect_destination() whose bulk length equals the destination's size
+//    has its payload read straight into the caller's span (prepare() returns a slice of it);
+//  - otherwise the payload goes into value::str, allocated once at its known length after the
+//    limits are checked (prepare() returns a slice of that string once the buffer is drained).
+// Limits (bulk length, aggregate count, nesting depth, header-line length) are checked before
+// anything is allocated. A violation or malformed input is a sticky error (errc::too_large or
+// errc::protocol_error): the connection must be closed; the parser never resyncs.
+//
+//   kvtier::resp::parser p;
+//   p.expect_destination(std::span(&chunk_span, 1));   // GET reply lands in chunk_span
+//   for (;;) {
+//     std::span<std::byte> into = p.prepare();
+//     std::size_t n = read(fd, into.data(), into.size());
+//     p.commit(n);
+//     std::error_code ec;
+//     while (auto v = p.next(ec)) handle(*v);          // v->into_destination == true
+//     if (ec) { close(fd); break; }
+//   }
+#pragma once
+
+#include <algorithm>
+#include <cassert>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "kvtier/errc.hpp"
+#include "kvtier/resp/types.hpp"
+
+namespace kvtier::resp {
+
+namespace detail {
+
+/// Strict RESP integer: [+|-]digits, no spaces, no overflow.
+inline bool parse_int64(std::string_view s, std::int64_t& out) noexcept {
+  bool negative = false;
+  if (!s.empty() && (s[0] == '+' || s[0] == '-')) {
+    negative = s[0] == '-';
+    s.remove_prefix(1);
+  }
+  if (s.empty()) return false;
+  std::uint64_t magnitude = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    const auto d = static_cast<std::uint64_t>(c - '0');
+    if (magnitude > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return false;
+    magnitude = magnitude * 10 + d;
+  }
+  constexpr auto max_pos = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (negative) {
+    if (magnitude > max_pos + 1) return false;
+    out = magnitude == max_pos + 1 ? std::numeric_limits<std::int64_t>::min()
+                                   : -static_cast<std::int64_t>(magnitude);
+  } else {
+    if (magnitude > max_pos) return false;
+    out = static_cast<std::int64_t>(magnitude);
+  }
+  return true;
+}
+
+/// RESP3 double: [+|-]digits[.digits][e[+|-]digits], inf, -inf, nan.
+inline bool parse_double(std::string_view s, double& out) noexcept {
+  if (s == "inf" || s == "+inf") return out = std::numeric_limits<double>::infinity(), true;
+  if (s == "-inf") return out = -std::numeric_limits<double>::infinity(), true;
+  if (s == "nan" || s == "-nan") return out = std::numeric_limits<double>::quiet_NaN(), true;
+  if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+  // Only the decimal grammar: from_chars alone would also take "infinity" and "nan(...)".
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+')) return false;
+  }
+  if (s.empty() || s[0] == '+') return false;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out, std::chars_format::general);
+  return ec == std::errc{} && ptr == s.data() + s.size();
+}
+
+/// RESP3 big number: [+|-]digits.
+inline bool valid_big_number(std::string_view s) noexcept {
+  if (!s.empty() && (s[0] == '+' || s[0] == '-')) s.remove_prefix(1);
+  if (s.empty()) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace detail
+
+/// Incremental RESP2/RESP3 parser with a fixed internal buffer and zero-copy destinations.
+class parser {
+ public:
+  explicit parser(parser_limits limits = {})
+      : limits_(limits),
+        cap_(std::max<std::size_t>(limits.buffer_bytes, min_buffer_bytes)),
+        buf_(std::make_unique<std::byte[]>(cap_)) {}
+
+  parser(parser&&) noexcept = default;
+  parser& operator=(parser&&) noexcept = default;
+
+  /// Smallest internal buffer the parser accepts (a length header must fit).
+  static constexpr std::size_t min_buffer_bytes = 32;
+
+  const parser_limits& limits() const noexcept { return limits_; }
+
+  /// Registers where the payload of the next top-level reply goes when that reply is a bulk
+  /// string (a GET reply). One destination per reply, consumed in order by every top-level reply
+  /// except RESP3 pushes; register before that reply is parsed. Total size = sum of the parts
+  /// (the list is copied; the memory stays the caller's). A bulk of exactly that length is
+  /// written into the parts and comes back with into_destination = true, length = bytes. A bulk
+  /// of another length is read through the internal buffer and discarded (the stream stays in
+  /// sync) and comes back with into_destination = false, length = its real length, str empty.
+  /// Any other reply (null for a missing key, an error, ...) consumes the destination untouched.
+  void expect_destination(std::span<const std::span<std::byte>> parts) {
+    destination d;
+    d.parts.assign(parts.begin(), parts.end());
+    for (const auto& p : parts) d.total += p.size();
+    d.active = true;
+    dests_.push_back(std::move(d));
+  }
+  /// Single-span form of expect_destination().
+  void expect_destination(std::span<std::byte> dst) {
+    expect_destination(std::span<const std::span<std::byte>>(&dst, 1));
+  }
+  /// The next reply has no destination (keeps the destination queue aligned with the requests).
+  void expect_no_destination() { dests_.push_back(destination{}); }
+
+  /// Destinations (and expect_no_destination() slots) registered and not yet consumed.
+  std::size_t pending_destinations() const noexcept { return dests_.size(); }
+
+  /// Where to read the next bytes: a slice of the current destination (or of the reply string
+  /// being assembled) while the parser is inside such a payload and has no buffered bytes left,
+  /// else the internal buffer's free tail. Valid until the next call on the parser. Empty only
+  /// if the buffer is full of bytes next() has not looked at yet: call next() first.
+  std::span<std::byte> prepare() {
+    direct_ = false;
+    if (!err_ && mode_ == mode::payload && sink_ != sink::discard && remaining_ > 0 && begin_ == end_) {
+      direct_ = true;
+      return sink_span();
+    }
+    if (begin_ == end_) {
+      begin_ = end_ = 0;
+    } else if (begin_ > 0 && cap_ - end_ < cap_ / 4) {
+      std::memmove(buf_.get(), buf_.get() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    return {buf_.get() + end_, cap_ - end_};
+  }
+
+  /// `n` bytes were written at the start of the span the last prepare() returned.
+  void commit(std::size_t n) {
+    if (direct_) {
+      assert(n <= sink_span().size());
+      advance_sink(std::min(n, sink_span().size()));
+    } else {
+      assert(n <= cap_ - end_);
+      end_ += std::min(n, cap_ - end_);
+    }
+    direct_ = false;
+  }
+
+  /// The next complete top-level reply, if any. On a protocol or limit violation returns nullopt
+  /// with `ec` set, now and on every later call (sticky): close the connection, then reset().
+  std::optional<value> next(std::error_code& ec) {
+    direct_ = false;
+    ec = err_;
+    if (err_) return std::nullopt;
+    auto out = parse();
+    ec = err_;
+    return out;
+  }
+
+  /// The sticky error, if any.
+  std::error_code error() const noexcept { return err_; }
+
+  /// Bytes received and not parsed yet (in the internal buffer).
+  std::size_t buffered() const noexcept { return end_ - begin_; }
+
+  /// After a reconnect: drops buffered bytes, the reply in progress, destinations and the error.
+  void reset() {
+    begin_ = end_ = scanned_ = 0;
+    dests_.clear();
+    stack_.clear();
+    cur_ = value{};
+    mode_ = mode::header;
+    sink_ = sink::str;
+    remaining_ = filled_ = part_ = part_off_ = 0;
+    direct_ = false;
+    err_.clear();
+  }
+
+ private:
+  enum class mode : std::uint8_t { header, payload, payload_crlf };
+  enum class sink : std::uint8_t { str, dest, discard };
+  struct destination {
+    std::vector<std::span<std::byte>> parts;
+    std::size_t total = 0;
+    bool active = false;  // false: expect_no_destination()
+  };
+  struct frame {
+    value agg;
+    std::size_t remaining = 0;
+  };
+
+  std::optional<value> fail(errc e) {
+    err_ = make_error_code(e);
+    return std::nullopt;
+  }
+
+  // Contiguous span the next payload bytes go to (never longer than remaining_).
+  std::span<std::byte> sink_span() {
+    if (sink_ == sink::str) {
+      return {reinterpret_cast<std::byte*>(cur_.str.data()) + filled_, remaining_};
+    }
+    if (sink_ == sink::dest) {
+      auto& parts = dests_.front().parts;
+      // advance_sink() skips exhausted and empty parts, so parts[part_] has room.
+      return {parts[part_].data() + part_off_, std::min(parts[part_].size() - part_off_, remaining_)};
+    }
+    return {};
+  }
+
+  void advance_sink(std::size_t n) {
+    filled_ += n;
+    remaining_ -= n;
+    if (sink_ != sink::dest) return;
+    part_off_ += n;
+    skip_full_parts();
+  }
+  void skip_full_parts() {
+    auto& parts = dests_.front().parts;
+    while (part_ < parts.size() && part_off_ == parts[part_].size()) {
+      ++part_;
+      part_off_ = 0;
+    }
+  }
+
+  // Copies buffered payload bytes into the sink.
+  void fill_from_buffer() {
+    while (remaining_ > 0 && begin_ < end_) {
+      const std::size_t n = std::min(end_ - begin_, remaining_);
+      if (sink_ == sink::discard) {
+        begin_ += n;
+        advance_sink(n);
+        continue;
+      }
+      std::span<std::byte> to = sink_span();
+      const std::size_t k = std::min(n, to.size());
+      std::memcpy(to.data(), buf_.get() + begin_, k);
+      begin_ += k;
+      advance_sink(k);
+    }
+  }
+
+  // Next header line [type byte .. CR) if complete; sets err_ on a malformed or too long line.
+  std::optional<std::string_view> take_line() {
+    const char* base = reinterpret_cast<const char*>(buf_.get());
+    const std::size_t from = begin_ + scanned_;
+    const void* cr = from < end_ ? std::memchr(base + from, '\r', end_ - from) : nullptr;
+    if (cr == nullptr) {
+      scanned_ = end_ - begin_;
+      if (end_ - begin_ >= cap_) fail(errc::too_large);  // a header line longer than the buffer
+      return std::nullopt;
+    }
+    const std::size_t at = static_cast<std::size_t>(static_cast<const char*>(cr) - base);
+    if (at + 1 >= end_) {
+      scanned_ = at - begin_;
+      if (end_ - begin_ >= cap_) fail(errc::too_large);
+      return std::nullopt;
+    }
+    if (base[at + 1] != '\n') return fail(errc::protocol_error), std::nullopt;
+    std::string_view line(base + begin_, at - begin_);
+    if (line.empty() || line.find('\n') != std::string_view::npos)
+      return fail(errc::protocol_error), std::nullopt;
+    begin_ = at + 2;
+    scanned_ = 0;
+    return line;
+  }
+
+  // Bulk/aggregate length: "-1" (null, where allowed) or decimal digits.
+  bool parse_length(std::string_view s, bool allow_null, std::int64_t& out) {
+    if (s == "-1" && allow_null) return out = -1, true;
+    if (s.empty()) return fail(errc::protocol_error), false;
+    std::uint64_t n = 0;
+    for (char c : s) {
+      if (c < '0' || c > '9') return fail(errc::protocol_error), false;
+      if (n >= (std::uint64_t{1} << 58)) return fail(errc::too_large), false;  // far above any limit
+      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    out = static_cast<std::int64_t>(n);
+    return true;
+  }
+
+  // Hands a finished value to its parent aggregate; returns it when it completes a top-level reply.
+  std::optional<value> deliver(value v) {
+    for (;;) {
+      if (stack_.empty()) {
+        if (v.kind != type::push && !dests_.empty()) dests_.pop_front();
+        return v;
+      }
+      frame& f = stack_.back();
+      f.agg.elements.push_back(std::move(v));
+      if (--f.remaining > 0) return std::nullopt;
+      v = std::move(f.agg);
+      stack_.pop_back();
+      if (v.kind == type::attribute) return std::nullopt;  // parsed, reported to nobody
+      v.length = v.elements.size();
+    }
+  }
+
+  std::optional<value> begin_aggregate(type kind, std::int64_t count) {
+    const auto n = static_cast<std::uint64_t>(count);
+    if (n > limits_.max_aggregate || stack_.size() + 1 > limits_.max_depth) return fail(errc::too_large);
+    const bool pairs = kind == type::map || kind == type::attribute;
+    const std::size_t elements = static_cast<std::size_t>(pairs ? 2 * n : n);
+    value agg;
+    agg.kind = kind;
+    if (elements == 0) {
+      if (kind == type::attribute) return std::nullopt;
+      return deliver(std::move(agg));
+    }
+    // The count is the peer's word: reserve a little, grow as elements really arrive.
+    agg.elements.reserve(std::min<std::size_t>(elements, 16));
+    stack_.push_back(frame{std::move(agg), elements});
+    return std::nullopt;
+  }
+
+  std::optional<value> begin_blob(type kind, std::int64_t len) {
+    const auto n = static_cast<std::size_t>(len);
+    if (n > limits_.max_bulk) return fail(errc::too_large);
+    cur_ = value{};
+    cur_.kind = kind;
+    cur_.length = n;
+    sink_ = sink::str;
+    if (kind == type::bulk_string && stack_.empty() && !dests_.empty() && dests_.front().active) {
+      sink_ = dests_.front().total == n ? sink::dest : sink::discard;
+    }
+    if (sink_ == sink::str) {
+      cur_.str.resize(n);  // one allocation at the checked length
+    } else if (sink_ == sink::dest) {
+      cur_.into_destination = true;
+      part_ = part_off_ = 0;
+      skip_full_parts();
+    }
+    remaining_ = n;
+    filled_ = 0;
+    mode_ = mode::payload;
+    return std::nullopt;
+  }
+
+  std::optional<value> scalar(type kind) {
+    value v;
+    v.kind = kind;
+    return v;
+  }
+
+  std::optional<value> parse() {
+    for (;;) {
+      if (mode_ == mode::payload) {
+        fill_from_buffer();
+        if (remaining_ > 0) return std::nullopt;
+        mode_ = mode::payload_crlf;
+      }
+      if (mode_ == mode::payload_crlf) {
+        if (end_ - begin_ < 2) return std::nullopt;
+        if (buf_[begin_] != std::byte{'\r'} || buf_[begin_ + 1] != std::byte{'\n'})
+          return fail(errc::protocol_error);
+        begin_ += 2;
+        mode_ = mode::header;
+        if (cur_.kind == type::verbatim_string && (cur_.str.size() < 4 || cur_.str[3] != ':')) {
+          return fail(errc::protocol_error);
+        }
+        value v = std::move(cur_);
+        cur_ = value{};
+        if (auto done = deliver(std::move(v))) return done;
+        continue;
+      }
+
+      const auto line = take_line();
+      if (!line) return std::nullopt;
+      const char t = (*line)[0];
+      const std::string_view body = line->substr(1);
+      std::optional<value> v;  // a finished scalar, if the header is one
+      std::int64_t n = 0;
+      switch (t) {
+        case '+':
+        case '-':
+        case '(':
+          v = scalar(t == '+' ? type::simple_string : t == '-' ? type::simple_error : type::big_number);
+          if (t == '(' && !detail::valid_big_number(body)) return fail(errc::protocol_error);
+          v->str.assign(body);
+          v->length = body.size();
+          break;
+        case ':':
+          v = scalar(type::integer);
+          if (!detail::parse_int64(body, v->integer)) return fail(errc::protocol_error);
+          break;
+        case ',':
+          v = scalar(type::double_);
+          if (!detail::parse_double(body, v->dbl)) return fail(errc::protocol_error);
+          break;
+        case '#':
+          if (body != "t" && body != "f") return fail(errc::protocol_error);
+          v = scalar(type::boolean);
+          v->boolean = body == "t";
+          break;
+        case '_':
+          if (!body.empty()) return fail(errc::protocol_error);
+          v = scalar(type::null);
+          break;
+        case '$':
+        case '!':
+        case '=':
+          if (!parse_length(body, t == '$', n)) return std::nullopt;
+          if (n < 0) {
+            v = scalar(type::null);
+            break;
+          }
+          begin_blob(t == '$' ? type::bulk_string : t == '!' ? type::bulk_error : type::verbatim_string, n);
+          if (err_) return std::nullopt;
+          continue;
+        case '*':
+        case '%':
+        case '~':
+        case '>':
+        case '|': {
+          if (!parse_length(body, t == '*', n)) return std::nullopt;
+          if (n < 0) {
+            v = scalar(type::null);
+            break;
+          }
+          const type kind = t == '*'   ? type::array
+                            : t == '%' ? type::map
+                            : t == '~' ? type::set
+                            : t == '>' ? type::push
+                                       : type::attribute;
+          auto done = begin_aggregate(kind, n);
+          if (err_ || done) return done;
+          continue;
+        }
+        default:
+          return fail(errc::protocol_error);
+      }
+      if (auto done = deliver(std::move(*v))) return done;
+    }
+  }
+
+  parser_limits limits_;
+  std::size_t cap_;
+  std::unique_ptr<std::byte[]> buf_;
+  std::size_t begin_ = 0;    // first unparsed byte
+  std::size_t end_ = 0;      // one past the last received byte
+  std::size_t scanned_ = 0;  // bytes after begin_ already searched for CR
+  std::deque<destination> dests_;
+  std::vector<frame> stack_;
+  value cur_;  // blob in progress
+  mode mode_ = mode::header;
+  sink sink_ = sink::str;
+  std::size_t remaining_ = 0;  // payload bytes still to come
+  std::size_t filled_ = 0;     // payload bytes written into the sink
+  std::size_t part_ = 0;       // destination part being filled
+  std::size_t part_off_ = 0;   // offset in that part
+  bool direct_ = false;        // the last prepare() returned a sink slice
+  std::error_code err_;
+};
+
+}  // namespace kvtier::resp
