@@ -1,0 +1,294 @@
+// kvtier/chunk_broadcast.hpp: the load protocol that moves loaded chunks from their owners to every rank.
+//
+// Each rank fetched (part of) the chunks it owns; its fetch may have been cut short
+// by eviction, a timeout or an error. chunk_broadcast then runs on every rank:
+//   1. one all-reduce (min) agrees on the loaded prefix: the longest prefix of the
+//      prompt whose every chunk was loaded by its owner;
+//   2. every chunk below that prefix moves from its owner to every rank's
+//      destination buffer; nothing at or past it is touched.
+// The collectives issued depend only on the agreed prefix, W, the ownership
+// policy and the mode, so every rank issues the same sequence.
+//
+//   kvtier::modulo_ownership own(W);
+//   kvtier::chunk_span_buffers bufs{sources, destinations};   // per rank
+//   kvtier::broadcast_params p{.n_chunks = 64, .chunk_tokens = 256, .chunk_bytes = 12'400'000,
+//                              .mode = kvtier::broadcast_mode::grouped};
+//   std::uint64_t loaded = kvtier::loaded_prefix_tokens(own, comm.rank(), 64, 256, n_loaded_owned);
+//   auto r = kvtier::chunk_broadcast(comm, own, loaded, bufs, p, kvtier::deadline_after(2s));
+//   if (r.ec) recompute_from(0); else recompute_from(r.agreed_tokens);
+//
+// Modes (collective counts for P agreed chunks; 64 chunks and W = 8 give 65 / 9 / 2):
+//   per_chunk: one broadcast per chunk from its owner: 1 + P collectives.
+//   grouped:   one group per owner that owns chunks below P, holding that owner's
+//              broadcasts: 1 + (number of such owners) <= 1 + W. Zero-copy.
+//   gathered:  each owner packs its chunks into its equal-sized slot of a staging
+//              buffer (padded to the largest owner's share), one in-place
+//              all-gather, then every rank unpacks: 1 + (P > 0) collectives, at
+//              the cost of two local copies per chunk and a staging buffer of
+//              gathered_staging_bytes() (backend memory).
+//
+// The all-reduce also carries a validity flag and a fingerprint of the
+// parameters, so a rank with invalid arguments, or ranks whose n_chunks,
+// chunk_tokens, chunk_bytes, mode or ownership geometry differ, make every rank
+// return errc::invalid_argument at the same point instead of desynchronising.
+// On any error the result's agreed_tokens is 0 (recompute everything) on every
+// rank; destination bytes below the would-be prefix may then be partial.
+//
+// Pipelining (moving early chunks while later ones are still being fetched) is
+// deliberately absent: the symmetric schedule needs the agreed prefix before the
+// first chunk moves, so a pipelined variant needs one agreement (an extra
+// all-reduce) per stage, and its win depends on overlapping with the fetch queue,
+// which this header does not own. See docs in the closing report.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "kvtier/comm/communicator.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/ownership.hpp"
+
+namespace kvtier {
+
+enum class broadcast_mode : std::uint8_t { per_chunk, grouped, gathered };
+
+inline const char* to_string(broadcast_mode m) noexcept {
+  switch (m) {
+    case broadcast_mode::per_chunk:
+      return "per_chunk";
+    case broadcast_mode::grouped:
+      return "grouped";
+    case broadcast_mode::gathered:
+      return "gathered";
+  }
+  return "?";
+}
+
+/// One rank's view of the chunk bytes (backend memory):
+/// source(c) = the owner's loaded chunk c (only called on c's owner, for c below
+/// the agreed prefix; may be the same memory as destination(c));
+/// destination(c) = this rank's buffer for chunk c (only called for c below the
+/// agreed prefix). Both must be chunk_bytes long.
+template <class B>
+concept chunk_buffers = requires(B& b, std::size_t c) {
+  { b.source(c) } -> std::convertible_to<std::span<const std::byte>>;
+  { b.destination(c) } -> std::convertible_to<std::span<std::byte>>;
+};
+
+/// chunk_buffers over two vectors of spans indexed by chunk (sources may hold
+/// empty spans for chunks this rank does not own).
+struct chunk_span_buffers {
+  std::vector<std::span<const std::byte>> sources;
+  std::vector<std::span<std::byte>> destinations;
+  std::span<const std::byte> source(std::size_t c) const {
+    return c < sources.size() ? sources[c] : std::span<const std::byte>{};
+  }
+  std::span<std::byte> destination(std::size_t c) const {
+    return c < destinations.size() ? destinations[c] : std::span<std::byte>{};
+  }
+};
+
+/// Parameters every rank must pass identically (staging excepted).
+struct broadcast_params {
+  std::size_t n_chunks = 0;        ///< chunks of the request
+  std::uint64_t chunk_tokens = 0;  ///< tokens per chunk (> 0)
+  std::size_t chunk_bytes = 0;     ///< bytes per chunk (> 0)
+  broadcast_mode mode = broadcast_mode::per_chunk;
+  /// gathered mode only: this rank's staging buffer in backend memory, at least
+  /// gathered_staging_bytes(owners, n_chunks, chunk_bytes) bytes.
+  std::span<std::byte> staging{};
+};
+
+struct broadcast_result {
+  std::error_code ec;               ///< first error; comm.last_error() explains collective ones
+  std::uint64_t agreed_tokens = 0;  ///< every rank holds tokens [0, agreed_tokens); 0 on error
+  std::size_t agreed_chunks = 0;    ///< agreed_tokens / chunk_tokens
+  std::size_t collectives = 0;      ///< collectives issued by this call (a group counts once)
+  std::string message;              ///< why, when ec is set
+};
+
+/// This rank's loaded prefix, in tokens, after it loaded the first `loaded_owned`
+/// of its owned chunks (in ascending order): the start token of its first owned
+/// chunk not loaded, or n_chunks * chunk_tokens when all its owned chunks loaded
+/// (a rank that owns none reports the full length, never 0).
+template <ownership_policy P>
+std::uint64_t loaded_prefix_tokens(const P& owners, rank_t rank, std::size_t n_chunks,
+                                   std::uint64_t chunk_tokens, std::size_t loaded_owned) {
+  std::size_t k = 0;
+  for (std::size_t c = 0; c < n_chunks; ++c) {
+    if (static_cast<rank_t>(owners.owner(c)) != rank) continue;
+    if (k++ == loaded_owned) return static_cast<std::uint64_t>(c) * chunk_tokens;
+  }
+  return static_cast<std::uint64_t>(n_chunks) * chunk_tokens;
+}
+
+/// Chunks each owner holds among the first `n` chunks.
+template <ownership_policy P>
+std::vector<std::size_t> owner_counts(const P& owners, std::size_t n) {
+  std::vector<std::size_t> counts(static_cast<std::size_t>(owners.world_size()), 0);
+  for (std::size_t c = 0; c < n; ++c) ++counts[static_cast<std::size_t>(owners.owner(c))];
+  return counts;
+}
+
+/// Staging bytes the gathered mode needs on every rank for up to n_chunks chunks.
+template <ownership_policy P>
+std::size_t gathered_staging_bytes(const P& owners, std::size_t n_chunks, std::size_t chunk_bytes) {
+  const auto counts = owner_counts(owners, n_chunks);
+  const std::size_t most = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  return static_cast<std::size_t>(owners.world_size()) * most * chunk_bytes;
+}
+
+/// Collectives chunk_broadcast issues (on success) for `agreed_chunks` chunks.
+template <ownership_policy P>
+std::size_t expected_collectives(broadcast_mode mode, const P& owners, std::size_t agreed_chunks) {
+  switch (mode) {
+    case broadcast_mode::per_chunk:
+      return 1 + agreed_chunks;
+    case broadcast_mode::grouped: {
+      const auto counts = owner_counts(owners, agreed_chunks);
+      return 1 + static_cast<std::size_t>(
+                     std::count_if(counts.begin(), counts.end(), [](auto n) { return n > 0; }));
+    }
+    case broadcast_mode::gathered:
+      return 1 + (agreed_chunks > 0 ? 1 : 0);
+  }
+  return 0;
+}
+
+namespace detail {
+inline std::uint64_t fp_mix(std::uint64_t h, std::uint64_t v) noexcept {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h *= 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 31);
+}
+}  // namespace detail
+
+/// Runs the load protocol on this rank. See the file comment.
+template <comm::communicator C, ownership_policy P, chunk_buffers B>
+broadcast_result chunk_broadcast(C& comm, const P& owners, std::uint64_t loaded_tokens, B& buffers,
+                                 const broadcast_params& p, deadline dl) {
+  broadcast_result res;
+  const rank_t me = static_cast<rank_t>(comm.rank());
+  const rank_t world = static_cast<rank_t>(comm.size());
+  const std::uint64_t total = static_cast<std::uint64_t>(p.n_chunks) * p.chunk_tokens;
+
+  // Local validation; its outcome travels in the agreement so that all ranks see it.
+  std::string local_problem;
+  if (p.chunk_tokens == 0 || p.chunk_bytes == 0)
+    local_problem = "chunk_tokens and chunk_bytes must be > 0";
+  else if (static_cast<rank_t>(owners.world_size()) != world)
+    local_problem = "ownership world size " + std::to_string(owners.world_size()) + " != communicator size " +
+                    std::to_string(world);
+  else if (p.mode == broadcast_mode::gathered &&
+           p.staging.size() < gathered_staging_bytes(owners, p.n_chunks, p.chunk_bytes))
+    local_problem = "staging buffer smaller than gathered_staging_bytes()";
+  // Every buffer the protocol may touch lies below this rank's own loaded prefix
+  // (the agreed prefix is never larger), so checking those now keeps later
+  // failures symmetric.
+  if (local_problem.empty()) {
+    const std::size_t mine = static_cast<std::size_t>(std::min(loaded_tokens, total) / p.chunk_tokens);
+    for (std::size_t c = 0; c < mine && local_problem.empty(); ++c) {
+      if (std::span<std::byte>(buffers.destination(c)).size() != p.chunk_bytes)
+        local_problem = "destination(" + std::to_string(c) + ") is not chunk_bytes long";
+      else if (static_cast<rank_t>(owners.owner(c)) == me &&
+               std::span<const std::byte>(buffers.source(c)).size() != p.chunk_bytes)
+        local_problem = "source(" + std::to_string(c) + ") is not chunk_bytes long";
+    }
+  }
+
+  std::uint64_t fp = detail::fp_mix(detail::fp_mix(detail::fp_mix(p.n_chunks, p.chunk_tokens), p.chunk_bytes),
+                                    static_cast<std::uint64_t>(p.mode));
+  for (char ch : owners.geometry()) fp = detail::fp_mix(fp, static_cast<unsigned char>(ch));
+
+  // [loaded prefix, ok, fingerprint, ~fingerprint]: one min gives min and max fingerprint.
+  std::uint64_t agree[4] = {std::min(loaded_tokens, total), local_problem.empty() ? 1u : 0u, fp, ~fp};
+  ++res.collectives;
+  if (auto ec = comm.all_reduce(agree, agree, 4, comm::dtype::u64, comm::reduce_op::min, dl)) {
+    res.ec = ec;
+    res.message = "agreement: " + std::string(comm.last_error());
+    return res;
+  }
+  if (agree[1] == 0 || agree[2] != ~agree[3]) {
+    res.ec = errc::invalid_argument;
+    res.message = !local_problem.empty() ? local_problem
+                  : agree[1] == 0        ? "another rank passed invalid arguments"
+                                         : "ranks passed different broadcast parameters";
+    return res;
+  }
+  const std::size_t n = static_cast<std::size_t>(agree[0] / p.chunk_tokens);
+  auto fail = [&](std::error_code ec, const char* what) {
+    res.ec = ec;
+    res.message = std::string(what) + ": " + std::string(comm.last_error());
+    return res;
+  };
+
+  switch (p.mode) {
+    case broadcast_mode::per_chunk:
+      for (std::size_t c = 0; c < n; ++c) {
+        const rank_t root = static_cast<rank_t>(owners.owner(c));
+        std::span<const std::byte> src =
+            root == me ? std::span<const std::byte>(buffers.source(c)) : std::span<const std::byte>{};
+        ++res.collectives;
+        if (auto ec = comm.broadcast(src, buffers.destination(c), root, dl))
+          return fail(ec, "per-chunk broadcast");
+      }
+      break;
+    case broadcast_mode::grouped:
+      for (rank_t o = 0; o < world; ++o) {
+        bool opened = false;
+        std::error_code first;
+        for (std::size_t c = 0; c < n; ++c) {
+          if (static_cast<rank_t>(owners.owner(c)) != o) continue;
+          if (!opened) {
+            opened = true;
+            ++res.collectives;
+            if (auto ec = comm.group_start(); ec && !first) first = ec;
+          }
+          std::span<const std::byte> src =
+              o == me ? std::span<const std::byte>(buffers.source(c)) : std::span<const std::byte>{};
+          if (auto ec = comm.broadcast(src, buffers.destination(c), o, dl); ec && !first) first = ec;
+        }
+        if (!opened) continue;
+        // Always close the group so every rank submits it (queueing errors surface on all ranks here).
+        if (auto ec = comm.group_end(dl); ec && !first) first = ec;
+        if (first) return fail(first, "grouped broadcast");
+      }
+      break;
+    case broadcast_mode::gathered: {
+      if (n == 0) break;
+      const auto counts = owner_counts(owners, n);
+      const std::size_t slice = *std::max_element(counts.begin(), counts.end()) * p.chunk_bytes;
+      std::span<std::byte> all = p.staging.first(slice * world);
+      std::span<std::byte> mine = all.subspan(slice * me, slice);
+      std::vector<std::size_t> slot(n);  // chunk c's index within its owner's slot
+      std::vector<std::size_t> seen(world, 0);
+      for (std::size_t c = 0; c < n; ++c) slot[c] = seen[static_cast<std::size_t>(owners.owner(c))]++;
+      for (std::size_t c = 0; c < n; ++c) {
+        if (static_cast<rank_t>(owners.owner(c)) != me) continue;
+        if (auto ec =
+                comm.local_copy(mine.subspan(slot[c] * p.chunk_bytes, p.chunk_bytes), buffers.source(c), dl))
+          return fail(ec, "gathered pack");  // local only: peers fail at the all-gather by their deadline
+      }
+      ++res.collectives;
+      if (auto ec = comm.all_gather(mine, all, dl)) return fail(ec, "gathered all-gather");
+      for (std::size_t c = 0; c < n; ++c) {
+        const std::size_t o = static_cast<std::size_t>(owners.owner(c));
+        if (auto ec = comm.local_copy(buffers.destination(c),
+                                      all.subspan(o * slice + slot[c] * p.chunk_bytes, p.chunk_bytes), dl))
+          return fail(ec, "gathered unpack");
+      }
+      break;
+    }
+  }
+  res.agreed_chunks = n;
+  res.agreed_tokens = static_cast<std::uint64_t>(n) * p.chunk_tokens;
+  return res;
+}
+
+}  // namespace kvtier

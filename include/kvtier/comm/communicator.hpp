@@ -1,0 +1,201 @@
+// kvtier/comm/communicator.hpp: the communicator concept every collective backend implements.
+//
+// Under context parallelism every rank must issue the same collectives in the same
+// order. A communicator is one rank's handle on its world; it is used by one thread
+// at a time. Every collective blocks until it completed on this rank or its
+// deadline passed, and reports failure as a std::error_code with kvtier::errc
+// (timeout, collective_mismatch, invalid_argument, backend_error);
+// last_error() then holds a human-readable explanation.
+//
+// Memory: broadcast, all_gather and local_copy work on *backend memory* (host
+// memory for the in-process backend, device memory for NCCL); all_reduce works on
+// small host-memory integer vectors in every backend (it carries metadata such as
+// the agreed loaded prefix).
+//
+//   using namespace kvtier::comm;
+//   template <communicator C>
+//   std::error_code agree(C& c, std::uint64_t& loaded, kvtier::deadline dl) {
+//     return all_reduce_value(c, loaded, reduce_op::min, dl);   // every rank gets the minimum
+//   }
+//
+// Grouped operations: collectives issued between group_start() and group_end(dl)
+// form one grouped collective (one entry of the collective count). Inside a group
+// the operations are only queued: their deadline arguments are ignored, their
+// results are valid after group_end(dl) returned success, and group_end reports
+// the group's error. Groups nest; only the outermost group_end executes.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <system_error>
+#include <type_traits>
+
+#include "kvtier/deadline.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/ownership.hpp"
+
+namespace kvtier::comm {
+
+using kvtier::rank_t;
+
+/// Reduction of all_reduce (integers only).
+enum class reduce_op : std::uint8_t { min, max, sum };
+
+/// Element type of all_reduce; `bytes` for byte-wise collectives.
+enum class dtype : std::uint8_t { bytes, i32, u32, i64, u64 };
+
+/// The kind of a recorded or matched call.
+enum class op_kind : std::uint8_t { broadcast, all_gather, all_reduce, group };
+
+/// Bytes per element of `t`.
+constexpr std::size_t dtype_size(dtype t) noexcept {
+  switch (t) {
+    case dtype::bytes:
+      return 1;
+    case dtype::i32:
+    case dtype::u32:
+      return 4;
+    case dtype::i64:
+    case dtype::u64:
+      return 8;
+  }
+  return 1;
+}
+
+/// The dtype of an integer type T (int32/uint32/int64/uint64).
+template <class T>
+constexpr dtype dtype_of() noexcept {
+  static_assert(std::is_integral_v<T> && (sizeof(T) == 4 || sizeof(T) == 8),
+                "kvtier::comm: all_reduce supports 32- and 64-bit integers");
+  if constexpr (sizeof(T) == 4)
+    return std::is_signed_v<T> ? dtype::i32 : dtype::u32;
+  else
+    return std::is_signed_v<T> ? dtype::i64 : dtype::u64;
+}
+
+/// Integer types all_reduce accepts.
+template <class T>
+concept reducible = std::is_integral_v<T> &&(sizeof(T) == 4 || sizeof(T) == 8);
+
+/// What one rank asked for in one call: the fields every rank must agree on.
+/// For broadcast `bytes` is the buffer size; for all_gather the per-rank slice;
+/// for all_reduce the element count times the element size. `root` is only
+/// meaningful for broadcast (0 otherwise); `reduce` only for all_reduce.
+/// For op_kind::group, `bytes` is the number of operations in the group.
+struct collective_call {
+  op_kind op = op_kind::broadcast;
+  rank_t root = 0;
+  std::uint64_t bytes = 0;
+  dtype type = dtype::bytes;
+  reduce_op reduce = reduce_op::min;
+  std::uint32_t group_depth = 0;  ///< 0 = top level; >0 = queued inside a group
+  friend bool operator==(const collective_call&, const collective_call&) = default;
+};
+
+inline const char* to_string(op_kind k) noexcept {
+  switch (k) {
+    case op_kind::broadcast:
+      return "broadcast";
+    case op_kind::all_gather:
+      return "all_gather";
+    case op_kind::all_reduce:
+      return "all_reduce";
+    case op_kind::group:
+      return "group";
+  }
+  return "?";
+}
+inline const char* to_string(dtype t) noexcept {
+  switch (t) {
+    case dtype::bytes:
+      return "bytes";
+    case dtype::i32:
+      return "i32";
+    case dtype::u32:
+      return "u32";
+    case dtype::i64:
+      return "i64";
+    case dtype::u64:
+      return "u64";
+  }
+  return "?";
+}
+inline const char* to_string(reduce_op r) noexcept {
+  switch (r) {
+    case reduce_op::min:
+      return "min";
+    case reduce_op::max:
+      return "max";
+    case reduce_op::sum:
+      return "sum";
+  }
+  return "?";
+}
+
+/// "broadcast(root=1, bytes=4096)", "all_reduce(u64 x2, min)", "group(3 ops)".
+inline std::string to_string(const collective_call& c) {
+  std::string s = to_string(c.op);
+  switch (c.op) {
+    case op_kind::broadcast:
+      s += "(root=" + std::to_string(c.root) + ", bytes=" + std::to_string(c.bytes) + ")";
+      break;
+    case op_kind::all_gather:
+      s += "(bytes per rank=" + std::to_string(c.bytes) + ")";
+      break;
+    case op_kind::all_reduce:
+      s += std::string("(") + to_string(c.type) + " x" + std::to_string(c.bytes / dtype_size(c.type)) + ", " +
+           to_string(c.reduce) + ")";
+      break;
+    case op_kind::group:
+      s += "(" + std::to_string(c.bytes) + " ops)";
+      break;
+  }
+  if (c.group_depth > 0) s += " [in group]";
+  return s;
+}
+
+/// One rank's handle on a world of size() ranks. See the file comment for the
+/// memory and grouping rules.
+///
+/// - broadcast(send, recv, root, dl): root's `send` (same size as `recv`) lands in
+///   every rank's `recv`; `send` is read on the root only (may be empty elsewhere)
+///   and may equal `recv` (in place).
+/// - all_gather(send, recv, dl): recv.size() == size() * send.size(); rank j's
+///   `send` lands at recv[j * send.size()]. In place when send is this rank's slot.
+/// - all_reduce(send, recv, count, type, op, dl): host memory, `count` elements of
+///   `type`; send may equal recv.
+/// - local_copy(dst, src): a copy within this rank's backend memory, ordered with
+///   this rank's collectives (not a collective, never recorded).
+template <class C>
+concept communicator = requires(C& c, const C& cc, std::span<const std::byte> in, std::span<std::byte> out,
+                                rank_t root, kvtier::deadline dl, const void* src, void* dst, std::size_t n,
+                                dtype t, reduce_op op) {
+  { cc.rank() } -> std::convertible_to<rank_t>;
+  { cc.size() } -> std::convertible_to<rank_t>;
+  { c.broadcast(in, out, root, dl) } -> std::same_as<std::error_code>;
+  { c.all_gather(in, out, dl) } -> std::same_as<std::error_code>;
+  { c.all_reduce(src, dst, n, t, op, dl) } -> std::same_as<std::error_code>;
+  { c.group_start() } -> std::same_as<std::error_code>;
+  { c.group_end(dl) } -> std::same_as<std::error_code>;
+  { c.local_copy(out, in, dl) } -> std::same_as<std::error_code>;
+  { cc.last_error() } -> std::convertible_to<std::string>;
+};
+
+/// Typed all_reduce over host integer spans (send may alias recv).
+template <communicator C, reducible T>
+std::error_code all_reduce(C& c, std::span<const T> send, std::span<T> recv, reduce_op op,
+                           kvtier::deadline dl) {
+  if (send.size() != recv.size()) return kvtier::errc::invalid_argument;
+  return c.all_reduce(send.data(), recv.data(), recv.size(), dtype_of<T>(), op, dl);
+}
+
+/// All-reduce of one integer in place: every rank ends with the reduction.
+template <communicator C, reducible T>
+std::error_code all_reduce_value(C& c, T& value, reduce_op op, kvtier::deadline dl) {
+  return c.all_reduce(&value, &value, 1, dtype_of<T>(), op, dl);
+}
+
+}  // namespace kvtier::comm
