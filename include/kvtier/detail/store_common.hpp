@@ -1,0 +1,39 @@
+// kvtier/detail/store_common.hpp: small helpers shared by the stores and the
+// fetch queue (argument checks, status filling, presence views).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <system_error>
+
+#include "kvtier/deadline.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/store/chunk_store.hpp"
+
+namespace kvtier::detail {
+
+/// Sets every entry of `status` to `s`.
+inline void store_fill(std::span<chunk_status> status, chunk_status s) noexcept {
+  std::fill(status.begin(), status.end(), s);
+}
+
+/// The common prologue of a batched store call: sizes agree (else invalid_argument,
+/// nothing touched) and the deadline has not passed (else every key timeout).
+inline std::error_code store_precheck(std::size_t keys, std::size_t other, std::span<chunk_status> status,
+                                      deadline dl) noexcept {
+  if (keys != other || keys != status.size()) return make_error_code(errc::invalid_argument);
+  if (expired(dl)) {
+    store_fill(status, chunk_status::timeout);
+    return make_error_code(errc::timeout);
+  }
+  return {};
+}
+
+/// A presence view (kvtier/lookup.hpp) over statuses: entry k is present iff hit.
+struct store_hit_view {
+  std::span<const chunk_status> status;
+  bool operator[](std::size_t k) const noexcept { return status[k] == chunk_status::hit; }
+};
+
+}  // namespace kvtier::detail

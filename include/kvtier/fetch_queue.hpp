@@ -1,0 +1,580 @@
+// kvtier/fetch_queue.hpp: asynchronous loads, lookups and prefetches over a
+// chunk store, so a slow load delays only its own request, never the engine step.
+//
+// Worker threads run the store's blocking batched calls with each request's
+// deadline. The caller polls (never blocks), waits with a deadline, or registers
+// a callback. Every submission completes exactly once, whatever races with it
+// (cancel, shutdown, a callback registered after completion). Requests and bytes
+// in flight are bounded: over the bound a submission fails at once with
+// errc::queue_full, which the caller sees and answers by recomputing.
+//
+//   kvtier::memory_store l1(8ull << 30);
+//   kvtier::fetch_queue q(l1, {.workers = 2});
+//   auto layout = kvtier::chunk_layout::owned(owned_starts, end_tokens);
+//   auto h = q.submit(req_id, owned_keys, destinations, layout, kvtier::deadline_after(500ms));
+//   ... engine steps other requests ...
+//   kvtier::fetch_result r = q.poll(h);        // pending / done / failed, never blocks
+//   if (r.state != kvtier::fetch_state::pending) use(r.prefix_tokens);  // recompute from there
+//
+// Lookup (exists) and prefetch (get into queue-owned staging) report the same
+// prefix as kvtier::rank_answer over the layout. A later submit() with the same
+// request id takes the prefetched chunks from staging (one memcpy each) instead
+// of reading them from the store again.
+//
+// Destinations must stay valid until the request is no longer pending; after
+// that the queue never touches them (a cancelled running request still completes
+// only when its store call has returned).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvtier/chunker.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/detail/queue_request.hpp"
+#include "kvtier/detail/store_common.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/lookup.hpp"
+#include "kvtier/metrics.hpp"
+#include "kvtier/store/chunk_store.hpp"
+
+namespace kvtier {
+
+struct fetch_queue_options {
+  std::size_t workers = 2;                                 ///< threads calling the store
+  std::size_t max_requests = 256;                          ///< submitted and not completed
+  std::size_t max_bytes_in_flight = std::size_t{4} << 30;  ///< destinations + prefetch staging
+  std::size_t max_batch_chunks = 0;    ///< split a request into store calls of this many keys (0: one call);
+                                       ///< cancellation is noticed between calls
+  kvtier::metrics* metrics = nullptr;  ///< optional
+};
+
+template <chunk_store Store>
+class fetch_queue;
+
+/// A submitted request. Cheap to copy; keeps the request's state alive.
+class fetch_handle {
+ public:
+  fetch_handle() = default;
+  bool valid() const noexcept { return req_ != nullptr; }
+  request_id id() const noexcept { return req_ ? req_->id : 0; }
+
+ private:
+  template <chunk_store S>
+  friend class fetch_queue;
+  explicit fetch_handle(std::shared_ptr<detail::queue_request> r) : req_(std::move(r)) {}
+  std::shared_ptr<detail::queue_request> req_;
+};
+
+/// Counts at one instant.
+struct fetch_queue_stats {
+  std::size_t queued = 0;              ///< waiting for a worker
+  std::size_t requests_in_flight = 0;  ///< submitted and not completed
+  std::size_t bytes_in_flight = 0;     ///< destinations of unfinished loads + staged prefetches
+  std::size_t prefetches_held = 0;     ///< prefetches kept for a later load
+};
+
+template <chunk_store Store>
+class fetch_queue {
+  using req_ptr = std::shared_ptr<detail::queue_request>;
+  using detail_kind = detail::queue_kind;
+  using where = detail::queue_where;
+
+ public:
+  /// Starts opt.workers threads. The store is held by reference and must outlive the queue.
+  explicit fetch_queue(Store& store, fetch_queue_options opt = {}) : store_(store), opt_(opt) {
+    if (opt_.workers == 0) opt_.workers = 1;
+    workers_.reserve(opt_.workers);
+    for (std::size_t i = 0; i < opt_.workers; ++i) workers_.emplace_back([this] { work(); });
+  }
+  fetch_queue(const fetch_queue&) = delete;
+  fetch_queue& operator=(const fetch_queue&) = delete;
+  ~fetch_queue() { shutdown(); }
+
+  /// Loads keys[i] into dst[i]. If a prefetch with the same id is held, its
+  /// staged hits are copied from there and only the rest is read.
+  fetch_handle submit(request_id id, std::span<const chunk_key> keys,
+                      std::span<const std::span<std::byte>> dst, chunk_layout layout, deadline dl) {
+    auto r = make(detail_kind::load, id, keys, std::move(layout), dl);
+    if (dst.size() != keys.size()) return reject(r, errc::invalid_argument);
+    r->dst.assign(dst.begin(), dst.end());
+    for (auto d : dst) r->bytes += d.size();
+    return enqueue(std::move(r));
+  }
+
+  /// Asks the store which keys exist; prefix_tokens is the rank answer.
+  fetch_handle lookup(request_id id, std::span<const chunk_key> keys, chunk_layout layout, deadline dl) {
+    return enqueue(make(detail_kind::lookup, id, keys, std::move(layout), dl));
+  }
+
+  /// Reads the keys (chunk_bytes each) into queue-owned staging and keeps them
+  /// for a later submit() with the same id; prefix_tokens is the rank answer over
+  /// what was staged, so a prefetch doubles as the lookup. A held prefetch counts
+  /// against bytes in flight until a load consumes it or release_prefetch(id).
+  fetch_handle prefetch(request_id id, std::span<const chunk_key> keys, std::size_t chunk_bytes,
+                        chunk_layout layout, deadline dl) {
+    auto r = make(detail_kind::prefetch, id, keys, std::move(layout), dl);
+    r->chunk_bytes = chunk_bytes;
+    r->bytes = chunk_bytes * keys.size();
+    if (r->bytes <= opt_.max_bytes_in_flight) {  // allocate outside the queue lock
+      r->staging.resize(r->bytes);
+      r->dst.resize(keys.size());
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        r->dst[i] = std::span<std::byte>(r->staging.data() + i * chunk_bytes, chunk_bytes);
+    }
+    return enqueue(std::move(r));
+  }
+
+  /// Drops a held prefetch (no-op if none). A load that already took it keeps it.
+  void release_prefetch(request_id id) {
+    std::lock_guard lock(mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return;
+    it->second->retained = false;
+    maybe_release_staging(*it->second);
+    held_.erase(it);
+  }
+
+  /// Never blocks. The status vector is copied only once the request has completed.
+  fetch_result poll(const fetch_handle& h) const {
+    if (!h.valid()) return failed_result(errc::invalid_argument);
+    if (h.req_->state.load(std::memory_order_acquire) == fetch_state::pending) return {};
+    return h.req_->result;
+  }
+
+  /// Blocks until the request completes or `dl` passes (then the result is pending).
+  fetch_result wait(const fetch_handle& h, deadline dl) const {
+    if (!h.valid()) return failed_result(errc::invalid_argument);
+    auto& r = *h.req_;
+    std::unique_lock lock(r.mu);
+    r.cv.wait_until(lock, dl,
+                    [&] { return r.state.load(std::memory_order_acquire) != fetch_state::pending; });
+    if (r.state.load(std::memory_order_acquire) == fetch_state::pending) return {};
+    return r.result;
+  }
+
+  /// Runs `cb(result)` once the request completes: at once, in this thread, if
+  /// it already has (a completion is never lost to a late registration), else in
+  /// the completing thread. One callback per request; a later one replaces it.
+  void on_complete(const fetch_handle& h, std::function<void(const fetch_result&)> cb) {
+    if (!h.valid()) return;
+    auto& r = *h.req_;
+    {
+      std::lock_guard lock(r.mu);
+      if (r.state.load(std::memory_order_acquire) == fetch_state::pending) {
+        r.callback = std::move(cb);
+        return;
+      }
+    }
+    cb(r.result);
+  }
+
+  /// Cancels. Returns true if the request will complete as failed/cancelled:
+  /// at once if it was still queued, else when its running store call returns.
+  /// False if it had already completed (or its completion was already decided).
+  bool cancel(const fetch_handle& h) {
+    if (!h.valid()) return false;
+    const req_ptr& r = h.req_;
+    bool was_queued = false;
+    {
+      std::lock_guard lock(mu_);
+      if (r->where == where::queued) {
+        r->where = where::detached;  // the worker that pops it skips it
+        --queued_;
+        gauge_add(&metrics::queue_depth, -1);
+        was_queued = true;
+      }
+    }
+    if (was_queued) return finish_failed(r, errc::cancelled);
+    std::lock_guard lock(r->mu);
+    if (r->claimed) return false;
+    r->cancel_requested = true;
+    return true;
+  }
+
+  /// Stops intake: later submissions fail with errc::shutdown, queued requests
+  /// complete at once as failed/shutdown, held prefetches are dropped. Running
+  /// requests finish normally (by their deadlines). Does not wait.
+  void close() {
+    std::vector<req_ptr> drained;
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return;
+      closed_ = true;
+      for (auto& r : pending_)
+        if (r->where == where::queued) {
+          r->where = where::detached;
+          drained.push_back(r);
+        }
+      gauge_add(&metrics::queue_depth, -static_cast<std::int64_t>(queued_));
+      queued_ = 0;
+      pending_.clear();
+      for (auto& [id, p] : held_) {
+        p->retained = false;
+        maybe_release_staging(*p);
+      }
+      held_.clear();
+    }
+    cv_.notify_all();
+    for (auto& r : drained) finish_failed(r, errc::shutdown);
+  }
+
+  /// close(), then waits for the running requests and joins the workers.
+  void shutdown() {
+    close();
+    for (auto& t : workers_)
+      if (t.joinable()) t.join();
+  }
+
+  fetch_queue_stats stats() const {
+    std::lock_guard lock(mu_);
+    return {queued_, requests_, bytes_, held_.size()};
+  }
+
+  Store& store() noexcept { return store_; }
+
+ private:
+  static fetch_result failed_result(errc e) {
+    fetch_result res;
+    res.state = fetch_state::failed;
+    res.ec = make_error_code(e);
+    return res;
+  }
+
+  void gauge_add(gauge metrics::*g, std::int64_t n) {
+    if (opt_.metrics) (opt_.metrics->*g).add(n);
+  }
+
+  req_ptr make(detail_kind k, request_id id, std::span<const chunk_key> keys, chunk_layout layout,
+               deadline dl) {
+    auto r = std::make_shared<detail::queue_request>();
+    r->kind = k;
+    r->id = id;
+    r->keys.assign(keys.begin(), keys.end());
+    r->layout = std::move(layout);
+    r->dl = dl;
+    r->submitted = clock::now();
+    return r;
+  }
+
+  // A submission that never enters the queue still completes exactly once.
+  fetch_handle reject(const req_ptr& r, errc e) {
+    r->where = where::detached;
+    publish(r, fail_status(*r, e));
+    if (opt_.metrics) opt_.metrics->rejected.add();
+    return fetch_handle(r);
+  }
+
+  fetch_handle enqueue(req_ptr r) {
+    if (r->layout.starts.size() != r->keys.size()) return reject(r, errc::invalid_argument);
+    if (r->bytes > opt_.max_bytes_in_flight) return reject(r, errc::too_large);
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) {
+        r->where = where::detached;
+      } else if (requests_ + 1 > opt_.max_requests || bytes_ + r->bytes > opt_.max_bytes_in_flight) {
+        r->where = where::finished;  // marks "refused for space"
+      } else {
+        ++requests_;
+        bytes_ += r->bytes;
+        ++queued_;
+        if (r->kind == detail_kind::load) adopt_prefetch(*r);
+        if (r->kind == detail_kind::prefetch) hold_prefetch(r);
+        pending_.push_back(r);
+        gauge_add(&metrics::queue_depth, 1);
+        gauge_add(&metrics::requests_in_flight, 1);
+        gauge_add(&metrics::bytes_in_flight, static_cast<std::int64_t>(r->bytes));
+      }
+    }
+    if (r->where == where::detached) return reject(r, errc::shutdown);
+    if (r->where == where::finished) return reject(r, errc::queue_full);
+    cv_.notify_one();
+    return fetch_handle(std::move(r));
+  }
+
+  // Under mu_: a load takes the held prefetch with its id, if any.
+  void adopt_prefetch(detail::queue_request& load) {
+    auto it = held_.find(load.id);
+    if (it == held_.end()) return;
+    load.source = it->second;
+    load.source->retained = false;
+    load.source->consumer_alive = true;
+    held_.erase(it);
+  }
+
+  // Under mu_: a new prefetch replaces an older one with the same id.
+  void hold_prefetch(const req_ptr& p) {
+    p->staging_accounted = p->bytes;
+    p->retained = true;
+    auto [it, inserted] = held_.try_emplace(p->id, p);
+    if (!inserted) {
+      it->second->retained = false;
+      maybe_release_staging(*it->second);
+      it->second = p;
+    }
+  }
+
+  // Under mu_: frees a prefetch's staging once nobody can read it any more.
+  void maybe_release_staging(detail::queue_request& p) {
+    if (p.staging_accounted == 0 || !p.work_finished || p.retained || p.consumer_alive) return;
+    bytes_ -= p.staging_accounted;
+    gauge_add(&metrics::bytes_in_flight, -static_cast<std::int64_t>(p.staging_accounted));
+    p.staging_accounted = 0;
+    std::vector<std::byte>().swap(p.staging);
+    p.dst.clear();
+  }
+
+  // ---- worker side -------------------------------------------------------------
+
+  void work() {
+    for (;;) {
+      req_ptr r;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return !pending_.empty() || closed_; });
+        if (pending_.empty()) return;  // closed and drained
+        r = std::move(pending_.front());
+        pending_.pop_front();
+        if (r->where != where::queued) continue;  // cancelled while queued
+        r->where = where::running;
+        --queued_;
+        gauge_add(&metrics::queue_depth, -1);
+      }
+      if (opt_.metrics) opt_.metrics->queue_wait.observe(clock::now() - r->submitted);
+      run(r);
+    }
+  }
+
+  void run(const req_ptr& r) {
+    std::vector<chunk_status> status(r->keys.size(), chunk_status::error);
+    std::error_code ec;
+    bool cancelled = false;
+    try {
+      if (cancel_requested(*r)) {
+        cancelled = true;
+      } else if (expired(r->dl)) {
+        detail::store_fill(status, chunk_status::timeout);
+        ec = make_error_code(errc::timeout);
+      } else {
+        std::vector<std::size_t> todo;
+        if (r->kind == detail_kind::load && r->source) {
+          todo = take_from_prefetch(*r, status);
+        } else {
+          todo.resize(r->keys.size());
+          for (std::size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+        }
+        ec = call_store(*r, todo, status, cancelled);
+      }
+    } catch (...) {  // a store that throws still completes the request exactly once
+      finish_failed(r, errc::backend_error);
+      return;
+    }
+    if (cancelled) {
+      finish_failed(r, errc::cancelled);
+      return;
+    }
+    finish(r, std::move(status), ec);
+  }
+
+  static bool cancel_requested(detail::queue_request& r) {
+    std::lock_guard lock(r.mu);
+    return r.cancel_requested;
+  }
+
+  // Copies the source prefetch's staged hits; returns the indexes still to read.
+  std::vector<std::size_t> take_from_prefetch(detail::queue_request& r, std::span<chunk_status> status) {
+    detail::queue_request& p = *r.source;
+    {  // FIFO: the prefetch was popped before this load, so it is running or done.
+      std::unique_lock lock(p.mu);
+      p.cv.wait_until(lock, r.dl,
+                      [&] { return p.state.load(std::memory_order_acquire) != fetch_state::pending; });
+    }
+    std::vector<std::size_t> todo;
+    if (p.state.load(std::memory_order_acquire) == fetch_state::pending) {
+      todo.resize(r.keys.size());  // the load's deadline passed first: call_store marks timeouts
+      for (std::size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+      return todo;
+    }
+    const std::vector<chunk_status>& ps = p.result.status;
+    std::unordered_map<chunk_key, std::size_t, chunk_key_hash> where_in_p;
+    auto find = [&](std::size_t i) -> std::ptrdiff_t {
+      if (i < p.keys.size() && p.keys[i] == r.keys[i]) return static_cast<std::ptrdiff_t>(i);
+      if (where_in_p.empty())
+        for (std::size_t j = 0; j < p.keys.size(); ++j) where_in_p.emplace(p.keys[j], j);
+      auto it = where_in_p.find(r.keys[i]);
+      return it == where_in_p.end() ? -1 : static_cast<std::ptrdiff_t>(it->second);
+    };
+    std::uint64_t reused = 0;
+    for (std::size_t i = 0; i < r.keys.size(); ++i) {
+      const std::ptrdiff_t j = find(i);
+      if (j >= 0 && ps.size() == p.keys.size() && ps[j] == chunk_status::hit &&
+          p.chunk_bytes == r.dst[i].size() && !p.staging.empty()) {
+        if (p.chunk_bytes) std::memcpy(r.dst[i].data(), p.dst[j].data(), p.chunk_bytes);
+        status[i] = chunk_status::hit;
+        ++reused;
+      } else {
+        todo.push_back(i);
+      }
+    }
+    if (reused && opt_.metrics) opt_.metrics->prefetch_reused.add(reused);
+    return todo;
+  }
+
+  // Runs the store calls for keys `todo` (batched per max_batch_chunks).
+  std::error_code call_store(detail::queue_request& r, const std::vector<std::size_t>& todo,
+                             std::span<chunk_status> status, bool& cancelled) {
+    const std::size_t batch =
+        opt_.max_batch_chunks ? opt_.max_batch_chunks : std::max<std::size_t>(todo.size(), 1);
+    std::error_code first_ec;
+    std::vector<chunk_key> keys;
+    std::vector<std::span<std::byte>> dst;
+    std::vector<chunk_status> st;
+    for (std::size_t begin = 0; begin < todo.size(); begin += batch) {
+      if (begin > 0 && cancel_requested(r)) {
+        cancelled = true;
+        return first_ec;
+      }
+      const std::size_t end = std::min(todo.size(), begin + batch);
+      keys.clear();
+      dst.clear();
+      for (std::size_t k = begin; k < end; ++k) {
+        keys.push_back(r.keys[todo[k]]);
+        if (r.kind != detail_kind::lookup) dst.push_back(r.dst[todo[k]]);
+      }
+      st.assign(keys.size(), chunk_status::error);
+      std::error_code ec =
+          r.kind == detail_kind::lookup ? store_.exists(keys, st, r.dl) : store_.get(keys, dst, st, r.dl);
+      for (std::size_t k = begin; k < end; ++k) status[todo[k]] = st[k - begin];
+      if (ec && !first_ec) first_ec = ec;
+    }
+    return first_ec;
+  }
+
+  static fetch_result fail_status(const detail::queue_request& r, errc e) {
+    fetch_result res = failed_result(e);
+    const bool never_ran = e == errc::queue_full || e == errc::too_large || e == errc::invalid_argument;
+    res.status.assign(r.keys.size(), never_ran ? chunk_status::error : chunk_status::cancelled);
+    res.prefix_tokens = r.layout.starts.empty() ? r.layout.end_tokens : r.layout.starts.front();
+    if (r.layout.starts.size() != r.keys.size()) res.prefix_tokens = 0;
+    return res;
+  }
+
+  bool finish_failed(const req_ptr& r, errc e) {
+    const claim_result c = claim(*r);
+    if (c == claim_result::lost) return false;
+    if (c == claim_result::won_cancelled) e = errc::cancelled;
+    settle(r);
+    if (opt_.metrics && e == errc::cancelled) opt_.metrics->cancelled.add();
+    publish(r, fail_status(*r, e));
+    return true;
+  }
+
+  void finish(const req_ptr& r, std::vector<chunk_status> status, std::error_code ec) {
+    const claim_result c = claim(*r);
+    if (c == claim_result::lost) return;
+    settle(r);
+    if (c == claim_result::won_cancelled) {
+      if (opt_.metrics) opt_.metrics->cancelled.add();
+      publish(r, fail_status(*r, errc::cancelled));
+      return;
+    }
+    fetch_result res;
+    res.state = fetch_state::done;
+    res.ec = ec;
+    res.status = std::move(status);
+    const detail::store_hit_view hits{res.status};
+    res.prefix_tokens =
+        rank_answer(std::span<const std::uint64_t>(r->layout.starts), hits, r->layout.end_tokens);
+    res.prefix_chunks = contiguous_hit_count(hits, res.status.size());
+    if (auto* m = opt_.metrics) {
+      const auto latency = clock::now() - r->submitted;
+      if (r->kind == detail_kind::load) {
+        m->loads.add();
+        m->load_latency.observe(latency);
+        m->chunks_loaded.add(res.prefix_chunks);
+        std::uint64_t b = 0;
+        for (std::size_t i = 0; i < res.prefix_chunks; ++i) b += r->dst[i].size();
+        m->bytes_loaded.add(b);
+      } else {
+        m->lookups.add();
+        m->lookup_latency.observe(latency);
+      }
+      m->chunks_requested.add(res.status.size());
+      std::uint64_t corrupt = 0;
+      for (chunk_status s : res.status) corrupt += s == chunk_status::corrupt;
+      if (corrupt) m->corrupt_values.add(corrupt);
+      if (ec == errc::timeout || std::count(res.status.begin(), res.status.end(), chunk_status::timeout))
+        m->timeouts.add();
+    }
+    publish(r, std::move(res));
+  }
+
+  enum class claim_result { won, won_cancelled, lost };
+
+  // Decides the one completion: lost if it was already decided; won_cancelled if
+  // a cancel was requested first (the completion is then "cancelled").
+  static claim_result claim(detail::queue_request& r) {
+    std::lock_guard lock(r.mu);
+    if (r.claimed) return claim_result::lost;
+    r.claimed = true;
+    return r.cancel_requested ? claim_result::won_cancelled : claim_result::won;
+  }
+
+  // After the claim: give back the slot and bytes BEFORE publishing, so a caller
+  // who sees the completion can submit again without a spurious queue_full.
+  void settle(const req_ptr& r) {
+    std::lock_guard lock(mu_);
+    if (r->where == where::finished) return;
+    r->where = where::finished;
+    --requests_;
+    const std::size_t own = r->kind == detail_kind::prefetch ? 0 : r->bytes;  // staging settles separately
+    bytes_ -= own;
+    gauge_add(&metrics::requests_in_flight, -1);
+    gauge_add(&metrics::bytes_in_flight, -static_cast<std::int64_t>(own));
+    if (r->kind == detail_kind::prefetch) {
+      r->work_finished = true;
+      maybe_release_staging(*r);
+    }
+    if (r->source) {
+      r->source->consumer_alive = false;
+      maybe_release_staging(*r->source);
+    }
+  }
+
+  static void publish(const req_ptr& r, fetch_result res) {
+    std::function<void(const fetch_result&)> cb;
+    {
+      std::lock_guard lock(r->mu);
+      r->claimed = true;
+      r->result = std::move(res);
+      r->state.store(r->result.state, std::memory_order_release);
+      cb = std::move(r->callback);
+    }
+    r->cv.notify_all();
+    if (cb) cb(r->result);
+  }
+
+  Store& store_;
+  fetch_queue_options opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<req_ptr> pending_;
+  std::unordered_map<request_id, req_ptr> held_;  // prefetches kept for a later load
+  std::size_t queued_ = 0, requests_ = 0, bytes_ = 0;
+  bool closed_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace kvtier

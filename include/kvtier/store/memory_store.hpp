@@ -1,0 +1,214 @@
+// kvtier/store/memory_store.hpp: the host-memory L1 chunk store, an LRU bounded
+// in payload bytes.
+//
+// Thread-safe (one mutex; every call is a short critical section with no I/O).
+// get() copies a stored value straight into the caller's span, and only when the
+// span has exactly the stored length; otherwise the key is chunk_status::corrupt.
+// Values live in memory from `Allocator`, so an engine can hand the store pinned
+// (page-locked) host memory for fast device copies:
+//
+//   kvtier::memory_store l1(16ull << 30);                      // 16 GiB, std::allocator
+//   kvtier::basic_memory_store<pinned_allocator> pinned(16ull << 30, pinned_allocator{dev});
+//   std::vector<kvtier::chunk_status> st(keys.size());
+//   l1.put(keys, sources, st, kvtier::deadline_after(10ms));
+//   l1.get(keys, destinations, st, kvtier::deadline_after(10ms));
+//
+// `Allocator` is any standard allocator of std::byte (allocate(n) / deallocate(p, n));
+// an allocation failure (bad_alloc) stores nothing for that key (status error).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <span>
+#include <system_error>
+#include <type_traits>
+#include <unordered_map>
+
+#include "kvtier/chunker.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/detail/store_common.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/store/chunk_store.hpp"
+
+namespace kvtier {
+
+template <class Allocator = std::allocator<std::byte>>
+class basic_memory_store {
+  using traits = std::allocator_traits<Allocator>;
+  static_assert(std::is_same_v<typename traits::value_type, std::byte>,
+                "kvtier::basic_memory_store: Allocator must allocate std::byte");
+
+ public:
+  using allocator_type = Allocator;
+
+  /// Counts since construction.
+  struct stats_type {
+    std::uint64_t hits = 0, misses = 0, corrupt = 0;  ///< get and exists, per key
+    std::uint64_t stores = 0;                         ///< put, per key stored
+    std::uint64_t evictions = 0;                      ///< values dropped to make room
+    std::uint64_t rejected = 0;                       ///< puts not stored (too large, allocation failed)
+  };
+
+  /// A store holding at most `capacity_bytes` payload bytes.
+  explicit basic_memory_store(std::size_t capacity_bytes, const Allocator& alloc = Allocator())
+      : capacity_(capacity_bytes), alloc_(alloc) {}
+
+  basic_memory_store(const basic_memory_store&) = delete;
+  basic_memory_store& operator=(const basic_memory_store&) = delete;
+  ~basic_memory_store() { clear(); }
+
+  /// status[i] = hit if keys[i] is stored, else miss. Does not refresh recency.
+  std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
+    if (auto ec = detail::store_precheck(keys.size(), status.size(), status, dl)) return ec;
+    std::lock_guard lock(mu_);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const bool found = index_.contains(keys[i]);
+      status[i] = found ? chunk_status::hit : chunk_status::miss;
+      ++(found ? stats_.hits : stats_.misses);
+    }
+    return {};
+  }
+
+  /// Copies each stored value into dst[i] if its length is dst[i].size() (hit,
+  /// and the key becomes most recently used); another length is corrupt; absent is miss.
+  std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                      std::span<chunk_status> status, deadline dl) {
+    if (auto ec = detail::store_precheck(keys.size(), dst.size(), status, dl)) return ec;
+    std::lock_guard lock(mu_);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      auto it = index_.find(keys[i]);
+      if (it == index_.end()) {
+        status[i] = chunk_status::miss;
+        ++stats_.misses;
+        continue;
+      }
+      entry& e = *it->second;
+      if (e.size != dst[i].size()) {
+        status[i] = chunk_status::corrupt;
+        ++stats_.corrupt;
+        continue;
+      }
+      if (e.size) std::memcpy(dst[i].data(), e.data, e.size);
+      lru_.splice(lru_.begin(), lru_, it->second);
+      status[i] = chunk_status::hit;
+      ++stats_.hits;
+    }
+    return {};
+  }
+
+  /// Stores a copy of src[i] under keys[i] (replacing any older value), evicting
+  /// least recently used values to make room. hit = stored; error = not stored
+  /// (larger than the whole capacity, or the allocator failed).
+  std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+                      std::span<chunk_status> status, deadline dl) {
+    if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
+    std::lock_guard lock(mu_);
+    for (std::size_t i = 0; i < keys.size(); ++i) status[i] = put_one(keys[i], src[i]);
+    return {};
+  }
+
+  /// Removes `key`; true if it was stored.
+  bool erase(const chunk_key& key) {
+    std::lock_guard lock(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) return false;
+    drop(it->second);
+    index_.erase(it);
+    return true;
+  }
+
+  /// Removes every value.
+  void clear() {
+    std::lock_guard lock(mu_);
+    for (auto it = lru_.begin(); it != lru_.end();) it = drop(it);
+    index_.clear();
+  }
+
+  bool contains(const chunk_key& key) const {
+    std::lock_guard lock(mu_);
+    return index_.contains(key);
+  }
+  std::size_t size_bytes() const {
+    std::lock_guard lock(mu_);
+    return used_;
+  }
+  std::size_t entry_count() const {
+    std::lock_guard lock(mu_);
+    return index_.size();
+  }
+  std::size_t capacity_bytes() const noexcept { return capacity_; }
+  stats_type stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+  allocator_type get_allocator() const { return alloc_; }
+
+ private:
+  struct entry {
+    chunk_key key;
+    std::byte* data;
+    std::size_t size;
+  };
+  using list_type = std::list<entry>;
+
+  // Frees the payload and unlinks the LRU node; the caller fixes index_.
+  typename list_type::iterator drop(typename list_type::iterator it) {
+    if (it->data) traits::deallocate(alloc_, it->data, it->size);
+    used_ -= it->size;
+    return lru_.erase(it);
+  }
+
+  chunk_status put_one(const chunk_key& key, std::span<const std::byte> value) {
+    if (value.size() > capacity_) {
+      ++stats_.rejected;
+      return chunk_status::error;
+    }
+    if (auto it = index_.find(key); it != index_.end()) {  // replace: the old bytes go first
+      drop(it->second);
+      index_.erase(it);
+    }
+    while (used_ + value.size() > capacity_ && !lru_.empty()) {
+      index_.erase(lru_.back().key);
+      drop(std::prev(lru_.end()));
+      ++stats_.evictions;
+    }
+    std::byte* data = nullptr;
+    try {
+      if (!value.empty()) data = traits::allocate(alloc_, value.size());
+      lru_.push_front(entry{key, data, value.size()});
+      index_.emplace(key, lru_.begin());
+    } catch (...) {  // bad_alloc from the allocator, the list or the map
+      if (!lru_.empty() && lru_.front().data == data && lru_.front().key == key) {
+        lru_.pop_front();  // the map insert failed after the list insert
+      }
+      if (data) traits::deallocate(alloc_, data, value.size());
+      ++stats_.rejected;
+      return chunk_status::error;
+    }
+    if (!value.empty()) std::memcpy(data, value.data(), value.size());
+    used_ += value.size();
+    ++stats_.stores;
+    return chunk_status::hit;
+  }
+
+  std::size_t capacity_;
+  Allocator alloc_;
+  mutable std::mutex mu_;
+  list_type lru_;  // front = most recently used
+  std::unordered_map<chunk_key, typename list_type::iterator, chunk_key_hash> index_;
+  std::size_t used_ = 0;
+  stats_type stats_;
+};
+
+/// The L1 store with the default allocator.
+using memory_store = basic_memory_store<>;
+
+static_assert(chunk_store<memory_store>);
+
+}  // namespace kvtier

@@ -1,0 +1,127 @@
+// kvtier/store/sharded_store.hpp: one rank's view of a store partitioned by
+// chunk ownership.
+//
+// Rank r stores, looks up and loads only the chunks it owns under the ownership
+// policy, so rank r of every engine touches the same partition and can use its
+// own server instance (resp://valkey-{rank}:6379). Calls take the whole prompt's
+// keys (prompt_keys[c] is chunk c) and pick the owned ones themselves:
+//
+//   kvtier::remote_store<conn> l2_r(...);                 // this rank's instance
+//   kvtier::sharded_store view(l2_r, kvtier::modulo_ownership(8), rank);
+//   std::uint64_t a_r = view.lookup(keys, 256, dl);       // rank answer, in tokens
+//   std::uint64_t hit = comm.all_reduce_min(a_r);         // longest cached prefix
+//   auto mine = view.owned_chunks(hit / 256);             // chunks this rank loads
+//   std::vector<kvtier::chunk_status> st(mine.size());
+//   view.get_owned(keys, chunk_buffers, st, dl);          // chunk_buffers: one per prompt chunk
+//   view.put_owned(keys, chunk_buffers, st, dl);          // writes back only owned chunks
+//
+// Sizes: prompt-indexed spans (keys, dst, src) have one entry per prompt chunk;
+// entries of chunks another rank owns are ignored (may be empty). `status` has
+// one entry per owned chunk, in ascending chunk order (owned_chunks(n).size()).
+// The backend is held by reference and must outlive the view.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <system_error>
+#include <vector>
+
+#include "kvtier/chunker.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/detail/store_common.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/lookup.hpp"
+#include "kvtier/ownership.hpp"
+#include "kvtier/store/chunk_store.hpp"
+
+namespace kvtier {
+
+template <chunk_store Store, ownership_policy Ownership>
+class sharded_store {
+ public:
+  /// Throws std::invalid_argument if rank >= policy.world_size().
+  sharded_store(Store& backend, Ownership policy, rank_t rank)
+      : backend_(backend), policy_(std::move(policy)), rank_(rank) {
+    if (rank >= static_cast<rank_t>(policy_.world_size()))
+      throw std::invalid_argument("kvtier::sharded_store: rank out of range");
+  }
+
+  rank_t rank() const noexcept { return rank_; }
+  const Ownership& policy() const noexcept { return policy_; }
+  Store& backend() noexcept { return backend_; }
+
+  bool owns(std::size_t chunk) const { return static_cast<rank_t>(policy_.owner(chunk)) == rank_; }
+
+  /// Indexes of the owned chunks among the first n, ascending.
+  std::vector<std::size_t> owned_chunks(std::size_t n_chunks) const {
+    return kvtier::owned_chunks(policy_, rank_, n_chunks);
+  }
+  /// Start tokens of the owned chunks among the first n: the rank's owned-start vector.
+  std::vector<std::uint64_t> owned_starts(std::size_t n_chunks, std::size_t chunk_tokens) const {
+    return kvtier::owned_starts(policy_, rank_, n_chunks, chunk_tokens);
+  }
+  /// The owned entries of a prompt-indexed sequence (keys, buffers, ...), in order.
+  template <class T>
+  std::vector<T> select(std::span<const T> prompt_items) const {
+    std::vector<T> out;
+    for (std::size_t c = 0; c < prompt_items.size(); ++c)
+      if (owns(c)) out.push_back(prompt_items[c]);
+    return out;
+  }
+  std::vector<chunk_key> owned_keys(std::span<const chunk_key> prompt_keys) const {
+    return select(prompt_keys);
+  }
+
+  /// Presence of the owned chunks (status: one per owned chunk).
+  std::error_code exists_owned(std::span<const chunk_key> prompt_keys, std::span<chunk_status> status,
+                               deadline dl) {
+    std::vector<chunk_key> keys = owned_keys(prompt_keys);
+    if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
+    return backend_.exists(keys, status, dl);
+  }
+
+  /// Loads the owned chunks into their prompt-indexed destinations.
+  std::error_code get_owned(std::span<const chunk_key> prompt_keys,
+                            std::span<const std::span<std::byte>> prompt_dst, std::span<chunk_status> status,
+                            deadline dl) {
+    if (prompt_dst.size() != prompt_keys.size()) return make_error_code(errc::invalid_argument);
+    std::vector<chunk_key> keys = owned_keys(prompt_keys);
+    if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
+    std::vector<std::span<std::byte>> dst = select(prompt_dst);
+    return backend_.get(keys, dst, status, dl);
+  }
+
+  /// Stores the owned chunks from their prompt-indexed sources.
+  std::error_code put_owned(std::span<const chunk_key> prompt_keys,
+                            std::span<const std::span<const std::byte>> prompt_src,
+                            std::span<chunk_status> status, deadline dl) {
+    if (prompt_src.size() != prompt_keys.size()) return make_error_code(errc::invalid_argument);
+    std::vector<chunk_key> keys = owned_keys(prompt_keys);
+    if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
+    std::vector<std::span<const std::byte>> src = select(prompt_src);
+    return backend_.put(keys, src, status, dl);
+  }
+
+  /// The rank's lookup answer (kvtier::rank_answer over its owned chunks): the
+  /// start token of its first owned chunk that is not present, or the end of the
+  /// prompt's last chunk. A failed call counts its unfinished keys as not
+  /// present, so the answer only ever shrinks ("recompute from here").
+  std::uint64_t lookup(std::span<const chunk_key> prompt_keys, std::size_t chunk_tokens, deadline dl,
+                       std::error_code* ec_out = nullptr) {
+    const std::vector<std::uint64_t> starts = owned_starts(prompt_keys.size(), chunk_tokens);
+    std::vector<chunk_status> status(starts.size(), chunk_status::error);
+    std::error_code ec = exists_owned(prompt_keys, status, dl);
+    if (ec_out) *ec_out = ec;
+    return rank_answer(std::span<const std::uint64_t>(starts), detail::store_hit_view{status},
+                       static_cast<std::uint64_t>(prompt_keys.size()) * chunk_tokens);
+  }
+
+ private:
+  Store& backend_;
+  Ownership policy_;
+  rank_t rank_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,181 @@
+// kvtier/store/tiered_store.hpp: an L1 store in front of an L2 store.
+//
+// exists/get ask L1 first and send only the keys L1 could not serve to L2 (one
+// batched call per tier). A value L2 delivers is promoted into L1 (from the
+// caller's destination, no extra copy of the read). put writes through to both
+// tiers by default. Per-tier outcomes go to `metrics::l1` / `metrics::l2`.
+//
+//   kvtier::memory_store l1(8ull << 30);
+//   kvtier::remote_store<conn> l2(...);                 // kvtier/store/remote_store.hpp
+//   kvtier::metrics m;
+//   kvtier::tiered_store tiers(l1, l2, {.metrics = &m});
+//   tiers.get(keys, destinations, status, kvtier::deadline_after(200ms));
+//
+// The tiers are held by reference and must outlive the tiered_store.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <system_error>
+#include <vector>
+
+#include "kvtier/chunker.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/detail/store_common.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/metrics.hpp"
+#include "kvtier/store/chunk_store.hpp"
+
+namespace kvtier {
+
+/// Which tiers put() writes.
+enum class write_policy {
+  write_through,  ///< both; the status is L2's (the tier other engines see)
+  l1_only,        ///< L1 only (L2 filled elsewhere)
+  l2_only,        ///< L2 only (L1 filled by promotion on read)
+};
+
+struct tiered_options {
+  write_policy writes = write_policy::write_through;
+  bool promote = true;                 ///< copy L2 hits of get() into L1
+  kvtier::metrics* metrics = nullptr;  ///< optional; per-tier counts go to metrics->l1 / l2
+};
+
+template <chunk_store L1, chunk_store L2>
+class tiered_store {
+ public:
+  /// Per-key outcome counts since construction.
+  struct stats_type {
+    std::uint64_t l1_hits = 0, l2_hits = 0, misses = 0, promoted = 0;
+  };
+
+  tiered_store(L1& l1, L2& l2, tiered_options opt = {}) : l1_(l1), l2_(l2), opt_(opt) {}
+
+  L1& l1() noexcept { return l1_; }
+  L2& l2() noexcept { return l2_; }
+
+  std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
+    if (auto ec = detail::store_precheck(keys.size(), status.size(), status, dl)) return ec;
+    std::error_code ec = l1_.exists(keys, status, dl);
+    record(tier::one, status);
+    std::vector<std::size_t> rest = not_hit(status);
+    if (rest.empty()) return count(status, ec);
+    std::vector<chunk_key> k2 = gather(keys, rest);
+    std::vector<chunk_status> s2(rest.size(), chunk_status::error);
+    ec = l2_.exists(k2, s2, dl);
+    record(tier::two, s2);
+    for (std::size_t j = 0; j < rest.size(); ++j) status[rest[j]] = s2[j];
+    return count(status, ec, rest.size());
+  }
+
+  std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                      std::span<chunk_status> status, deadline dl) {
+    if (auto ec = detail::store_precheck(keys.size(), dst.size(), status, dl)) return ec;
+    std::error_code ec = l1_.get(keys, dst, status, dl);
+    record(tier::one, status, dst);
+    std::vector<std::size_t> rest = not_hit(status);
+    if (rest.empty()) return count(status, ec);
+    std::vector<chunk_key> k2 = gather(keys, rest);
+    std::vector<std::span<std::byte>> d2 = gather(dst, rest);
+    std::vector<chunk_status> s2(rest.size(), chunk_status::error);
+    ec = l2_.get(k2, d2, s2, dl);
+    record(tier::two, s2, std::span<const std::span<std::byte>>(d2));
+    for (std::size_t j = 0; j < rest.size(); ++j) status[rest[j]] = s2[j];
+    if (opt_.promote) promote(k2, d2, s2, dl);
+    return count(status, ec, rest.size());
+  }
+
+  std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+                      std::span<chunk_status> status, deadline dl) {
+    if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
+    std::error_code ec;
+    if (opt_.writes != write_policy::l2_only) {
+      ec = l1_.put(keys, src, status, dl);
+      if (opt_.metrics) add_written(opt_.metrics->l1, status, src);
+    }
+    if (opt_.writes != write_policy::l1_only) {
+      ec = l2_.put(keys, src, status, dl);  // the status callers see is L2's
+      if (opt_.metrics) add_written(opt_.metrics->l2, status, src);
+    }
+    return ec;
+  }
+
+  stats_type stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+
+ private:
+  enum class tier { one, two };
+
+  static std::vector<std::size_t> not_hit(std::span<const chunk_status> status) {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < status.size(); ++i)
+      if (status[i] != chunk_status::hit) out.push_back(i);
+    return out;
+  }
+  template <class T>
+  static std::vector<T> gather(std::span<const T> all, const std::vector<std::size_t>& idx) {
+    std::vector<T> out;
+    out.reserve(idx.size());
+    for (std::size_t i : idx) out.push_back(all[i]);
+    return out;
+  }
+
+  void record(tier t, std::span<const chunk_status> status, std::span<const std::span<std::byte>> dst = {}) {
+    if (!opt_.metrics) return;
+    tier_metrics& m = t == tier::one ? opt_.metrics->l1 : opt_.metrics->l2;
+    m.record(status);
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < dst.size(); ++i)
+      if (status[i] == chunk_status::hit) bytes += dst[i].size();
+    if (bytes) m.bytes_read.add(bytes);
+  }
+  static void add_written(tier_metrics& m, std::span<const chunk_status> status,
+                          std::span<const std::span<const std::byte>> src) {
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < src.size(); ++i)
+      if (status[i] == chunk_status::hit) bytes += src[i].size();
+    if (bytes) m.bytes_written.add(bytes);
+  }
+
+  // L2 hits go into L1 from the caller's destination (already verified bytes).
+  void promote(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+               std::span<const chunk_status> status, deadline dl) {
+    std::vector<chunk_key> pk;
+    std::vector<std::span<const std::byte>> ps;
+    for (std::size_t j = 0; j < keys.size(); ++j)
+      if (status[j] == chunk_status::hit) pk.push_back(keys[j]), ps.emplace_back(dst[j]);
+    if (pk.empty()) return;
+    std::vector<chunk_status> st(pk.size(), chunk_status::error);
+    // Within the caller's deadline like every call: a read that used it all up
+    // skips promotion (L1 reports timeout) rather than running late.
+    l1_.put(pk, ps, st, dl);
+    std::size_t ok = 0;
+    for (chunk_status s : st) ok += s == chunk_status::hit;
+    std::lock_guard lock(mu_);
+    stats_.promoted += ok;
+  }
+
+  // Folds the final statuses into the stats. `l2_asked` keys went to L2; the rest hit L1.
+  std::error_code count(std::span<const chunk_status> status, std::error_code ec, std::size_t l2_asked = 0) {
+    std::size_t hits = 0;
+    for (chunk_status s : status) hits += s == chunk_status::hit;
+    const std::size_t l1_hits = status.size() - l2_asked;
+    std::lock_guard lock(mu_);
+    stats_.l1_hits += l1_hits;
+    stats_.l2_hits += hits - l1_hits;
+    stats_.misses += status.size() - hits;
+    return ec;
+  }
+
+  L1& l1_;
+  L2& l2_;
+  tiered_options opt_;
+  mutable std::mutex mu_;
+  stats_type stats_;
+};
+
+}  // namespace kvtier
