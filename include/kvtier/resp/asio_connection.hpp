@@ -1,0 +1,205 @@
+// kvtier/resp/asio_connection.hpp: a RESP connection over Boost.Asio (TCP or Unix socket).
+//
+// Satisfies kvtier::resp::connection (see kvtier/resp/connection.hpp for the semantics shared
+// with the io_uring transport). Each connection owns a private io_context that runs only on
+// the calling thread inside execute(); the write of the batch (scatter-gather, sendmsg) and the
+// reads of the replies proceed at the same time, so neither side can stall the other.
+//
+//   #include "kvtier/resp/asio_connection.hpp"        // link kvtier::asio
+//   kvtier::resp::asio_connection conn({.server = kvtier::resp::parse_url("resp://127.0.0.1:6379").value});
+//   kvtier::resp::batch b;
+//   b.add_into({"GET", key}, std::span<std::byte>(dst));
+//   std::error_code ec = conn.execute(b, kvtier::deadline_after(std::chrono::milliseconds(100)));
+#pragma once
+
+#include <algorithm>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/error.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <cstddef>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "kvtier/resp/connection.hpp"
+#include "kvtier/resp/detail/conn_socket.hpp"
+
+namespace kvtier::resp {
+
+/// RESP connection over Boost.Asio: resp:// (TCP) and resp+unix:// (Unix socket) endpoints.
+class asio_connection : public connection_base<asio_connection> {
+ public:
+  explicit asio_connection(connection_options opt) : connection_base(std::move(opt)) {}
+  asio_connection(const asio_connection&) = delete;
+  asio_connection& operator=(const asio_connection&) = delete;
+  ~asio_connection() { close(); }
+
+ private:
+  friend class connection_base<asio_connection>;
+  using tcp = boost::asio::ip::tcp;
+  using local = boost::asio::local::stream_protocol;
+  using asio_ec = boost::system::error_code;
+
+  bool is_unix() const noexcept { return opts().server.kind == endpoint::transport::unix_socket; }
+
+  // Calls f with the active socket.
+  template <class F>
+  decltype(auto) with_socket(F&& f) {
+    if (is_unix()) return f(unix_);
+    return f(tcp_);
+  }
+
+  // Runs the io_context until `pending_` operations are done or `dl` passes; at the deadline
+  // the socket is closed (cancelling everything) and the aborted handlers are drained, so no
+  // operation touches caller memory after return. Returns true if the deadline hit.
+  bool run_until(deadline dl) {
+    bool timed_out = false;
+    while (pending_ > 0) {
+      if (ctx_.stopped()) ctx_.restart();
+      if (timed_out) {
+        ctx_.run_one();
+      } else if (ctx_.run_one_until(dl) == 0 && clock::now() >= dl) {
+        timed_out = true;
+        resolver_.cancel();
+        close_socket();
+      }
+    }
+    return timed_out;
+  }
+
+  void close_socket() noexcept {
+    asio_ec ignore;
+    if (tcp_.is_open()) tcp_.close(ignore);
+    if (unix_.is_open()) unix_.close(ignore);
+  }
+
+  static std::error_code map_connect_error(const asio_ec& e) {
+    if (e == boost::asio::error::host_not_found || e == boost::asio::error::host_not_found_try_again ||
+        e == boost::asio::error::no_data || e == boost::asio::error::no_recovery)
+      return make_error_code(errc::resolve_failed);
+    return make_error_code(errc::connection_refused);
+  }
+
+  // ---- transport interface for connection_base ----------------------------------------
+
+  std::error_code transport_connect(deadline dl) {
+    close_socket();
+    ctx_.restart();
+    asio_ec result;
+    pending_ = 1;
+    const endpoint& ep = opts().server;
+    if (is_unix()) {
+      unix_.async_connect(local::endpoint(ep.path), [this, &result](const asio_ec& e) {
+        --pending_;
+        result = e;
+      });
+    } else {
+      asio_ec e;
+      const auto addr = boost::asio::ip::make_address(ep.host, e);
+      if (!e) {
+        tcp_.async_connect(tcp::endpoint(addr, ep.port), [this, &result](const asio_ec& e2) {
+          --pending_;
+          result = e2;
+        });
+      } else {
+        // A host name: resolve asynchronously too, so the deadline bounds it.
+        resolver_.async_resolve(ep.host, std::to_string(ep.port),
+                                [this, &result](const asio_ec& re, tcp::resolver::results_type rs) {
+                                  if (re) {
+                                    --pending_;
+                                    result = re;
+                                    return;
+                                  }
+                                  boost::asio::async_connect(
+                                      tcp_, rs, [this, &result](const asio_ec& ce, const tcp::endpoint&) {
+                                        --pending_;
+                                        result = ce;
+                                      });
+                                });
+      }
+    }
+    if (run_until(dl)) return make_error_code(errc::timeout);
+    if (result) {
+      close_socket();
+      return map_connect_error(result);
+    }
+    const int fd = with_socket([](auto& s) { return static_cast<int>(s.native_handle()); });
+    detail::conn_tune_socket(fd, !is_unix(), opts().socket_buffer_bytes);
+    return {};
+  }
+
+  std::error_code transport_exchange(deadline dl) {
+    ctx_.restart();
+    error_ = {};
+    pending_ = 0;
+    start_write();
+    start_read();
+    if (run_until(dl)) return make_error_code(errc::timeout);
+    return error_;
+  }
+
+  void transport_close() noexcept { close_socket(); }
+
+  bool transport_peer_closed() noexcept {
+    return with_socket([](auto& s) {
+      return !s.is_open() || detail::conn_peer_closed(static_cast<int>(s.native_handle()));
+    });
+  }
+
+  // ---- the exchange ---------------------------------------------------------------------
+
+  void fail(std::error_code e) {
+    if (!error_) error_ = e;
+    close_socket();  // cancels the other direction; its handler sees operation_aborted
+  }
+
+  void start_write() {
+    if (error_ || !write_pending()) return;
+    wbufs_.clear();
+    for (const auto& s : write_buffers()) {
+      wbufs_.emplace_back(s.data(), s.size());
+      if (wbufs_.size() == max_write_buffers) break;
+    }
+    ++pending_;
+    with_socket([this](auto& s) {
+      s.async_write_some(wbufs_, [this](const asio_ec& e, std::size_t n) {
+        --pending_;
+        if (e) return fail(make_error_code(errc::connection_lost));
+        on_written(n);
+        start_write();
+      });
+    });
+  }
+
+  void start_read() {
+    if (error_ || replies_done()) return;
+    const std::span<std::byte> into = read_span();
+    ++pending_;
+    with_socket([this, into](auto& s) {
+      s.async_read_some(boost::asio::buffer(into.data(), into.size()),
+                        [this](const asio_ec& e, std::size_t n) {
+                          --pending_;
+                          if (e) return fail(make_error_code(errc::connection_lost));  // eof, reset, aborted
+                          if (std::error_code pe = on_read(n)) return fail(pe);
+                          start_read();
+                        });
+    });
+  }
+
+  static constexpr std::size_t max_write_buffers = 64;  // Asio gathers at most 64 per call
+
+  boost::asio::io_context ctx_{1};
+  tcp::socket tcp_{ctx_};
+  local::socket unix_{ctx_};
+  tcp::resolver resolver_{ctx_};
+  std::vector<boost::asio::const_buffer> wbufs_;
+  std::size_t pending_ = 0;
+  std::error_code error_;
+};
+
+static_assert(connection<asio_connection>);
+
+}  // namespace kvtier::resp

@@ -1,0 +1,421 @@
+// kvtier/resp/connection.hpp: what every RESP connection shares, whatever its transport.
+//
+// A connection executes one pipelined `batch` of commands at a time, synchronously, on the
+// calling thread, and returns by the caller's deadline. Replies come back in order; a reply
+// registered with add_into() has its bulk payload read straight into the caller's span (no
+// growing buffer, no second copy). Two transports satisfy the `connection` concept:
+// kvtier::resp::asio_connection (Boost.Asio, TCP and Unix sockets; kvtier/resp/asio_connection.hpp)
+// and kvtier::resp::uring_connection (io_uring via liburing; kvtier/resp/uring_connection.hpp).
+//
+//   kvtier::resp::connection_options opt{.server = kvtier::resp::parse_url(url).value};
+//   kvtier::resp::asio_connection conn(opt);                  // connects lazily
+//   kvtier::resp::batch b;
+//   b.add({"SET", "k", "v"});
+//   b.add_into({"GET", "big"}, std::span<std::byte>(dst));     // payload lands in dst
+//   std::error_code ec = conn.execute(b, kvtier::deadline_after(std::chrono::milliseconds(50)));
+//   if (!ec && b.reply(1).into_destination) { /* dst holds the value */ }
+//
+// Semantics (both transports):
+//  - execute() returns by its deadline. When the deadline passes first, it returns
+//    errc::timeout, closes the connection (the stream position is unknown) and the next call
+//    reconnects. Replies that arrived before that are in the batch (completed()).
+//  - A lost connection mid-batch returns errc::connection_lost (or protocol_error/too_large on
+//    bad bytes); the connection is closed and re-established by the next call. A batch is
+//    never retried once any of it was sent (commands need not be idempotent).
+//  - Before each batch, a connection that the peer closed while idle is detected (a
+//    non-blocking peek) and re-established; after `health_check_idle` without traffic a PING
+//    round trip checks it first.
+//  - Connecting: resolve, connect (TCP_NODELAY), then HELLO 3 (protocol 3) or AUTH, CLIENT
+//    SETNAME, SELECT, all pipelined in one round trip. Failed connects back off exponentially
+//    (capped); a call whose deadline falls before the next allowed attempt fails at once with
+//    errc::not_connected instead of waiting.
+//  - Server error replies are replies, not failures: check reply(i).is_error().
+//  - Not thread-safe: one thread at a time per connection (use one connection per worker).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "kvtier/deadline.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/resp/encoder.hpp"
+#include "kvtier/resp/parser.hpp"
+#include "kvtier/resp/types.hpp"
+#include "kvtier/resp/url.hpp"
+
+namespace kvtier::resp {
+
+/// How a connection reaches and talks to its server.
+struct connection_options {
+  endpoint server{};  ///< where (from parse_url)
+  std::chrono::milliseconds connect_timeout{
+      2000};  ///< cap per connect + handshake (also bounded by the call's deadline)
+  std::chrono::milliseconds reconnect_backoff_min{10};    ///< first wait after a failed connect
+  std::chrono::milliseconds reconnect_backoff_max{2000};  ///< cap of the doubling backoff
+  std::chrono::milliseconds health_check_idle{5000};      ///< PING first when idle this long; 0 = never
+  int protocol = 2;                                       ///< 2: AUTH; 3: HELLO 3 (with AUTH inside)
+  std::string client_name{};                              ///< CLIENT SETNAME when non-empty
+  parser_limits limits{};                                 ///< reply limits (bulk, aggregate, depth, buffer)
+  int socket_buffer_bytes = 0;  ///< SO_RCVBUF/SO_SNDBUF when > 0 (else kernel autotuning)
+};
+
+/// Counters of one connection (monotonic since construction).
+struct connection_stats {
+  std::uint64_t batches = 0;           ///< execute() calls with at least one command
+  std::uint64_t commands = 0;          ///< commands sent
+  std::uint64_t connects = 0;          ///< successful connects (first one included)
+  std::uint64_t connect_failures = 0;  ///< failed connect or handshake attempts
+  std::uint64_t timeouts = 0;          ///< batches that hit their deadline
+  std::uint64_t failures = 0;          ///< batches lost to connection or protocol errors
+  std::uint64_t health_checks = 0;     ///< idle PINGs sent
+  std::uint64_t bytes_written = 0;
+  std::uint64_t bytes_read = 0;
+};
+
+/// One pipelined batch of commands and, after execute(), their replies.
+///
+/// Arguments are copied when added; payloads (add_with_payload) and destinations (add_into)
+/// stay the caller's and must outlive the execute() call. Reuse a batch (clear()) to keep its
+/// allocations.
+class batch {
+ public:
+  /// A command whose reply is parsed into a value.
+  void add(std::initializer_list<std::string_view> args) { add(std::span(args.begin(), args.size())); }
+  void add(std::span<const std::string_view> args) {
+    req_.command(args);
+    slots_.push_back(slot{});
+  }
+
+  /// A command whose bulk-string reply (GET) is read straight into `destination_parts` (their
+  /// total size is the expected length). See reply(): into_destination tells whether it did.
+  void add_into(std::initializer_list<std::string_view> args,
+                std::span<const std::span<std::byte>> destination_parts) {
+    add_into(std::span(args.begin(), args.size()), destination_parts);
+  }
+  void add_into(std::initializer_list<std::string_view> args, std::span<std::byte> destination) {
+    add_into(std::span(args.begin(), args.size()), std::span<const std::span<std::byte>>(&destination, 1));
+  }
+  void add_into(std::span<const std::string_view> args,
+                std::span<const std::span<std::byte>> destination_parts) {
+    req_.command(args);
+    slots_.push_back(slot{true, parts_.size(), destination_parts.size()});
+    parts_.insert(parts_.end(), destination_parts.begin(), destination_parts.end());
+  }
+
+  /// A command whose last argument is the concatenation of `payload_parts` (e.g. SET key with
+  /// header + value), written to the socket from the caller's memory without a copy.
+  void add_with_payload(std::initializer_list<std::string_view> args,
+                        std::span<const std::span<const std::byte>> payload_parts) {
+    add_with_payload(std::span(args.begin(), args.size()), payload_parts);
+  }
+  void add_with_payload(std::span<const std::string_view> args,
+                        std::span<const std::span<const std::byte>> payload_parts) {
+    req_.command_with_payload(args, payload_parts);
+    slots_.push_back(slot{});
+  }
+
+  /// Commands in the batch.
+  std::size_t size() const noexcept { return slots_.size(); }
+  bool empty() const noexcept { return slots_.empty(); }
+
+  /// Replies received by the last execute(): reply(i) is valid for i < completed().
+  std::size_t completed() const noexcept { return completed_; }
+  const value& reply(std::size_t i) const noexcept { return replies_[i]; }
+  std::span<const value> replies() const noexcept { return {replies_.data(), completed_}; }
+
+  /// Empties the batch (commands, destinations, replies); keeps capacity.
+  void clear() noexcept {
+    req_.clear();
+    slots_.clear();
+    parts_.clear();
+    completed_ = 0;
+  }
+
+  /// Bytes the batch puts on the wire.
+  std::size_t request_bytes() const noexcept { return req_.total_bytes(); }
+
+ private:
+  template <class>
+  friend class connection_base;
+
+  struct slot {
+    bool into = false;
+    std::size_t first = 0, count = 0;  // range in parts_
+  };
+
+  request_builder req_;
+  std::vector<slot> slots_;
+  std::vector<std::span<std::byte>> parts_;
+  std::vector<value> replies_;
+  std::size_t completed_ = 0;
+};
+
+/// True when `v` is a server error reply; `ec` then is errc::server_error.
+inline std::error_code reply_error(const value& v) noexcept {
+  return v.is_error() ? make_error_code(errc::server_error) : std::error_code{};
+}
+
+/// The interface both transports satisfy (what stores and tools are written against).
+template <class C>
+concept connection = requires(C& c, const C& cc, batch& b, deadline dl) {
+  { c.execute(b, dl) } -> std::same_as<std::error_code>;  // pipelined batch, returns by dl
+  { c.connect(dl) } -> std::same_as<std::error_code>;     // optional eager connect
+  { c.ping(dl) } -> std::same_as<std::error_code>;        // one PING round trip
+  { c.close() } -> std::same_as<void>;
+  { cc.connected() } -> std::same_as<bool>;
+  { cc.options() } -> std::same_as<const connection_options&>;
+  { cc.stats() } -> std::same_as<connection_stats>;
+};
+
+/// The transport-neutral half of a connection (CRTP). A transport provides:
+///   std::error_code transport_connect(deadline);         // socket connected, options set
+///   std::error_code transport_exchange(deadline);        // drive write_buffers()/read_span()
+///                                                        // until replies_done(); see below
+///   void transport_close() noexcept;                     // close; no I/O pending afterwards
+///   bool transport_peer_closed() noexcept;               // idle socket: peer closed or sent junk
+/// transport_exchange() writes the spans of write_buffers() (reporting progress with
+/// on_written()), reads into read_span() (reporting with on_read(), which parses), and returns
+/// once replies_done() and nothing is left to write, on error, or at the deadline (errc::timeout) with no I/O
+/// left pending into caller memory.
+template <class Derived>
+class connection_base {
+ public:
+  explicit connection_base(connection_options opt)
+      : opt_(std::move(opt)), parser_(opt_.limits), backoff_(opt_.reconnect_backoff_min) {
+    // A fresh parser's prepare() is its whole internal buffer: remember where it ends, so a
+    // span that ends elsewhere is known to be a caller destination (read_span_is_payload()).
+    const std::span<std::byte> whole = parser_.prepare();
+    internal_end_ = whole.data() + whole.size();
+  }
+
+  const connection_options& options() const noexcept { return opt_; }
+  connection_stats stats() const noexcept { return stats_; }
+  bool connected() const noexcept { return connected_; }
+
+  /// Connects now (otherwise the first execute() does). No-op when connected.
+  std::error_code connect(deadline dl) {
+    if (connected_) return {};
+    return establish(dl);
+  }
+
+  /// Closes the connection; the next call reconnects (without backoff).
+  void close() noexcept {
+    self().transport_close();
+    connected_ = false;
+    parser_.reset();
+  }
+
+  /// One PING round trip (connecting first if needed).
+  std::error_code ping(deadline dl) {
+    ping_.clear();
+    ping_.add({"PING"});
+    std::error_code ec = execute(ping_, dl);
+    if (!ec && !(ping_.reply(0).kind == type::simple_string && ping_.reply(0).str == "PONG"))
+      ec = make_error_code(errc::unexpected_reply);
+    return ec;
+  }
+
+  /// Sends the batch and reads every reply, by `dl`. See the header comment for semantics.
+  std::error_code execute(batch& b, deadline dl) {
+    b.completed_ = 0;
+    if (b.empty()) return {};
+    if (expired(dl)) return make_error_code(errc::timeout);
+    if (std::error_code ec = ensure_ready(dl)) return ec;
+    ++stats_.batches;
+    stats_.commands += b.size();
+    return run(b, dl);
+  }
+
+ protected:
+  // ---- used by transports ---------------------------------------------------------------
+  /// Spans still to be written, in order (first one possibly partly written already).
+  std::span<const std::span<const std::byte>> write_buffers() const noexcept {
+    return std::span<const std::span<const std::byte>>(out_).subspan(out_index_);
+  }
+  bool write_pending() const noexcept { return out_index_ < out_.size(); }
+  void on_written(std::size_t n) noexcept {
+    stats_.bytes_written += n;
+    while (n > 0 && out_index_ < out_.size()) {
+      auto& s = out_[out_index_];
+      const std::size_t k = std::min(n, s.size());
+      s = s.subspan(k);
+      n -= k;
+      if (s.empty()) ++out_index_;
+    }
+    while (out_index_ < out_.size() && out_[out_index_].empty()) ++out_index_;
+  }
+  /// Where the next bytes read go (internal buffer or the current destination).
+  std::span<std::byte> read_span() {
+    const std::span<std::byte> s = parser_.prepare();
+    payload_read_ = s.data() + s.size() != internal_end_;
+    return s;
+  }
+  /// True when the span read_span() returned is a payload of known length the transport may
+  /// fill completely in one go (e.g. MSG_WAITALL) without reading past the reply.
+  bool read_span_is_payload() const noexcept { return payload_read_; }
+  /// `n` bytes were read into the last read_span(); parses them. n == 0 means EOF.
+  std::error_code on_read(std::size_t n) {
+    if (n == 0) return make_error_code(errc::connection_lost);
+    stats_.bytes_read += n;
+    parser_.commit(n);
+    std::error_code ec;
+    while (auto v = parser_.next(ec)) {
+      if (v->kind == type::push) continue;  // RESP3 out-of-band message: not a reply
+      if (cur_->completed_ < cur_->replies_.size()) cur_->replies_[cur_->completed_] = std::move(*v);
+      ++cur_->completed_;
+    }
+    return ec;
+  }
+  /// Every reply of the batch has arrived.
+  bool replies_done() const noexcept { return cur_->completed_ >= cur_->size(); }
+  const connection_options& opts() const noexcept { return opt_; }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+
+  // Writes b and reads its replies; closes the connection on any failure.
+  std::error_code run(batch& b, deadline dl) {
+    cur_ = &b;
+    if (b.replies_.size() < b.size()) b.replies_.resize(b.size());
+    out_.assign(b.req_.buffers().begin(), b.req_.buffers().end());
+    out_index_ = 0;
+    for (const auto& s : b.slots_) {
+      if (s.into)
+        parser_.expect_destination(std::span<const std::span<std::byte>>(b.parts_).subspan(s.first, s.count));
+      else
+        parser_.expect_no_destination();
+    }
+    std::error_code ec = self().transport_exchange(dl);
+    cur_ = nullptr;
+    out_.clear();
+    if (!ec) {
+      last_used_ = clock::now();
+      return {};
+    }
+    if (ec == errc::timeout)
+      ++stats_.timeouts;
+    else
+      ++stats_.failures;
+    close();
+    return ec;
+  }
+
+  // Connected, handshaken and (as far as a cheap check tells) alive.
+  std::error_code ensure_ready(deadline dl) {
+    if (connected_ && self().transport_peer_closed()) close();
+    if (connected_ && opt_.health_check_idle.count() > 0 &&
+        clock::now() - last_used_ >= opt_.health_check_idle) {
+      ++stats_.health_checks;
+      probe_.clear();
+      probe_.add({"PING"});
+      if (run(probe_, dl)) {
+        if (expired(dl)) return make_error_code(errc::timeout);
+        // the idle connection was dead: fall through and reconnect once
+      }
+    }
+    if (connected_) return {};
+    return establish(dl);
+  }
+
+  std::error_code establish(deadline dl) {
+    const auto now = clock::now();
+    if (now < next_attempt_) {
+      if (next_attempt_ >= dl) return make_error_code(errc::not_connected);
+      std::this_thread::sleep_until(next_attempt_);
+    }
+    const deadline cdl =
+        std::min(dl, clock::now() + std::chrono::duration_cast<clock::duration>(opt_.connect_timeout));
+    std::error_code ec = self().transport_connect(cdl);
+    if (!ec) {
+      connected_ = true;
+      parser_.reset();
+      ec = handshake(cdl);
+    }
+    if (ec) {
+      ++stats_.connect_failures;
+      self().transport_close();
+      connected_ = false;
+      parser_.reset();
+      if (ec == errc::timeout && cdl < dl)
+        ec = make_error_code(errc::connection_refused);  // connect_timeout, not the caller's
+      next_attempt_ = clock::now() + std::chrono::duration_cast<clock::duration>(backoff_);
+      backoff_ = std::min(backoff_ * 2, opt_.reconnect_backoff_max);
+      return ec;
+    }
+    ++stats_.connects;
+    backoff_ = opt_.reconnect_backoff_min;
+    next_attempt_ = {};
+    last_used_ = clock::now();
+    return {};
+  }
+
+  // HELLO/AUTH, CLIENT SETNAME, SELECT in one round trip.
+  std::error_code handshake(deadline dl) {
+    probe_.clear();
+    const endpoint& ep = opt_.server;
+    const std::string db = std::to_string(ep.db);
+    const std::string user = ep.user.empty() ? std::string("default") : ep.user;
+    enum step : std::uint8_t { auth, name, select };
+    step steps[3];
+    std::size_t n = 0;
+    if (opt_.protocol == 3) {
+      std::vector<std::string_view> args = {"HELLO", "3"};
+      if (!ep.password.empty()) args.insert(args.end(), {"AUTH", user, ep.password});
+      if (!opt_.client_name.empty()) args.insert(args.end(), {"SETNAME", opt_.client_name});
+      probe_.add(args);
+      steps[n++] = auth;
+    } else {
+      if (!ep.password.empty()) {
+        if (ep.user.empty())
+          probe_.add({"AUTH", ep.password});
+        else
+          probe_.add({"AUTH", ep.user, ep.password});
+        steps[n++] = auth;
+      }
+      if (!opt_.client_name.empty()) {
+        probe_.add({"CLIENT", "SETNAME", opt_.client_name});
+        steps[n++] = name;
+      }
+    }
+    if (ep.db != 0) {
+      probe_.add({"SELECT", db});
+      steps[n++] = select;
+    }
+    if (n == 0) return {};
+    if (std::error_code ec = run(probe_, dl)) return ec;
+    for (std::size_t i = 0; i < n; ++i) {
+      const value& r = probe_.reply(i);
+      if (!r.is_error()) continue;
+      // NOAUTH / WRONGPASS / NOPERM on the first step all mean the login failed.
+      return make_error_code(steps[i] == auth ? errc::auth_failed : errc::server_error);
+    }
+    return {};
+  }
+
+  connection_options opt_;
+  parser parser_;
+  connection_stats stats_{};
+  bool connected_ = false;
+  clock::time_point last_used_{};
+  clock::time_point next_attempt_{};
+  std::chrono::milliseconds backoff_;
+  batch ping_;   // ping()
+  batch probe_;  // health checks and the handshake (never at the same time as a caller's batch)
+  batch* cur_ = nullptr;
+  std::vector<std::span<const std::byte>> out_;
+  std::size_t out_index_ = 0;
+  bool payload_read_ = false;
+  const std::byte* internal_end_ = nullptr;
+};
+
+}  // namespace kvtier::resp
