@@ -4,7 +4,9 @@
 #pragma once
 
 #include "kvtier/chunker.hpp"
+#include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
+#include "kvtier/lookup.hpp"
 #include "kvtier/ownership.hpp"
 #include "kvtier/store/chunk_store.hpp"
