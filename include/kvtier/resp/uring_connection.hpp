@@ -1,0 +1,281 @@
+// kvtier/resp/uring_connection.hpp: a RESP connection over io_uring (liburing), TCP or Unix.
+//
+// Satisfies kvtier::resp::connection (see kvtier/resp/connection.hpp for the semantics shared
+// with the Asio transport). Each connection owns a small ring used only by the calling thread
+// inside execute(): the batch goes out as one SENDMSG (scatter-gather, no copy of payloads)
+// while a RECV is in flight; a RECV into a caller destination uses MSG_WAITALL, so a whole
+// value arrives in one completion. At the deadline (or on an error) every operation still in
+// flight is cancelled and reaped before returning, so the kernel never writes into caller
+// memory after execute() returned.
+//
+//   #include "kvtier/resp/uring_connection.hpp"       // link kvtier::uring
+//   kvtier::resp::uring_connection conn({.server = kvtier::resp::parse_url("resp://127.0.0.1:6379").value});
+//   kvtier::resp::batch b;
+//   b.add_into({"GET", key}, std::span<std::byte>(dst));
+//   std::error_code ec = conn.execute(b, kvtier::deadline_after(std::chrono::milliseconds(100)));
+#pragma once
+
+#include <liburing.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "kvtier/resp/connection.hpp"
+#include "kvtier/resp/detail/conn_socket.hpp"
+
+namespace kvtier::resp {
+
+/// RESP connection over io_uring: resp:// (TCP) and resp+unix:// (Unix socket) endpoints.
+/// A ring that cannot be created (old kernel, seccomp) makes every connect fail with
+/// errc::backend_error.
+class uring_connection : public connection_base<uring_connection> {
+ public:
+  explicit uring_connection(connection_options opt) : connection_base(std::move(opt)) {
+    ring_ok_ = io_uring_queue_init(ring_entries, &ring_, 0) == 0;
+  }
+  uring_connection(const uring_connection&) = delete;
+  uring_connection& operator=(const uring_connection&) = delete;
+  ~uring_connection() {
+    close();
+    if (ring_ok_) io_uring_queue_exit(&ring_);
+  }
+
+ private:
+  friend class connection_base<uring_connection>;
+
+  static constexpr unsigned ring_entries = 8;
+  enum op : std::uint64_t { op_none = 0, op_send = 1, op_recv = 2, op_connect = 3, op_cancel = 4 };
+
+  io_uring_sqe* sqe() {
+    io_uring_sqe* s = io_uring_get_sqe(&ring_);
+    if (s == nullptr) {  // the ring is tiny and we keep <= 4 in flight: cannot happen, but be safe
+      io_uring_submit(&ring_);
+      s = io_uring_get_sqe(&ring_);
+    }
+    return s;
+  }
+
+  // Waits for at least one completion until dl: 0 = got one, -ETIME = deadline, else -errno.
+  int wait(deadline dl, io_uring_cqe** cqe) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(time_left(dl));
+      __kernel_timespec ts{};
+      ts.tv_sec = static_cast<long long>(left.count() / 1000000000);
+      ts.tv_nsec = static_cast<long long>(left.count() % 1000000000);
+      const int r = io_uring_submit_and_wait_timeout(&ring_, cqe, 1, &ts, nullptr);
+      if (r == -EINTR) continue;
+      if (r == -ETIME && !expired(dl)) continue;  // woke early
+      return r < 0 ? r : 0;
+    }
+  }
+
+  // Cancels every operation in flight and reaps their completions (bounded: a cancelled
+  // socket operation completes at once; shutdown() forces the rest).
+  void cancel_all() {
+    if (inflight_ == 0) return;
+    for (std::uint64_t id : {std::uint64_t{op_send}, std::uint64_t{op_recv}, std::uint64_t{op_connect}}) {
+      if (!(inflight_mask_ & (1u << id))) continue;
+      io_uring_sqe* s = sqe();
+      io_uring_prep_cancel64(s, id, 0);
+      io_uring_sqe_set_data64(s, op_cancel);
+      ++cancels_;
+    }
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+    const deadline guard = clock::now() + std::chrono::seconds(5);
+    auto ignore = [](std::uint64_t, int) {};
+    while (inflight_ > 0 || cancels_ > 0) {
+      io_uring_cqe* cqe = nullptr;
+      if (wait(guard, &cqe) != 0) break;  // never seen; the ring is torn down below if so
+      reap(cqe, &ignore);
+    }
+    if (inflight_ > 0) {
+      // Last resort: tearing the ring down cancels whatever the kernel still holds.
+      io_uring_queue_exit(&ring_);
+      ring_ok_ = io_uring_queue_init(ring_entries, &ring_, 0) == 0;
+      inflight_ = cancels_ = 0;
+      inflight_mask_ = 0;
+    }
+  }
+
+  // Consumes one completion; for send/recv calls `handle(op, res)`.
+  template <class H>
+  void reap(io_uring_cqe* cqe, H* handle) {
+    const std::uint64_t id = io_uring_cqe_get_data64(cqe);
+    const int res = cqe->res;
+    io_uring_cqe_seen(&ring_, cqe);
+    if (id == op_cancel) {
+      --cancels_;
+      return;
+    }
+    --inflight_;
+    inflight_mask_ &= ~(1u << id);
+    (*handle)(id, res);
+  }
+
+  void submit(std::uint64_t id) {
+    ++inflight_;
+    inflight_mask_ |= 1u << id;
+  }
+
+  // ---- transport interface for connection_base ----------------------------------------
+
+  std::error_code transport_connect(deadline dl) {
+    if (!ring_ok_) return make_error_code(errc::backend_error);
+    transport_close();
+    const endpoint& ep = opts().server;
+    const bool unix_socket = ep.kind == endpoint::transport::unix_socket;
+    std::vector<std::pair<sockaddr_storage, socklen_t>> addrs;
+    if (unix_socket) {
+      sockaddr_storage ss{};
+      auto* un = reinterpret_cast<sockaddr_un*>(&ss);
+      un->sun_family = AF_UNIX;
+      std::memcpy(un->sun_path, ep.path.c_str(), std::min(ep.path.size() + 1, sizeof un->sun_path - 1));
+      addrs.emplace_back(ss, static_cast<socklen_t>(sizeof(sockaddr_un)));
+    } else {
+      // Numeric addresses resolve without I/O; a host name goes through getaddrinfo (which the
+      // deadline cannot interrupt: use addresses or a local resolver for strict bounds).
+      addrinfo hints{};
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_NUMERICSERV;
+      addrinfo* res = nullptr;
+      const std::string port = std::to_string(ep.port);
+      if (::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr)
+        return make_error_code(errc::resolve_failed);
+      for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+        sockaddr_storage ss{};
+        std::memcpy(&ss, a->ai_addr, a->ai_addrlen);
+        addrs.emplace_back(ss, a->ai_addrlen);
+      }
+      ::freeaddrinfo(res);
+    }
+    std::error_code last = make_error_code(errc::connection_refused);
+    for (auto& [addr, len] : addrs) {
+      // Blocking mode on purpose: io_uring would pass -EAGAIN through on an O_NONBLOCK socket.
+      fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd_ < 0) return make_error_code(errc::backend_error);
+      detail::conn_tune_socket(fd_, !unix_socket, opts().socket_buffer_bytes);
+      io_uring_sqe* s = sqe();
+      io_uring_prep_connect(s, fd_, reinterpret_cast<sockaddr*>(&addr), len);
+      io_uring_sqe_set_data64(s, op_connect);
+      submit(op_connect);
+      int result = 0;
+      auto on = [&result](std::uint64_t, int res) { result = res; };
+      while (inflight_ > 0) {
+        io_uring_cqe* cqe = nullptr;
+        const int w = wait(dl, &cqe);
+        if (w == -ETIME) {
+          cancel_all();
+          transport_close();
+          return make_error_code(errc::timeout);
+        }
+        if (w != 0) {
+          cancel_all();
+          transport_close();
+          return make_error_code(errc::backend_error);
+        }
+        reap(cqe, &on);
+      }
+      if (result == 0) return {};
+      last = make_error_code(errc::connection_refused);
+      transport_close();
+    }
+    return last;
+  }
+
+  std::error_code transport_exchange(deadline dl) {
+    std::error_code result;
+    auto fail = [&](std::error_code e) {
+      if (!result) result = e;
+    };
+    auto on = [&](std::uint64_t id, int res) {
+      if (id == op_send) {
+        if (res < 0) {
+          if (res != -EINTR && res != -EAGAIN) fail(make_error_code(errc::connection_lost));
+          return;
+        }
+        on_written(static_cast<std::size_t>(res));
+      } else if (id == op_recv) {
+        if (res < 0) {
+          if (res != -EINTR && res != -EAGAIN) fail(make_error_code(errc::connection_lost));
+          return;
+        }
+        if (std::error_code e = on_read(static_cast<std::size_t>(res))) fail(e);  // 0: EOF
+      }
+    };
+    for (;;) {
+      if (!result) {
+        if (write_pending() && !(inflight_mask_ & (1u << op_send))) {
+          iov_.clear();
+          for (const auto& b : write_buffers()) {
+            iov_.push_back(iovec{const_cast<std::byte*>(b.data()), b.size()});
+            if (iov_.size() == IOV_MAX) break;
+          }
+          msg_ = msghdr{};
+          msg_.msg_iov = iov_.data();
+          msg_.msg_iovlen = iov_.size();
+          io_uring_sqe* s = sqe();
+          io_uring_prep_sendmsg(s, fd_, &msg_, MSG_NOSIGNAL | MSG_WAITALL);
+          io_uring_sqe_set_data64(s, op_send);
+          submit(op_send);
+        }
+        if (!replies_done() && !(inflight_mask_ & (1u << op_recv))) {
+          const std::span<std::byte> into = read_span();
+          io_uring_sqe* s = sqe();
+          io_uring_prep_recv(s, fd_, into.data(), into.size(), read_span_is_payload() ? MSG_WAITALL : 0);
+          io_uring_sqe_set_data64(s, op_recv);
+          submit(op_recv);
+        }
+      }
+      if (inflight_ == 0) break;
+      if (result) {
+        cancel_all();
+        break;
+      }
+      io_uring_cqe* cqe = nullptr;
+      const int w = wait(dl, &cqe);
+      if (w == -ETIME) {
+        fail(make_error_code(errc::timeout));
+        continue;
+      }
+      if (w != 0) {
+        fail(make_error_code(errc::backend_error));
+        continue;
+      }
+      reap(cqe, &on);
+      // Drain whatever else completed without another syscall.
+      while (io_uring_peek_cqe(&ring_, &cqe) == 0) reap(cqe, &on);
+    }
+    return result;
+  }
+
+  void transport_close() noexcept {
+    if (inflight_ > 0) cancel_all();
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  bool transport_peer_closed() noexcept { return fd_ < 0 || detail::conn_peer_closed(fd_); }
+
+  io_uring ring_{};
+  bool ring_ok_ = false;
+  int fd_ = -1;
+  unsigned inflight_ = 0;       // send/recv/connect operations submitted and not reaped
+  unsigned inflight_mask_ = 0;  // which of them (bit = op id)
+  unsigned cancels_ = 0;        // cancel requests not reaped
+  std::vector<iovec> iov_;
+  msghdr msg_{};
+};
+
+static_assert(connection<uring_connection>);
+
+}  // namespace kvtier::resp
