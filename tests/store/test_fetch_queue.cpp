@@ -1,0 +1,440 @@
+// fetch_queue: unit and regression tests (completion before the waiter
+// registers, a missing key completes as a miss at once, eviction between lookup
+// and load, cancel/shutdown/back-pressure, prefetch reuse).
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kvtier/fetch_queue.hpp"
+#include "kvtier/lookup.hpp"
+#include "kvtier/metrics.hpp"
+#include "kvtier/store/memory_store.hpp"
+#include "kvtier/store/tiered_store.hpp"
+#include "store/store_fakes.hpp"
+
+using namespace kvtier;
+using namespace std::chrono_literals;
+using kvtier::test::gated_key;
+using kvtier::test::gated_store;
+
+namespace {
+
+constexpr std::size_t T = 16;  // tokens per chunk
+constexpr std::size_t B = 64;  // bytes per chunk
+
+chunk_key key(std::uint64_t i) { return chunk_key{7, i}; }
+
+std::vector<std::byte> value(std::uint64_t i) {
+  std::vector<std::byte> v(B);
+  for (std::size_t j = 0; j < B; ++j) v[j] = static_cast<std::byte>((i * 13 + j) & 0xff);
+  return v;
+}
+
+void fill(memory_store& s, std::initializer_list<std::uint64_t> ids) {
+  for (auto i : ids) {
+    auto v = value(i);
+    chunk_key k = key(i);
+    std::span<const std::byte> src[1] = {v};
+    chunk_status st[1];
+    s.put(std::span<const chunk_key>(&k, 1), src, st, deadline_after(1s));
+    REQUIRE(st[0] == chunk_status::hit);
+  }
+}
+
+struct buffers {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<std::span<std::byte>> spans;
+  explicit buffers(std::size_t n) : data(n, std::vector<std::byte>(B)) {
+    spans.assign(data.begin(), data.end());
+  }
+};
+
+std::vector<chunk_key> keys_of(std::size_t first, std::size_t n) {
+  std::vector<chunk_key> k;
+  for (std::size_t i = 0; i < n; ++i) k.push_back(key(first + i));
+  return k;
+}
+
+// A store wrapper that counts the keys each call asks for.
+template <class S>
+struct counting_store {
+  S& inner;
+  std::atomic<std::size_t> get_keys{0}, exists_keys{0};
+  std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> s, deadline dl) {
+    exists_keys += k.size();
+    return inner.exists(k, s, dl);
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> s, deadline dl) {
+    get_keys += k.size();
+    return inner.get(k, d, s, dl);
+  }
+  std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> d,
+                      std::span<chunk_status> s, deadline dl) {
+    return inner.put(k, d, s, dl);
+  }
+};
+
+const auto far = 30s;  // deadlines tests never reach; waits are bounded by `limit`
+const auto limit = 10s;
+
+}  // namespace
+
+TEST_CASE("fetch_queue: a load returns the bytes and the whole prefix", "[unit]") {
+  memory_store s(1 << 20);
+  fill(s, {0, 1, 2});
+  metrics m;
+  fetch_queue q(s, {.metrics = &m});
+  buffers out(3);
+  auto h = q.submit(1, keys_of(0, 3), out.spans, chunk_layout::contiguous(0, 3, T), deadline_after(far));
+  auto r = q.wait(h, deadline_after(limit));
+  REQUIRE(r.state == fetch_state::done);
+  REQUIRE_FALSE(r.ec);
+  REQUIRE(r.prefix_tokens == 3 * T);
+  REQUIRE(r.prefix_chunks == 3);
+  for (std::uint64_t i = 0; i < 3; ++i) REQUIRE(out.data[i] == value(i));
+  REQUIRE(m.loads.value() == 1);
+  REQUIRE(m.bytes_loaded.value() == 3 * B);
+  REQUIRE(q.stats().requests_in_flight == 0);
+  REQUIRE(q.stats().bytes_in_flight == 0);
+}
+
+TEST_CASE("regression: a read of a missing key completes as a miss at once", "[unit]") {
+  memory_store s(1 << 20);
+  fetch_queue q(s);
+  buffers out(1);
+  // The deadline is an hour away: the result must not wait for it.
+  auto h = q.submit(1, keys_of(5, 1), out.spans, chunk_layout::contiguous(5, 1, T), deadline_after(1h));
+  auto r = q.wait(h, deadline_after(limit));
+  REQUIRE(r.state == fetch_state::done);
+  REQUIRE(r.status == std::vector<chunk_status>{chunk_status::miss});
+  REQUIRE(r.prefix_tokens == 5 * T);  // nothing loaded: the chunk's own start
+  REQUIRE(r.prefix_chunks == 0);
+}
+
+TEST_CASE("regression: a completion signalled before the waiter registers is not lost", "[unit][tsan]") {
+  memory_store s(1 << 20);
+  fill(s, {0});
+  fetch_queue q(s);
+  buffers out(1);
+
+  SECTION("callback registered after completion runs at once") {
+    auto h = q.submit(1, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far));
+    const auto stop = deadline_after(limit);
+    while (q.poll(h).state == fetch_state::pending && !expired(stop)) std::this_thread::yield();
+    REQUIRE(q.poll(h).state == fetch_state::done);
+    int calls = 0;
+    q.on_complete(h, [&](const fetch_result& r) {
+      ++calls;
+      REQUIRE(r.state == fetch_state::done);
+    });
+    REQUIRE(calls == 1);  // ran in this thread, before on_complete returned
+    REQUIRE(q.wait(h, deadline_after(1ms)).state == fetch_state::done);  // no wait needed
+  }
+
+  SECTION("registration racing completion: exactly one call each") {
+    constexpr int n = 2000;
+    std::vector<std::atomic<int>> calls(n);
+    std::vector<fetch_handle> hs;
+    for (int i = 0; i < n; ++i) {
+      auto h = q.submit(i, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far));
+      if (i % 3 == 0) std::this_thread::yield();  // vary who wins
+      q.on_complete(h, [&calls, i](const fetch_result&) { calls[i]++; });
+      hs.push_back(h);
+      q.wait(h, deadline_after(limit));  // one at a time: `out` is shared
+    }
+    for (auto& h : hs) REQUIRE(q.poll(h).state == fetch_state::done);
+    // A callback runs before or right after the result is published; wait briefly for stragglers.
+    const auto stop = deadline_after(limit);
+    auto all_one = [&] {
+      for (auto& c : calls)
+        if (c.load() != 1) return false;
+      return true;
+    };
+    while (!all_one() && !expired(stop)) std::this_thread::sleep_for(1ms);
+    for (auto& c : calls) REQUIRE(c.load() == 1);
+  }
+}
+
+TEST_CASE("fetch_queue: eviction between lookup and load truncates the prefix at the gap", "[unit]") {
+  // L1 holds exactly 4 chunks.
+  memory_store s(4 * B);
+  fill(s, {0, 1, 2, 3});
+  fetch_queue q(s);
+  const auto keys = keys_of(0, 4);
+  auto lk = q.wait(q.lookup(1, keys, chunk_layout::contiguous(0, 4, T), deadline_after(far)),
+                   deadline_after(limit));
+  REQUIRE(lk.state == fetch_state::done);
+  REQUIRE(lk.prefix_tokens == 4 * T);
+
+  // Touch chunk 0, then store another chunk: chunk 1 (now least recently used) goes.
+  buffers one(1);
+  q.wait(q.submit(2, keys_of(0, 1), one.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far)),
+         deadline_after(limit));
+  fill(s, {99});
+  REQUIRE_FALSE(s.contains(key(1)));
+
+  buffers out(4);
+  auto r = q.wait(q.submit(1, keys, out.spans, chunk_layout::contiguous(0, 4, T), deadline_after(far)),
+                  deadline_after(limit));
+  REQUIRE(r.state == fetch_state::done);
+  REQUIRE(r.status == std::vector<chunk_status>{chunk_status::hit, chunk_status::miss, chunk_status::hit,
+                                                chunk_status::hit});
+  REQUIRE(r.prefix_tokens == 1 * T);  // chunks 2 and 3 arrived but lie past the gap
+  REQUIRE(r.prefix_chunks == 1);
+  REQUIRE(out.data[0] == value(0));
+}
+
+TEST_CASE("fetch_queue: eviction with a tiered store whose L1 is too small", "[unit]") {
+  memory_store l1(2 * B), l2(1 << 20);
+  fill(l2, {0, 1, 2, 3});
+  tiered_store t(l1, l2);
+  fetch_queue q(t);
+  const auto keys = keys_of(0, 4);
+  auto lk = q.wait(q.lookup(1, keys, chunk_layout::contiguous(0, 4, T), deadline_after(far)),
+                   deadline_after(limit));
+  REQUIRE(lk.prefix_tokens == 4 * T);
+  l2.erase(key(2));  // evicted from L2 after the lookup; L1 cannot hold it either
+  buffers out(4);
+  auto r = q.wait(q.submit(1, keys, out.spans, chunk_layout::contiguous(0, 4, T), deadline_after(far)),
+                  deadline_after(limit));
+  REQUIRE(r.prefix_tokens == 2 * T);
+  REQUIRE(out.data[0] == value(0));
+  REQUIRE(out.data[1] == value(1));
+  REQUIRE(l1.entry_count() <= 2);
+}
+
+TEST_CASE("fetch_queue: cancel a queued request, a running one, a finished one", "[unit][tsan]") {
+  gated_store g;
+  fetch_queue q(g, {.workers = 1});
+  buffers a(1), b(1);
+  auto ha = q.submit(1, std::vector{gated_key(1, 0, 1)}, a.spans, chunk_layout::contiguous(0, 1, T),
+                     deadline_after(far));
+  REQUIRE(g.wait_started(1));
+  auto hb = q.submit(2, std::vector{gated_key(2, 0, 1)}, b.spans, chunk_layout::contiguous(0, 1, T),
+                     deadline_after(far));
+  // Queued: fails at once.
+  REQUIRE(q.cancel(hb));
+  auto rb = q.poll(hb);
+  REQUIRE(rb.state == fetch_state::failed);
+  REQUIRE(rb.ec == errc::cancelled);
+  REQUIRE(rb.status == std::vector<chunk_status>{chunk_status::cancelled});
+  REQUIRE(rb.prefix_tokens == 0);
+  // Running: completes as cancelled only once the store call returns.
+  REQUIRE(q.cancel(ha));
+  REQUIRE(q.poll(ha).state == fetch_state::pending);
+  g.release(1);
+  auto ra = q.wait(ha, deadline_after(limit));
+  REQUIRE(ra.state == fetch_state::failed);
+  REQUIRE(ra.ec == errc::cancelled);
+  REQUIRE_FALSE(q.cancel(ha));
+  REQUIRE_FALSE(g.started(2));  // the cancelled queued request never reached the store
+  // Finished: cancel says no.
+  g.release(3);
+  auto hc = q.submit(3, std::vector{gated_key(3, 0, 1)}, a.spans, chunk_layout::contiguous(0, 1, T),
+                     deadline_after(far));
+  REQUIRE(q.wait(hc, deadline_after(limit)).state == fetch_state::done);
+  REQUIRE_FALSE(q.cancel(hc));
+}
+
+TEST_CASE("fetch_queue: shutdown drains queued work with a status; later submits fail", "[unit][tsan]") {
+  gated_store g;
+  auto q = std::make_unique<fetch_queue<gated_store>>(g, fetch_queue_options{.workers = 1});
+  std::vector<buffers> bufs;
+  for (int i = 0; i < 5; ++i) bufs.emplace_back(1);
+  std::vector<fetch_handle> hs;
+  for (std::uint64_t i = 0; i < 5; ++i) {
+    hs.push_back(q->submit(i, std::vector{gated_key(i, 0, 1)}, bufs[i].spans,
+                           chunk_layout::contiguous(0, 1, T), deadline_after(far)));
+    if (i == 0) REQUIRE(g.wait_started(0));
+  }
+  q->close();
+  for (int i = 1; i < 5; ++i) {
+    auto r = q->poll(hs[i]);
+    REQUIRE(r.state == fetch_state::failed);
+    REQUIRE(r.ec == errc::shutdown);
+  }
+  REQUIRE(q->poll(hs[0]).state == fetch_state::pending);  // running: finishes normally
+  auto late =
+      q->lookup(9, std::vector{gated_key(9, 0, 1)}, chunk_layout::contiguous(0, 1, T), deadline_after(far));
+  REQUIRE(q->poll(late).ec == errc::shutdown);
+  g.release(0);
+  q->shutdown();
+  REQUIRE(q->poll(hs[0]).state == fetch_state::done);
+  REQUIRE(q->stats().requests_in_flight == 0);
+  q.reset();
+  REQUIRE(g.calls() == 1);
+}
+
+TEST_CASE("fetch_queue: bounded requests and bytes; queue_full is visible and clears", "[unit][tsan]") {
+  gated_store g;
+  metrics m;
+  fetch_queue q(g, {.workers = 1, .max_requests = 2, .max_bytes_in_flight = 3 * B, .metrics = &m});
+  buffers a(2), b(1), c(1), big(4);
+  auto ha = q.submit(1, std::vector{gated_key(1, 0, 3), gated_key(1, 1, 3)}, a.spans,
+                     chunk_layout::contiguous(0, 2, T), deadline_after(far));
+  REQUIRE(q.stats().bytes_in_flight == 2 * B);
+  auto hbig = q.submit(4, keys_of(0, 4), big.spans, chunk_layout::contiguous(0, 4, T), deadline_after(far));
+  REQUIRE(q.poll(hbig).ec == errc::too_large);
+  auto hb = q.submit(2, std::vector{gated_key(2, 0, 1)}, b.spans, chunk_layout::contiguous(0, 1, T),
+                     deadline_after(far));
+  REQUIRE(q.poll(hb).state == fetch_state::pending);
+  auto hc = q.submit(3, std::vector{gated_key(3, 0, 1)}, c.spans, chunk_layout::contiguous(0, 1, T),
+                     deadline_after(far));
+  auto rc = q.poll(hc);
+  REQUIRE(rc.state == fetch_state::failed);
+  REQUIRE(rc.ec == errc::queue_full);
+  REQUIRE(m.rejected.value() == 2);
+  g.release(1);
+  REQUIRE(q.wait(ha, deadline_after(limit)).state == fetch_state::done);
+  // The slot is free as soon as the completion is visible.
+  auto hc2 = q.submit(3, std::vector{gated_key(3, 0, 1)}, c.spans, chunk_layout::contiguous(0, 1, T),
+                      deadline_after(far));
+  REQUIRE(q.poll(hc2).state != fetch_state::failed);
+  g.release_all();
+  REQUIRE(q.wait(hb, deadline_after(limit)).state == fetch_state::done);
+  REQUIRE(q.wait(hc2, deadline_after(limit)).state == fetch_state::done);
+}
+
+TEST_CASE("fetch_queue: a store that never answers is cut off by the deadline", "[unit][tsan]") {
+  gated_store g;  // never released
+  fetch_queue q(g);
+  buffers out(2);
+  const auto dl = deadline_after(100ms);
+  auto h = q.submit(1, std::vector{gated_key(1, 0, 3), gated_key(1, 1, 3)}, out.spans,
+                    chunk_layout::contiguous(0, 2, T), dl);
+  auto r = q.wait(h, dl + 2s);  // hang detection only
+  REQUIRE(r.state == fetch_state::done);
+  REQUIRE(r.ec == errc::timeout);
+  REQUIRE(r.status == std::vector<chunk_status>(2, chunk_status::timeout));
+  REQUIRE(r.prefix_tokens == 0);
+
+  auto h2 = q.submit(2, std::vector{gated_key(2, 0, 1)}, std::span(out.spans).first(1),
+                     chunk_layout::contiguous(0, 1, T), clock::now() - 1ms);
+  auto r2 = q.wait(h2, deadline_after(limit));
+  REQUIRE(r2.ec == errc::timeout);
+  g.release_all();
+}
+
+TEST_CASE("fetch_queue: a throwing store still completes the request once", "[unit]") {
+  kvtier::test::throwing_store s;
+  fetch_queue q(s);
+  int calls = 0;
+  auto h = q.lookup(1, keys_of(0, 2), chunk_layout::contiguous(0, 2, T), deadline_after(far));
+  auto r = q.wait(h, deadline_after(limit));
+  q.on_complete(h, [&](const fetch_result&) { ++calls; });
+  REQUIRE(r.state == fetch_state::failed);
+  REQUIRE(r.ec == errc::backend_error);
+  REQUIRE(calls == 1);
+}
+
+TEST_CASE("fetch_queue: bad arguments are refused with a status", "[unit]") {
+  memory_store s(1 << 20);
+  fetch_queue q(s);
+  buffers out(1);
+  auto h = q.submit(1, keys_of(0, 2), out.spans, chunk_layout::contiguous(0, 2, T), deadline_after(far));
+  REQUIRE(q.poll(h).ec == errc::invalid_argument);
+  auto h2 = q.lookup(1, keys_of(0, 2), chunk_layout::contiguous(0, 3, T), deadline_after(far));
+  REQUIRE(q.poll(h2).ec == errc::invalid_argument);
+  REQUIRE(q.poll(fetch_handle{}).ec == errc::invalid_argument);
+}
+
+TEST_CASE("fetch_queue: a load reuses a finished prefetch instead of reading again", "[unit]") {
+  memory_store s(1 << 20);
+  fill(s, {0, 1, 2, 3});
+  counting_store<memory_store> cs{s};
+  metrics m;
+  fetch_queue q(cs, {.metrics = &m});
+  const auto keys = keys_of(0, 5);  // chunk 4 is absent
+  auto p = q.wait(q.prefetch(42, keys, B, chunk_layout::contiguous(0, 5, T), deadline_after(far)),
+                  deadline_after(limit));
+  REQUIRE(p.state == fetch_state::done);
+  REQUIRE(p.prefix_tokens == 4 * T);  // the prefetch doubles as the lookup
+  REQUIRE(q.stats().prefetches_held == 1);
+  REQUIRE(q.stats().bytes_in_flight == 5 * B);
+  REQUIRE(cs.get_keys == 5);
+
+  buffers out(5);
+  auto r = q.wait(q.submit(42, keys, out.spans, chunk_layout::contiguous(0, 5, T), deadline_after(far)),
+                  deadline_after(limit));
+  REQUIRE(r.state == fetch_state::done);
+  REQUIRE(r.prefix_tokens == 4 * T);
+  for (std::uint64_t i = 0; i < 4; ++i) REQUIRE(out.data[i] == value(i));
+  REQUIRE(cs.get_keys == 6);  // only the chunk the prefetch missed was asked again
+  REQUIRE(m.prefetch_reused.value() == 4);
+  REQUIRE(q.stats().prefetches_held == 0);
+  REQUIRE(q.stats().bytes_in_flight == 0);
+
+  // A load with another id reads from the store.
+  auto r2 = q.wait(q.submit(43, keys_of(0, 2), std::span(out.spans).first(2),
+                            chunk_layout::contiguous(0, 2, T), deadline_after(far)),
+                   deadline_after(limit));
+  REQUIRE(r2.prefix_tokens == 2 * T);
+  REQUIRE(cs.get_keys == 8);
+}
+
+TEST_CASE("fetch_queue: a load submitted while its prefetch runs waits for it, no second read",
+          "[unit][tsan]") {
+  gated_store g;
+  fetch_queue q(g, {.workers = 2});
+  std::vector<chunk_key> keys{gated_key(5, 0, 0b011), gated_key(5, 1, 0b011), gated_key(5, 2, 0b011)};
+  auto hp = q.prefetch(5, keys, B, chunk_layout::contiguous(0, 3, T), deadline_after(far));
+  REQUIRE(g.wait_started(5));
+  buffers out(3);
+  auto hl = q.submit(5, keys, out.spans, chunk_layout::contiguous(0, 3, T), deadline_after(far));
+  REQUIRE(q.poll(hl).state == fetch_state::pending);
+  g.release(5);
+  auto r = q.wait(hl, deadline_after(limit));
+  REQUIRE(r.state == fetch_state::done);
+  REQUIRE(r.prefix_tokens == 2 * T);
+  for (std::size_t c = 0; c < 2; ++c)
+    for (std::size_t j = 0; j < B; ++j) REQUIRE(out.data[c][j] == kvtier::test::gated_byte(keys[c], j));
+  REQUIRE(q.poll(hp).state == fetch_state::done);
+  REQUIRE(g.calls() == 2);  // the prefetch, and the load asking only for the chunk the prefetch missed
+  REQUIRE(q.stats().bytes_in_flight == 0);
+}
+
+TEST_CASE("fetch_queue: release_prefetch frees staging; a cancelled prefetch is read again", "[unit]") {
+  memory_store s(1 << 20);
+  fill(s, {0, 1});
+  fetch_queue q(s);
+  auto p = q.wait(q.prefetch(1, keys_of(0, 2), B, chunk_layout::contiguous(0, 2, T), deadline_after(far)),
+                  deadline_after(limit));
+  REQUIRE(p.state == fetch_state::done);
+  REQUIRE(q.stats().bytes_in_flight == 2 * B);
+  q.release_prefetch(1);
+  REQUIRE(q.stats().bytes_in_flight == 0);
+  REQUIRE(q.stats().prefetches_held == 0);
+  // A second prefetch under the same id replaces the first.
+  q.wait(q.prefetch(2, keys_of(0, 2), B, chunk_layout::contiguous(0, 2, T), deadline_after(far)),
+         deadline_after(limit));
+  q.wait(q.prefetch(2, keys_of(0, 1), B, chunk_layout::contiguous(0, 1, T), deadline_after(far)),
+         deadline_after(limit));
+  REQUIRE(q.stats().prefetches_held == 1);
+  REQUIRE(q.stats().bytes_in_flight == 1 * B);
+  buffers out(2);
+  auto r =
+      q.wait(q.submit(2, keys_of(0, 2), out.spans, chunk_layout::contiguous(0, 2, T), deadline_after(far)),
+             deadline_after(limit));
+  REQUIRE(r.prefix_tokens == 2 * T);
+  REQUIRE(out.data[1] == value(1));
+  REQUIRE(q.stats().bytes_in_flight == 0);
+}
+
+TEST_CASE("fetch_queue: batched calls notice a cancel between batches", "[unit][tsan]") {
+  gated_store g;
+  fetch_queue q(g, {.workers = 1, .max_batch_chunks = 1});
+  std::vector<chunk_key> keys{gated_key(8, 0, 3), gated_key(8, 1, 3)};
+  auto h = q.lookup(8, keys, chunk_layout::contiguous(0, 2, T), deadline_after(far));
+  REQUIRE(g.wait_started(8));
+  REQUIRE(q.cancel(h));
+  g.release(8);
+  auto r = q.wait(h, deadline_after(limit));
+  REQUIRE(r.state == fetch_state::failed);
+  REQUIRE(r.ec == errc::cancelled);
+  REQUIRE(g.calls() == 1);  // the second batch was never issued
+}

@@ -1,0 +1,289 @@
+// Unit tests: memory_store (L1), tiered_store, sharded_store, metrics.
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kvtier/lookup.hpp"
+#include "kvtier/metrics.hpp"
+#include "kvtier/ownership.hpp"
+#include "kvtier/store/memory_store.hpp"
+#include "kvtier/store/sharded_store.hpp"
+#include "kvtier/store/tiered_store.hpp"
+
+using namespace kvtier;
+using namespace std::chrono_literals;
+
+namespace {
+
+chunk_key key(std::uint64_t i) { return chunk_key{0xabcull, i}; }
+
+std::vector<std::byte> bytes(std::size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((seed * 37 + i) & 0xff);
+  return v;
+}
+
+// Puts one value; returns its status.
+template <class S>
+chunk_status put1(S& s, chunk_key k, const std::vector<std::byte>& v) {
+  std::span<const std::byte> src[1] = {v};
+  chunk_status st[1];
+  REQUIRE_FALSE(s.put(std::span<const chunk_key>(&k, 1), src, st, deadline_after(1s)));
+  return st[0];
+}
+template <class S>
+chunk_status get1(S& s, chunk_key k, std::vector<std::byte>& out) {
+  std::span<std::byte> dst[1] = {out};
+  chunk_status st[1];
+  s.get(std::span<const chunk_key>(&k, 1), dst, st, deadline_after(1s));
+  return st[0];
+}
+
+std::atomic<long> live_bytes{0};
+struct counting_allocator {
+  using value_type = std::byte;
+  std::byte* allocate(std::size_t n) {
+    live_bytes += static_cast<long>(n);
+    return std::allocator<std::byte>().allocate(n);
+  }
+  void deallocate(std::byte* p, std::size_t n) {
+    live_bytes -= static_cast<long>(n);
+    std::allocator<std::byte>().deallocate(p, n);
+  }
+  bool operator==(const counting_allocator&) const = default;
+};
+
+}  // namespace
+
+TEST_CASE("memory_store: put then get copies the exact bytes; absent is a miss", "[unit]") {
+  memory_store s(1 << 20);
+  auto v = bytes(1000, 1);
+  REQUIRE(put1(s, key(1), v) == chunk_status::hit);
+  std::vector<std::byte> out(1000);
+  REQUIRE(get1(s, key(1), out) == chunk_status::hit);
+  REQUIRE(out == v);
+  REQUIRE(get1(s, key(2), out) == chunk_status::miss);
+
+  std::vector<chunk_key> keys{key(1), key(2)};
+  std::vector<chunk_status> st(2);
+  REQUIRE_FALSE(s.exists(keys, st, deadline_after(1s)));
+  REQUIRE(st == std::vector<chunk_status>{chunk_status::hit, chunk_status::miss});
+}
+
+TEST_CASE("memory_store: a destination of another length is corrupt, never a partial hit", "[unit]") {
+  memory_store s(1 << 20);
+  auto v = bytes(100, 2);
+  put1(s, key(1), v);
+  std::vector<std::byte> shorter(99, std::byte{0x5a}), longer(101);
+  REQUIRE(get1(s, key(1), shorter) == chunk_status::corrupt);
+  REQUIRE(get1(s, key(1), longer) == chunk_status::corrupt);
+  REQUIRE(shorter == std::vector<std::byte>(99, std::byte{0x5a}));  // not even a partial copy
+  REQUIRE(s.stats().corrupt == 2);
+}
+
+TEST_CASE("memory_store: size mismatch is invalid_argument; passed deadline is timeout for every key",
+          "[unit]") {
+  memory_store s(1 << 20);
+  std::vector<chunk_key> keys{key(1), key(2)};
+  std::vector<chunk_status> st(1);
+  REQUIRE(s.exists(keys, st, deadline_after(1s)) == errc::invalid_argument);
+  std::vector<chunk_status> st2(2, chunk_status::hit);
+  REQUIRE(s.exists(keys, st2, clock::now() - 1ms) == errc::timeout);
+  REQUIRE(st2 == std::vector<chunk_status>(2, chunk_status::timeout));
+}
+
+TEST_CASE("memory_store: LRU by bytes; get refreshes recency; too-large values are refused", "[unit]") {
+  memory_store s(300);
+  auto v = bytes(100, 3);
+  for (int i = 0; i < 3; ++i) REQUIRE(put1(s, key(i), v) == chunk_status::hit);
+  REQUIRE(s.size_bytes() == 300);
+  std::vector<std::byte> out(100);
+  REQUIRE(get1(s, key(0), out) == chunk_status::hit);  // 0 is now most recent; 1 is the LRU
+  REQUIRE(put1(s, key(3), v) == chunk_status::hit);
+  REQUIRE_FALSE(s.contains(key(1)));
+  REQUIRE(s.contains(key(0)));
+  REQUIRE(s.contains(key(2)));
+  REQUIRE(s.contains(key(3)));
+  REQUIRE(s.stats().evictions == 1);
+
+  auto big = bytes(301, 4);
+  REQUIRE(put1(s, key(9), big) == chunk_status::error);
+  REQUIRE(s.entry_count() == 3);  // nothing evicted for a value that can never fit
+
+  auto v2 = bytes(100, 5);  // replacing keeps one entry with the new bytes
+  REQUIRE(put1(s, key(2), v2) == chunk_status::hit);
+  REQUIRE(get1(s, key(2), out) == chunk_status::hit);
+  REQUIRE(out == v2);
+  REQUIRE(s.size_bytes() == 300);
+  REQUIRE(s.erase(key(2)));
+  REQUIRE_FALSE(s.erase(key(2)));
+  REQUIRE(s.size_bytes() == 200);
+}
+
+TEST_CASE("memory_store: values live in the allocator's memory and are all freed", "[unit]") {
+  {
+    basic_memory_store<counting_allocator> s(1000);
+    auto v = bytes(400, 6);
+    put1(s, key(1), v);
+    put1(s, key(2), v);
+    REQUIRE(live_bytes == 800);
+    put1(s, key(3), v);  // evicts key 1
+    REQUIRE(live_bytes == 800);
+    std::vector<std::byte> out(400);
+    REQUIRE(get1(s, key(3), out) == chunk_status::hit);
+    REQUIRE(out == v);
+  }
+  REQUIRE(live_bytes == 0);
+}
+
+TEST_CASE("tiered_store: L2 hits are promoted into L1; per-tier counters", "[unit]") {
+  memory_store l1(1 << 20), l2(1 << 20);
+  metrics m;
+  tiered_store t(l1, l2, {.metrics = &m});
+  auto v = bytes(64, 7);
+  put1(l2, key(1), v);  // only in L2
+
+  std::vector<std::byte> out(64);
+  REQUIRE(get1(t, key(1), out) == chunk_status::hit);
+  REQUIRE(out == v);
+  REQUIRE(l1.contains(key(1)));  // promoted
+  REQUIRE(get1(t, key(1), out) == chunk_status::hit);
+  REQUIRE(get1(t, key(2), out) == chunk_status::miss);
+
+  const auto st = t.stats();
+  REQUIRE(st.l1_hits == 1);
+  REQUIRE(st.l2_hits == 1);
+  REQUIRE(st.misses == 1);
+  REQUIRE(st.promoted == 1);
+  REQUIRE(m.l1.hits.value() == 1);
+  REQUIRE(m.l1.misses.value() == 2);  // first read of key 1, and key 2
+  REQUIRE(m.l2.hits.value() == 1);
+  REQUIRE(m.l2.misses.value() == 1);
+  REQUIRE(m.l2.bytes_read.value() == 64);
+}
+
+TEST_CASE("tiered_store: exists asks L2 only for what L1 lacks; mixed batch keeps positions", "[unit]") {
+  memory_store l1(1 << 20), l2(1 << 20);
+  tiered_store t(l1, l2);
+  auto a = bytes(32, 1), b = bytes(32, 2);
+  put1(l1, key(0), a);
+  put1(l2, key(2), b);
+  std::vector<chunk_key> keys{key(0), key(1), key(2)};
+  std::vector<chunk_status> st(3);
+  REQUIRE_FALSE(t.exists(keys, st, deadline_after(1s)));
+  REQUIRE(st == std::vector<chunk_status>{chunk_status::hit, chunk_status::miss, chunk_status::hit});
+
+  std::vector<std::byte> o0(32), o1(32), o2(32);
+  std::vector<std::span<std::byte>> dst{o0, o1, o2};
+  REQUIRE_FALSE(t.get(keys, dst, st, deadline_after(1s)));
+  REQUIRE(st == std::vector<chunk_status>{chunk_status::hit, chunk_status::miss, chunk_status::hit});
+  REQUIRE(o0 == a);
+  REQUIRE(o2 == b);
+}
+
+TEST_CASE("tiered_store: write-through by default; l1_only and l2_only", "[unit]") {
+  memory_store l1(1 << 20), l2(1 << 20);
+  auto v = bytes(16, 3);
+  {
+    tiered_store t(l1, l2);
+    REQUIRE(put1(t, key(1), v) == chunk_status::hit);
+    REQUIRE(l1.contains(key(1)));
+    REQUIRE(l2.contains(key(1)));
+  }
+  {
+    tiered_store t(l1, l2, {.writes = write_policy::l1_only});
+    put1(t, key(2), v);
+    REQUIRE(l1.contains(key(2)));
+    REQUIRE_FALSE(l2.contains(key(2)));
+  }
+  {
+    tiered_store t(l1, l2, {.writes = write_policy::l2_only});
+    put1(t, key(3), v);
+    REQUIRE_FALSE(l1.contains(key(3)));
+    REQUIRE(l2.contains(key(3)));
+  }
+}
+
+TEST_CASE("tiered_store: a wrong-length L1 value falls through to L2", "[unit]") {
+  memory_store l1(1 << 20), l2(1 << 20);
+  tiered_store t(l1, l2);
+  put1(l1, key(1), bytes(10, 1));
+  auto good = bytes(20, 2);
+  put1(l2, key(1), good);
+  std::vector<std::byte> out(20);
+  REQUIRE(get1(t, key(1), out) == chunk_status::hit);
+  REQUIRE(out == good);
+}
+
+TEST_CASE("sharded_store: rank r touches only the chunks it owns", "[unit]") {
+  constexpr std::size_t W = 3, C = 10, T = 16;
+  std::deque<memory_store> backends;
+  for (std::size_t r = 0; r < W; ++r) backends.emplace_back(1 << 20);
+  std::vector<chunk_key> keys;
+  std::vector<std::vector<std::byte>> payload;
+  for (std::size_t c = 0; c < C; ++c)
+    keys.push_back(key(c)), payload.push_back(bytes(8, static_cast<int>(c)));
+  std::vector<std::span<const std::byte>> src(payload.begin(), payload.end());
+
+  for (rank_t r = 0; r < W; ++r) {
+    sharded_store view(backends[r], modulo_ownership(W), r);
+    auto mine = view.owned_chunks(C);
+    std::vector<chunk_status> st(mine.size());
+    REQUIRE_FALSE(view.put_owned(keys, src, st, deadline_after(1s)));
+    REQUIRE(backends[r].entry_count() == mine.size());
+    for (std::size_t c = 0; c < C; ++c) REQUIRE(backends[r].contains(keys[c]) == (c % W == r));
+    REQUIRE(view.owned_starts(C, T) == owned_starts(modulo_ownership(W), r, C, T));
+  }
+
+  // Drop chunk 4 (rank 1's) and chunk 8 (rank 2's): the minimum of the rank answers is 4*T.
+  backends[1].erase(keys[4]);
+  backends[2].erase(keys[8]);
+  std::vector<std::uint64_t> answers;
+  for (rank_t r = 0; r < W; ++r) {
+    sharded_store view(backends[r], modulo_ownership(W), r);
+    answers.push_back(view.lookup(keys, T, deadline_after(1s)));
+  }
+  REQUIRE(answers == std::vector<std::uint64_t>{C * T, 4 * T, 8 * T});
+  REQUIRE(min_over_ranks(answers) == 4 * T);
+
+  // get_owned fills only owned destinations.
+  sharded_store view(backends[0], modulo_ownership(W), 0);
+  std::vector<std::vector<std::byte>> out(C, std::vector<std::byte>(8));
+  std::vector<std::span<std::byte>> dst(out.begin(), out.end());
+  std::vector<chunk_status> st(view.owned_chunks(C).size());
+  REQUIRE_FALSE(view.get_owned(keys, dst, st, deadline_after(1s)));
+  for (std::size_t c = 0; c < C; ++c) REQUIRE((out[c] == payload[c]) == (c % W == 0));
+  REQUIRE_THROWS_AS(sharded_store(backends[0], modulo_ownership(W), 3), std::invalid_argument);
+}
+
+TEST_CASE("metrics: histogram buckets and Prometheus text", "[unit]") {
+  metrics m;
+  m.lookups.add(3);
+  m.l1.hits.add(5);
+  m.l2.misses.add(2);
+  m.queue_depth.add(4);
+  m.queue_depth.sub(1);
+  m.load_latency.observe(5us);   // bucket 0 (<= 10 us)
+  m.load_latency.observe(15us);  // bucket 1 (<= 20 us)
+  m.load_latency.observe(1h);    // overflow
+  REQUIRE(m.load_latency.bucket(0) == 1);
+  REQUIRE(m.load_latency.bucket(1) == 1);
+  REQUIRE(m.load_latency.bucket(histogram::bucket_count) == 1);
+  const std::string text = to_prometheus(m, "kvtier", "rank=\"2\"");
+  REQUIRE(text.find("# TYPE kvtier_lookups_total counter\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_lookups_total{rank=\"2\"} 3\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_tier_hits_total{rank=\"2\",tier=\"l1\"} 5\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_tier_misses_total{rank=\"2\",tier=\"l2\"} 2\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_queue_depth{rank=\"2\"} 3\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_load_latency_seconds_bucket{rank=\"2\",le=\"1e-05\"} 1\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_load_latency_seconds_bucket{rank=\"2\",le=\"2e-05\"} 2\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_load_latency_seconds_bucket{rank=\"2\",le=\"+Inf\"} 3\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_load_latency_seconds_count{rank=\"2\"} 3\n") != std::string::npos);
+  const std::string plain = to_prometheus(m);
+  REQUIRE(plain.find("kvtier_lookups_total 3\n") != std::string::npos);
+}
