@@ -1,23 +1,491 @@
-// Byte-level tests of kvtier::resp::parser.
+// Byte-level tests of kvtier::resp::parser: every RESP2/RESP3 type, malformed input, limits,
+// destinations, the fixed buffer. Every input is parsed whole and byte by byte.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "kvtier/resp/encoder.hpp"
 #include "kvtier/resp/parser.hpp"
+#include "resp_codec/feed.hpp"
 
 using namespace kvtier::resp;
+using kvtier::errc;
+using kvtier::test::feed;
+using kvtier::test::parse_all;
+using kvtier::test::parsed;
 
-TEST_CASE("parser: simple string", "[unit]") {
+namespace {
+
+const std::size_t one_byte[] = {1};
+
+// Parses `in` whole and byte by byte; both must agree. Returns the whole-input result.
+parsed both(std::string_view in, parser_limits limits = {}) {
+  parsed whole = parse_all(in, {}, limits);
+  parsed bytes = parse_all(in, one_byte, limits);
+  CHECK_FALSE(whole.stuck);
+  CHECK_FALSE(bytes.stuck);
+  CHECK(whole.ec == bytes.ec);
+  CHECK(whole.values == bytes.values);
+  return whole;
+}
+
+// The single reply `in` encodes.
+value one(std::string_view in) {
+  parsed r = both(in);
+  INFO("input: " << in);
+  REQUIRE_FALSE(r.ec);
+  REQUIRE(r.values.size() == 1);
+  return r.values[0];
+}
+
+std::error_code error_of(std::string_view in, parser_limits limits = {}) {
+  parsed r = both(in, limits);
+  INFO("input: " << in);
+  CHECK(r.values.empty());
+  return r.ec;
+}
+
+std::span<std::byte> bytes_of(std::string& s) { return std::as_writable_bytes(std::span(s)); }
+
+}  // namespace
+
+TEST_CASE("parser: simple string, simple error", "[unit]") {
+  value v = one("+OK\r\n");
+  CHECK(v.kind == type::simple_string);
+  CHECK(v.str == "OK");
+  CHECK(v.length == 2);
+  CHECK(one("+\r\n").str.empty());
+  v = one("-ERR unknown command\r\n");
+  CHECK(v.kind == type::simple_error);
+  CHECK(v.is_error());
+  CHECK(v.str == "ERR unknown command");
+}
+
+TEST_CASE("parser: integers", "[unit]") {
+  CHECK(one(":0\r\n").integer == 0);
+  CHECK(one(":1000\r\n").integer == 1000);
+  CHECK(one(":-42\r\n").integer == -42);
+  CHECK(one(":+7\r\n").integer == 7);
+  CHECK(one(":9223372036854775807\r\n").integer == INT64_MAX);
+  CHECK(one(":-9223372036854775808\r\n").integer == INT64_MIN);
+  CHECK(one(":5\r\n").kind == type::integer);
+}
+
+TEST_CASE("parser: bulk strings are binary-safe", "[unit]") {
+  value v = one("$5\r\nhello\r\n");
+  CHECK(v.kind == type::bulk_string);
+  CHECK(v.str == "hello");
+  CHECK(v.length == 5);
+  CHECK_FALSE(v.into_destination);
+  CHECK(one("$0\r\n\r\n").str.empty());
+  const std::string bin("a\r\nb\0c\r", 7);
+  CHECK(one("$7\r\n" + bin + "\r\n").str == bin);
+}
+
+TEST_CASE("parser: null in all three spellings", "[unit]") {
+  CHECK(one("$-1\r\n").kind == type::null);
+  CHECK(one("*-1\r\n").kind == type::null);
+  CHECK(one("_\r\n").kind == type::null);
+  CHECK(one("_\r\n").is_null());
+}
+
+TEST_CASE("parser: doubles", "[unit]") {
+  CHECK(one(",1.5\r\n").dbl == 1.5);
+  CHECK(one(",-2\r\n").dbl == -2.0);
+  CHECK(one(",+3.25\r\n").dbl == 3.25);
+  CHECK(one(",1e10\r\n").dbl == 1e10);
+  CHECK(one(",1.5E-3\r\n").dbl == 1.5e-3);
+  CHECK(one(",inf\r\n").dbl == INFINITY);
+  CHECK(one(",-inf\r\n").dbl == -INFINITY);
+  CHECK(std::isnan(one(",nan\r\n").dbl));
+  CHECK(one(",0\r\n").kind == type::double_);
+}
+
+TEST_CASE("parser: booleans, big numbers", "[unit]") {
+  CHECK(one("#t\r\n").boolean);
+  CHECK_FALSE(one("#f\r\n").boolean);
+  CHECK(one("#t\r\n").kind == type::boolean);
+  value v = one("(3492890328409238509324850943850943825024385\r\n");
+  CHECK(v.kind == type::big_number);
+  CHECK(v.str == "3492890328409238509324850943850943825024385");
+  CHECK(one("(-12\r\n").str == "-12");
+}
+
+TEST_CASE("parser: verbatim strings and blob errors", "[unit]") {
+  value v = one("=15\r\ntxt:Some string\r\n");
+  CHECK(v.kind == type::verbatim_string);
+  CHECK(v.str == "txt:Some string");
+  v = one("!21\r\nSYNTAX invalid syntax\r\n");
+  CHECK(v.kind == type::bulk_error);
+  CHECK(v.is_error());
+  CHECK(v.str == "SYNTAX invalid syntax");
+}
+
+TEST_CASE("parser: arrays, maps, sets, pushes, nesting", "[unit]") {
+  value v = one("*3\r\n:1\r\n$3\r\nfoo\r\n*2\r\n+a\r\n_\r\n");
+  REQUIRE(v.kind == type::array);
+  REQUIRE(v.elements.size() == 3);
+  CHECK(v.length == 3);
+  CHECK(v.elements[0].integer == 1);
+  CHECK(v.elements[1].str == "foo");
+  REQUIRE(v.elements[2].elements.size() == 2);
+  CHECK(v.elements[2].elements[1].kind == type::null);
+
+  v = one("%2\r\n+first\r\n:1\r\n+second\r\n:2\r\n");
+  REQUIRE(v.kind == type::map);
+  REQUIRE(v.elements.size() == 4);
+  CHECK(v.elements[2].str == "second");
+  CHECK(v.elements[3].integer == 2);
+
+  v = one("~2\r\n+a\r\n#t\r\n");
+  CHECK(v.kind == type::set);
+  CHECK(v.elements.size() == 2);
+
+  v = one(">3\r\n+message\r\n+chan\r\n$2\r\nhi\r\n");
+  CHECK(v.kind == type::push);
+  CHECK(v.elements.size() == 3);
+
+  CHECK(one("*0\r\n").elements.empty());
+  CHECK(one("*0\r\n").kind == type::array);
+  CHECK(one("%0\r\n").kind == type::map);
+  CHECK(one("*1\r\n*1\r\n*0\r\n").elements[0].elements[0].kind == type::array);
+}
+
+TEST_CASE("parser: attributes are parsed and dropped", "[unit]") {
+  // Top level: the attribute precedes the reply it annotates.
+  value v =
+      one("|1\r\n+key-popularity\r\n%2\r\n$1\r\na\r\n,0.1923\r\n$1\r\nb\r\n,0.0012\r\n*2\r\n:2039123\r\n:"
+          "9543892\r\n");
+  REQUIRE(v.kind == type::array);
+  CHECK(v.elements.size() == 2);
+  CHECK(v.elements[1].integer == 9543892);
+  // Nested: it does not count as an element.
+  v = one("*2\r\n|1\r\n+ttl\r\n:3600\r\n+a\r\n+b\r\n");
+  REQUIRE(v.elements.size() == 2);
+  CHECK(v.elements[0].str == "a");
+  // Empty attribute.
+  CHECK(one("|0\r\n:5\r\n").integer == 5);
+}
+
+TEST_CASE("parser: pipelined replies in one read", "[unit]") {
+  parsed r = both("+OK\r\n:1\r\n$3\r\nabc\r\n_\r\n*1\r\n+x\r\n");
+  REQUIRE_FALSE(r.ec);
+  REQUIRE(r.values.size() == 5);
+  CHECK(r.values[2].str == "abc");
+  CHECK(r.values[4].elements[0].str == "x");
+}
+
+TEST_CASE("parser: an incomplete reply is not returned", "[unit]") {
+  for (std::string in :
+       {"+OK", "+OK\r", "$5\r\nhel", "$5\r\nhello", "$5\r\nhello\r", "*2\r\n:1\r\n", "|1\r\n+a\r\n+b\r\n"}) {
+    parsed r = both(in);
+    INFO(in);
+    CHECK_FALSE(r.ec);
+    CHECK(r.values.empty());
+  }
+}
+
+TEST_CASE("parser: malformed input is a sticky protocol error", "[unit]") {
+  const char* bad[] = {
+      "?x\r\n",                     // unknown type byte
+      "\r\n",                       // no type byte
+      "+a\nb\r\n",                  // LF inside a line
+      "+OK\rX",                     // CR not followed by LF
+      ":\r\n",                      // empty integer
+      ":12a\r\n",                   // non-digit
+      ": 1\r\n",                    // space
+      ":+-1\r\n",                   // two signs
+      ":9223372036854775808\r\n",   // overflow
+      ":-9223372036854775809\r\n",  // underflow
+      "$\r\n",                      // empty length
+      "$x\r\n",                     // non-digit length
+      "$-2\r\n",                    // negative length other than -1
+      "$+5\r\n",                    // signed length
+      "$?\r\n",                     // streamed strings are not supported
+      "$3\r\nabcXY",                // payload not followed by CRLF
+      "$3\r\nabc\rX",               // payload followed by CR only
+      "*-2\r\n",                    // negative count
+      "*x\r\n",                     // bad count
+      "%-1\r\n",                    // null map does not exist
+      "~-1\r\n",                    // null set does not exist
+      "!-1\r\n",                    // null blob error does not exist
+      "=-1\r\n",                    // null verbatim does not exist
+      "#x\r\n",
+      "#\r\n",
+      "#tt\r\n",  // booleans
+      "_x\r\n",   // null with a body
+      ",\r\n",
+      ",abc\r\n",
+      ",infinity\r\n",
+      ",1.5x\r\n",
+      ",0x10\r\n",
+      ",+\r\n",
+      ",--1\r\n",  // doubles
+      "(\r\n",
+      "(12a\r\n",
+      "(+\r\n",           // big numbers
+      "=3\r\ntxt\r\n",    // verbatim shorter than "fmt:"
+      "=5\r\ntxtab\r\n",  // verbatim without the colon
+  };
+  for (const char* in : bad) {
+    INFO("input: " << in);
+    CHECK(error_of(in) == errc::protocol_error);
+  }
+  // Replies before the error are delivered; nothing after it, even valid bytes.
+  parsed r = both("+a\r\n:1\r\n?\r\n+b\r\n");
+  CHECK(r.ec == errc::protocol_error);
+  CHECK(r.values.size() == 2);
   parser p;
-  std::string in = "+OK\r\n";
+  parsed first = feed(p, "?\r\n");
+  CHECK(first.ec == errc::protocol_error);
+  parsed later = feed(p, "+OK\r\n");
+  CHECK(later.values.empty());
+  CHECK(later.ec == errc::protocol_error);
+  CHECK(p.error() == errc::protocol_error);
+  // reset() (after a reconnect) starts clean.
+  p.reset();
+  later = feed(p, "+OK\r\n");
+  REQUIRE(later.values.size() == 1);
+  CHECK(later.values[0].str == "OK");
+}
+
+TEST_CASE("parser: limits are too_large errors", "[unit]") {
+  parser_limits lim;
+  lim.max_bulk = 10;
+  lim.max_aggregate = 3;
+  lim.max_depth = 2;
+  CHECK(both("$10\r\n0123456789\r\n", lim).values.size() == 1);
+  CHECK(error_of("$11\r\n", lim) == errc::too_large);
+  CHECK(error_of("!11\r\n", lim) == errc::too_large);
+  CHECK(error_of("=11\r\n", lim) == errc::too_large);
+  CHECK(error_of("$99999999999999999999999\r\n", lim) == errc::too_large);
+  CHECK(both("*3\r\n:1\r\n:2\r\n:3\r\n", lim).values.size() == 1);
+  CHECK(error_of("*4\r\n", lim) == errc::too_large);
+  CHECK(error_of("%4\r\n", lim) == errc::too_large);
+  CHECK(error_of("*1000000000000\r\n", lim) == errc::too_large);
+  CHECK(both("*1\r\n*1\r\n:1\r\n", lim).values.size() == 1);
+  CHECK(error_of("*1\r\n*1\r\n*1\r\n", lim) == errc::too_large);
+  CHECK(error_of("*1\r\n|1\r\n|1\r\n", lim) == errc::too_large);  // attributes nest too
+  // A header line longer than the internal buffer.
+  lim = {};
+  lim.buffer_bytes = 64;
+  CHECK(error_of("+" + std::string(100, 'a') + "\r\n", lim) == errc::too_large);
+  CHECK(error_of("+" + std::string(200, 'a'), lim) == errc::too_large);
+  CHECK(both("+" + std::string(60, 'a') + "\r\n", lim).values.size() == 1);
+  // The error is sticky, valid bytes after it change nothing.
+  parsed r = both("+a\r\n$11\r\n0123456789a\r\n+b\r\n", parser_limits{10, 3, 2, 64});
+  CHECK(r.values.size() == 1);
+  CHECK(r.ec == errc::too_large);
+}
+
+TEST_CASE("parser: bulk strings far larger than the fixed buffer", "[unit]") {
+  parser_limits lim;
+  lim.buffer_bytes = 32;
+  std::string big(100000, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 % 251);
+  const std::string in = "$100000\r\n" + big + "\r\n*2\r\n$100000\r\n" + big + "\r\n+tail\r\n";
+  const std::size_t pieces[] = {1, 7, 4096, 3, 65536};
+  for (auto sizes : {std::span<const std::size_t>(), std::span<const std::size_t>(pieces)}) {
+    parsed r = parse_all(in, sizes, lim);
+    REQUIRE_FALSE(r.ec);
+    REQUIRE(r.values.size() == 2);
+    CHECK(r.values[0].str == big);
+    CHECK(r.values[1].elements[0].str == big);
+    CHECK(r.values[1].elements[1].str == "tail");
+  }
+}
+
+TEST_CASE("parser: without a destination, a large payload is read straight into the reply string", "[unit]") {
+  parser_limits lim;
+  lim.buffer_bytes = 64;
+  parser p(lim);
+  std::string head = "$1000\r\n";
   auto s = p.prepare();
-  std::memcpy(s.data(), in.data(), in.size());
-  p.commit(in.size());
+  std::memcpy(s.data(), head.data(), head.size());
+  p.commit(head.size());
   std::error_code ec;
+  CHECK_FALSE(p.next(ec));
+  auto direct = p.prepare();
+  CHECK(direct.size() == 1000);  // exactly the payload: the buffer is bypassed
+  std::memset(direct.data(), 'z', direct.size());
+  p.commit(direct.size());
+  CHECK_FALSE(p.next(ec));
+  s = p.prepare();
+  std::memcpy(s.data(), "\r\n", 2);
+  p.commit(2);
   auto v = p.next(ec);
   REQUIRE(v);
-  CHECK(v->kind == type::simple_string);
-  CHECK(v->str == "OK");
+  CHECK(v->str == std::string(1000, 'z'));
+}
+
+TEST_CASE("parser: destination of the exact length receives the payload in place", "[unit]") {
+  std::string dst(11, '.');
+  parser p;
+  p.expect_destination(bytes_of(dst));
+  CHECK(p.pending_destinations() == 1);
+  parsed r = feed(p, "$11\r\nhello world\r\n");
+  REQUIRE_FALSE(r.ec);
+  REQUIRE(r.values.size() == 1);
+  CHECK(r.values[0].kind == type::bulk_string);
+  CHECK(r.values[0].into_destination);
+  CHECK(r.values[0].length == 11);
+  CHECK(r.values[0].str.empty());
+  CHECK(dst == "hello world");
+  CHECK(p.pending_destinations() == 0);
+}
+
+TEST_CASE("parser: prepare() hands out the destination itself (zero copy)", "[unit]") {
+  std::string dst(5000, '.');
+  parser_limits lim;
+  lim.buffer_bytes = 64;
+  parser p(lim);
+  p.expect_destination(bytes_of(dst));
+  const std::string head = "$5000\r\nab";  // header plus the first payload bytes in one read
+  auto s = p.prepare();
+  std::memcpy(s.data(), head.data(), head.size());
+  p.commit(head.size());
+  std::error_code ec;
+  CHECK_FALSE(p.next(ec));
+  CHECK(dst.substr(0, 3) == "ab.");
+  auto direct = p.prepare();
+  CHECK(reinterpret_cast<char*>(direct.data()) == dst.data() + 2);
+  CHECK(direct.size() == 4998);
+  std::memset(direct.data(), 'q', 4998);
+  p.commit(4998);
+  CHECK_FALSE(p.next(ec));
+  s = p.prepare();
+  CHECK(reinterpret_cast<char*>(s.data()) != dst.data() + 5000);  // back in the internal buffer
+  std::memcpy(s.data(), "\r\n", 2);
+  p.commit(2);
+  auto v = p.next(ec);
+  REQUIRE(v);
+  CHECK(v->into_destination);
+  CHECK(dst == "ab" + std::string(4998, 'q'));
+}
+
+TEST_CASE("parser: destination split into parts (header + payload)", "[unit]") {
+  std::string hdr(4, '.'), body(7, '.'), empty;
+  std::span<std::byte> parts[] = {bytes_of(hdr), bytes_of(empty), bytes_of(body)};
+  for (std::size_t piece : {1, 2, 3, 100}) {
+    hdr.assign(4, '.');
+    body.assign(7, '.');
+    parser_limits lim;
+    lim.buffer_bytes = 32;
+    parser p(lim);
+    p.expect_destination(parts);
+    const std::size_t pieces[] = {piece};
+    parsed r = feed(p, "$11\r\nHEADpayload\r\n", pieces);
+    REQUIRE_FALSE(r.ec);
+    REQUIRE(r.values.size() == 1);
+    CHECK(r.values[0].into_destination);
+    CHECK(hdr == "HEAD");
+    CHECK(body == "payload");
+  }
+}
+
+TEST_CASE("parser: destination of the wrong length is left alone, the stream stays in sync", "[unit]") {
+  for (std::size_t buffer : {32, 64 << 10}) {
+    std::string dst(4, '.');
+    parser_limits lim;
+    lim.buffer_bytes = buffer;
+    parser p(lim);
+    p.expect_destination(bytes_of(dst));
+    p.expect_no_destination();
+    const std::string big(300, 'x');
+    parsed r = feed(p, "$300\r\n" + big + "\r\n+next\r\n", one_byte);
+    REQUIRE_FALSE(r.ec);
+    REQUIRE(r.values.size() == 2);
+    CHECK(r.values[0].kind == type::bulk_string);
+    CHECK_FALSE(r.values[0].into_destination);
+    CHECK(r.values[0].length == 300);
+    CHECK(r.values[0].str.empty());  // discarded
+    CHECK(dst == "....");
+    CHECK(r.values[1].str == "next");
+  }
+}
+
+TEST_CASE("parser: null, errors and other replies consume their destination untouched", "[unit]") {
+  std::string a(3, '.'), b(3, '.'), c(3, '.'), d(3, '.');
+  parser p;
+  p.expect_destination(bytes_of(a));
+  p.expect_destination(bytes_of(b));
+  p.expect_destination(bytes_of(c));
+  p.expect_destination(bytes_of(d));
+  parsed r = feed(p, "$-1\r\n-ERR x\r\n*1\r\n$3\r\nabc\r\n$3\r\nxyz\r\n", one_byte);
+  REQUIRE_FALSE(r.ec);
+  REQUIRE(r.values.size() == 4);
+  CHECK(r.values[0].kind == type::null);
+  CHECK(r.values[1].is_error());
+  // Only a top-level bulk string goes to a destination; a nested one goes to str.
+  CHECK(r.values[2].elements[0].str == "abc");
+  CHECK_FALSE(r.values[2].elements[0].into_destination);
+  CHECK(r.values[3].into_destination);
+  CHECK(a == "...");
+  CHECK(b == "...");
+  CHECK(c == "...");
+  CHECK(d == "xyz");
+  CHECK(p.pending_destinations() == 0);
+}
+
+TEST_CASE("parser: pushes do not consume a destination; attributes do not either", "[unit]") {
+  std::string dst(2, '.');
+  parser p;
+  p.expect_destination(bytes_of(dst));
+  parsed r = feed(p, ">2\r\n+invalidate\r\n$2\r\nno\r\n|1\r\n+a\r\n$2\r\nno\r\n$2\r\nok\r\n");
+  REQUIRE_FALSE(r.ec);
+  REQUIRE(r.values.size() == 2);
+  CHECK(r.values[0].kind == type::push);
+  CHECK(r.values[0].elements[1].str == "no");
+  CHECK(r.values[1].into_destination);
+  CHECK(dst == "ok");
+}
+
+TEST_CASE("parser: expect_no_destination keeps the queue aligned", "[unit]") {
+  std::string dst(2, '.');
+  parser p;
+  p.expect_no_destination();
+  p.expect_destination(bytes_of(dst));
+  parsed r = feed(p, "$2\r\nab\r\n$2\r\ncd\r\n$2\r\nef\r\n");
+  REQUIRE(r.values.size() == 3);
+  CHECK(r.values[0].str == "ab");
+  CHECK_FALSE(r.values[0].into_destination);
+  CHECK(r.values[1].into_destination);
+  CHECK(dst == "cd");
+  CHECK(r.values[2].str == "ef");  // no destination registered: like expect_no_destination
+}
+
+TEST_CASE("parser: empty destination and empty bulk", "[unit]") {
+  parser p;
+  p.expect_destination(std::span<std::byte>());
+  parsed r = feed(p, "$0\r\n\r\n");
+  REQUIRE(r.values.size() == 1);
+  CHECK(r.values[0].into_destination);
+  CHECK(r.values[0].length == 0);
+}
+
+TEST_CASE("parser: reset drops buffered bytes, destinations and the reply in progress", "[unit]") {
+  std::string dst(5, '.');
+  parser p;
+  p.expect_destination(bytes_of(dst));
+  parsed r = feed(p, "$5\r\nab");
+  CHECK(r.values.empty());
+  p.reset();
+  CHECK(p.pending_destinations() == 0);
+  CHECK(p.buffered() == 0);
+  r = feed(p, "$5\r\nhello\r\n");
+  REQUIRE(r.values.size() == 1);
+  CHECK(r.values[0].str == "hello");
+  CHECK(dst == "ab...");
+}
+
+TEST_CASE("parser: a moved parser keeps its reply in progress", "[unit]") {
+  parser a;
+  parsed r = feed(a, "*2\r\n$3\r\nab");
+  parser b(std::move(a));
+  r = feed(b, "c\r\n:1\r\n");
+  REQUIRE(r.values.size() == 1);
+  CHECK(r.values[0].elements[0].str == "abc");
 }
