@@ -1,0 +1,176 @@
+// chunk_broadcast on the in-process backend: collective counts for a 16k-token
+// prompt, partial loads, symmetric failures. Short; also run under TSan.
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kvtier/chunk_broadcast.hpp"
+#include "kvtier/comm/inproc.hpp"
+#include "kvtier/comm/recording.hpp"
+
+using namespace kvtier;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct world_run {
+  std::vector<broadcast_result> results;
+  std::vector<std::vector<comm::collective_call>> calls;
+  std::vector<std::vector<std::byte>> dst;
+  std::vector<std::byte> src;
+};
+
+// Runs chunk_broadcast on W ranks; rank r loaded loaded_owned[r] of its owned chunks.
+// `tweak(rank, params)` lets a test corrupt one rank's arguments.
+template <ownership_policy P, class Tweak>
+world_run run(const P& own, std::size_t n, std::size_t chunk_bytes, broadcast_mode mode,
+              const std::vector<std::size_t>& loaded_owned, Tweak tweak, deadline dl = deadline_after(20s)) {
+  const rank_t W = own.world_size();
+  world_run out;
+  out.results.resize(W);
+  out.calls.resize(W);
+  out.dst.assign(W, std::vector<std::byte>(n * chunk_bytes, std::byte{0xEE}));
+  out.src.resize(n * chunk_bytes);
+  for (std::size_t i = 0; i < out.src.size(); ++i) out.src[i] = static_cast<std::byte>(i * 131 + 7);
+  std::vector<std::vector<std::byte>> staging(
+      W, std::vector<std::byte>(gathered_staging_bytes(own, n, chunk_bytes)));
+  comm::inproc_world world(W);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c0) {
+    comm::recording c(std::move(c0));
+    const rank_t r = c.rank();
+    chunk_span_buffers b;
+    for (std::size_t k = 0; k < n; ++k) {
+      b.sources.push_back(std::span<const std::byte>(out.src).subspan(k * chunk_bytes, chunk_bytes));
+      b.destinations.push_back(std::span<std::byte>(out.dst[r]).subspan(k * chunk_bytes, chunk_bytes));
+    }
+    broadcast_params p{
+        .n_chunks = n, .chunk_tokens = 256, .chunk_bytes = chunk_bytes, .mode = mode, .staging = staging[r]};
+    std::uint64_t loaded = loaded_prefix_tokens(own, r, n, 256, loaded_owned[r]);
+    if (!tweak(r, p, loaded)) return;  // this rank never joins
+    out.results[r] = chunk_broadcast(c, own, loaded, b, p, dl);
+    out.calls[r] = c.calls();
+  });
+  return out;
+}
+
+auto no_tweak = [](rank_t, broadcast_params&, std::uint64_t&) { return true; };
+
+constexpr broadcast_mode all_modes[] = {broadcast_mode::per_chunk, broadcast_mode::grouped,
+                                        broadcast_mode::gathered};
+
+}  // namespace
+
+TEST_CASE("chunk_broadcast: collective count per load for a 16k-token prompt (64 chunks, W = 8)", "[unit]") {
+  const modulo_ownership own(8);
+  const std::vector<std::size_t> everything(8, 64);
+  std::size_t counts[3] = {};
+  for (int m = 0; m < 3; ++m) {
+    auto out = run(own, 64, 64, all_modes[m], everything, no_tweak);
+    for (rank_t r = 0; r < 8; ++r) {
+      REQUIRE(!out.results[r].ec);
+      REQUIRE(out.results[r].agreed_tokens == 16384u);
+      REQUIRE(out.calls[r] == out.calls[0]);
+      REQUIRE(out.dst[r] == out.src);
+    }
+    counts[m] = comm::collective_count(out.calls[0]);
+    REQUIRE(counts[m] == out.results[0].collectives);
+  }
+  std::cout << "collectives per load, 16384 tokens, 64 chunks, W=8: per_chunk=" << counts[0]
+            << " grouped=" << counts[1] << " gathered=" << counts[2] << "\n";
+  CHECK(counts[0] == 64 + 1);
+  CHECK(counts[1] == 8 + 1);
+  CHECK(counts[2] == 2);
+  CHECK(counts[1] <= 8 + 1);
+  CHECK(counts[2] <= 8 + 1);
+}
+
+TEST_CASE("chunk_broadcast: batched modes stay within W + 1 collectives for every ownership policy",
+          "[unit]") {
+  const block_interleave_ownership block(8, 3);
+  const rendezvous_ownership hrw(8, 42);
+  const std::vector<std::size_t> everything(8, 64);
+  for (auto mode : {broadcast_mode::grouped, broadcast_mode::gathered}) {
+    auto a = run(block, 64, 8, mode, everything, no_tweak);
+    auto b = run(hrw, 64, 8, mode, everything, no_tweak);
+    CHECK(comm::collective_count(a.calls[0]) <= 9u);
+    CHECK(comm::collective_count(b.calls[0]) <= 9u);
+    CHECK(a.dst[5] == a.src);
+    CHECK(b.dst[5] == b.src);
+  }
+}
+
+TEST_CASE("chunk_broadcast: a rank cut short limits the agreed prefix; nothing past it is written",
+          "[unit]") {
+  const modulo_ownership own(8);
+  std::vector<std::size_t> loaded(8, 64);
+  loaded[3] = 2;  // rank 3 loaded chunks 3 and 11, then its fetch timed out before chunk 19
+  for (auto mode : all_modes) {
+    auto out = run(own, 64, 16, mode, loaded, no_tweak);
+    for (rank_t r = 0; r < 8; ++r) {
+      REQUIRE(!out.results[r].ec);
+      CHECK(out.results[r].agreed_chunks == 19u);
+      CHECK(out.results[r].agreed_tokens == 19u * 256);
+      CHECK(out.calls[r] == out.calls[0]);
+      CHECK(std::equal(out.src.begin(), out.src.begin() + 19 * 16, out.dst[r].begin()));
+      CHECK(std::all_of(out.dst[r].begin() + 19 * 16, out.dst[r].end(),
+                        [](std::byte b) { return b == std::byte{0xEE}; }));
+    }
+  }
+}
+
+TEST_CASE("chunk_broadcast: a rank with no hits reports its first owned chunk, not 0", "[unit]") {
+  const modulo_ownership own(4);
+  CHECK(loaded_prefix_tokens(own, 1, 16, 256, 0) == 256u);
+  CHECK(loaded_prefix_tokens(own, 1, 16, 256, 4) == 16u * 256);
+  CHECK(loaded_prefix_tokens(own, 3, 2, 256, 0) == 2u * 256);  // owns nothing among 2 chunks
+  std::vector<std::size_t> loaded{16, 0, 16, 16};
+  auto out = run(own, 16, 4, broadcast_mode::grouped, loaded, no_tweak);
+  for (const auto& r : out.results) CHECK(r.agreed_chunks == 1u);
+}
+
+TEST_CASE("chunk_broadcast: inconsistent arguments fail on every rank at the agreement", "[unit]") {
+  const modulo_ownership own(4);
+  const std::vector<std::size_t> all(4, 8);
+  SECTION("one rank passes a different chunk count") {
+    auto out =
+        run(own, 8, 4, broadcast_mode::per_chunk, all, [](rank_t r, broadcast_params& p, std::uint64_t&) {
+          if (r == 2) p.n_chunks = 7;
+          return true;
+        });
+    for (const auto& r : out.results) {
+      CHECK(r.ec == errc::invalid_argument);
+      CHECK(r.agreed_tokens == 0u);
+      CHECK(r.collectives == 1u);
+    }
+    for (const auto& c : out.calls) CHECK(c == out.calls[0]);
+  }
+  SECTION("one rank's staging buffer is too small") {
+    auto out =
+        run(own, 8, 4, broadcast_mode::gathered, all, [](rank_t r, broadcast_params& p, std::uint64_t&) {
+          if (r == 0) p.staging = p.staging.first(3);
+          return true;
+        });
+    for (const auto& r : out.results) CHECK(r.ec == errc::invalid_argument);
+    CHECK(out.results[0].message.find("staging") != std::string::npos);
+  }
+}
+
+TEST_CASE("chunk_broadcast: a rank that never joins makes the others return by their deadline", "[unit]") {
+  const modulo_ownership own(3);
+  const std::vector<std::size_t> all(3, 8);
+  const auto dl = deadline_after(200ms);
+  auto out = run(
+      own, 8, 4, broadcast_mode::per_chunk, all,
+      [](rank_t r, broadcast_params&, std::uint64_t&) { return r != 1; }, dl);
+  CHECK(clock::now() < dl + 2s);
+  for (rank_t r : {0u, 2u}) {
+    CHECK(out.results[r].ec == errc::timeout);
+    CHECK(out.results[r].agreed_tokens == 0u);
+    CHECK(out.results[r].message.find("missing {1}") != std::string::npos);
+    CHECK(
+        std::all_of(out.dst[r].begin(), out.dst[r].end(), [](std::byte b) { return b == std::byte{0xEE}; }));
+  }
+}
