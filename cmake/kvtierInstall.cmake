@@ -3,11 +3,11 @@
 # those parts were built and their dependencies are found on the consumer side.
 set(KVTIER_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvtier)
 
-install(TARGETS kvtier EXPORT kvtier-targets FILE_SET HEADERS)
-install(EXPORT kvtier-targets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR})
+install(TARGETS kvtier EXPORT kvtier-targets FILE_SET HEADERS COMPONENT kvtier)
+install(EXPORT kvtier-targets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR} COMPONENT kvtier)
 foreach(part IN LISTS KVTIER_EXPORTED_PARTS)
-  install(TARGETS kvtier_${part} EXPORT kvtier-${part}-targets FILE_SET HEADERS)
-  install(EXPORT kvtier-${part}-targets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR})
+  install(TARGETS kvtier_${part} EXPORT kvtier-${part}-targets FILE_SET HEADERS COMPONENT kvtier)
+  install(EXPORT kvtier-${part}-targets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR} COMPONENT kvtier)
 endforeach()
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kvtierConfig.cmake.in
@@ -15,5 +15,5 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kvtierConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvtierConfigVersion.cmake
   COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
 install(FILES ${PROJECT_BINARY_DIR}/kvtierConfig.cmake ${PROJECT_BINARY_DIR}/kvtierConfigVersion.cmake
-  DESTINATION ${KVTIER_CMAKE_DIR})
-install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/kvtier)
+  DESTINATION ${KVTIER_CMAKE_DIR} COMPONENT kvtier)
+install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/kvtier COMPONENT kvtier)
