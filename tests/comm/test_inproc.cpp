@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -22,6 +23,31 @@ namespace {
 
 static_assert(communicator<inproc_communicator>);
 static_assert(communicator<recording<inproc_communicator>>);
+
+// Catch2 assertions are not thread-safe: rank threads record failures here and the
+// test thread checks them.
+struct failures {
+  std::mutex mu;
+  std::vector<std::string> list;
+  void add(const char* expr, int line) {
+    std::lock_guard lk(mu);
+    list.push_back("line " + std::to_string(line) + ": " + expr);
+  }
+  std::string text() {
+    std::string s;
+    for (auto& l : list) s += l + "\n";
+    return s;
+  }
+};
+#define EXPECT_R(...)                                      \
+  do {                                                     \
+    if (!(__VA_ARGS__)) fails.add(#__VA_ARGS__, __LINE__); \
+  } while (0)
+#define CHECK_NO_FAILURES()    \
+  do {                         \
+    INFO(fails.text());        \
+    CHECK(fails.list.empty()); \
+  } while (0)
 
 deadline soon() { return deadline_after(10s); }
 
@@ -48,6 +74,7 @@ std::vector<outcome> each_rank(rank_t w, Body body) {
 }  // namespace
 
 TEST_CASE("inproc: broadcast, all_gather and all_reduce move the right bytes", "[unit]") {
+  failures fails;
   for (rank_t w : {1u, 3u, 8u}) {
     inproc_world world(w);
     run_ranks(world, [&](inproc_communicator& c) {
@@ -55,63 +82,65 @@ TEST_CASE("inproc: broadcast, all_gather and all_reduce move the right bytes", "
       // broadcast from the last rank, separate send buffer and in place
       std::vector<std::byte> send(32), recv(32, std::byte{0});
       for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<std::byte>(r * 16 + i);
-      REQUIRE(!c.broadcast(r == w - 1 ? cbytes(send) : std::span<const std::byte>{}, recv, w - 1, soon()));
+      EXPECT_R(!c.broadcast(r == w - 1 ? cbytes(send) : std::span<const std::byte>{}, recv, w - 1, soon()));
       for (std::size_t i = 0; i < recv.size(); ++i)
-        REQUIRE(recv[i] == static_cast<std::byte>((w - 1) * 16 + i));
+        EXPECT_R(recv[i] == static_cast<std::byte>((w - 1) * 16 + i));
       std::vector<std::byte> inplace = send;
-      REQUIRE(!c.broadcast(inplace, inplace, 0, soon()));
-      for (std::size_t i = 0; i < inplace.size(); ++i) REQUIRE(inplace[i] == static_cast<std::byte>(i));
+      EXPECT_R(!c.broadcast(inplace, inplace, 0, soon()));
+      for (std::size_t i = 0; i < inplace.size(); ++i) EXPECT_R(inplace[i] == static_cast<std::byte>(i));
 
       // all_gather, out of place and in place
       std::vector<std::byte> mine(5, static_cast<std::byte>(r + 1)), all(5 * w);
-      REQUIRE(!c.all_gather(mine, all, soon()));
+      EXPECT_R(!c.all_gather(mine, all, soon()));
       for (rank_t j = 0; j < w; ++j)
-        for (std::size_t i = 0; i < 5; ++i) REQUIRE(all[j * 5 + i] == static_cast<std::byte>(j + 1));
+        for (std::size_t i = 0; i < 5; ++i) EXPECT_R(all[j * 5 + i] == static_cast<std::byte>(j + 1));
       std::vector<std::byte> ip(5 * w, std::byte{0});
       std::fill_n(ip.begin() + r * 5, 5, static_cast<std::byte>(r + 7));
-      REQUIRE(!c.all_gather(std::span<const std::byte>(ip).subspan(r * 5, 5), ip, soon()));
-      for (rank_t j = 0; j < w; ++j) REQUIRE(ip[j * 5 + 4] == static_cast<std::byte>(j + 7));
+      EXPECT_R(!c.all_gather(std::span<const std::byte>(ip).subspan(r * 5, 5), ip, soon()));
+      for (rank_t j = 0; j < w; ++j) EXPECT_R(ip[j * 5 + 4] == static_cast<std::byte>(j + 7));
 
       // all_reduce for every type and op
       std::int32_t a = -static_cast<std::int32_t>(r);
-      REQUIRE(!all_reduce_value(c, a, reduce_op::min, soon()));
-      REQUIRE(a == -static_cast<std::int32_t>(w - 1));
+      EXPECT_R(!all_reduce_value(c, a, reduce_op::min, soon()));
+      EXPECT_R(a == -static_cast<std::int32_t>(w - 1));
       std::uint32_t b = r;
-      REQUIRE(!all_reduce_value(c, b, reduce_op::max, soon()));
-      REQUIRE(b == w - 1);
+      EXPECT_R(!all_reduce_value(c, b, reduce_op::max, soon()));
+      EXPECT_R(b == w - 1);
       std::int64_t s = r;
-      REQUIRE(!all_reduce_value(c, s, reduce_op::sum, soon()));
-      REQUIRE(s == static_cast<std::int64_t>(w) * (w - 1) / 2);
+      EXPECT_R(!all_reduce_value(c, s, reduce_op::sum, soon()));
+      EXPECT_R(s == static_cast<std::int64_t>(w) * (w - 1) / 2);
       std::array<std::uint64_t, 3> v{r, 100u - r, 5};
       std::array<std::uint64_t, 3> m{};
-      REQUIRE(!all_reduce<inproc_communicator, std::uint64_t>(c, v, m, reduce_op::min, soon()));
-      REQUIRE(m == std::array<std::uint64_t, 3>{0, 100u - (w - 1), 5});
+      EXPECT_R(!all_reduce<inproc_communicator, std::uint64_t>(c, v, m, reduce_op::min, soon()));
+      EXPECT_R(m == std::array<std::uint64_t, 3>{0, 100u - (w - 1), 5});
     });
     CHECK(world.pending_rounds() == 0u);
   }
+  CHECK_NO_FAILURES();
 }
 
 TEST_CASE("inproc: a group runs its operations as one collective", "[unit]") {
   inproc_world world(4);
-  std::vector<std::vector<std::uint64_t>> calls(4);
+  failures fails;
   run_ranks(world, [&](inproc_communicator& c0) {
     recording c(std::move(c0));
     const rank_t r = c.rank();
     std::vector<std::vector<std::byte>> bufs(4, std::vector<std::byte>(8));
     for (rank_t o = 0; o < 4; ++o)
       if (o == r) std::fill(bufs[o].begin(), bufs[o].end(), static_cast<std::byte>(0x10 + o));
-    REQUIRE(!c.group_start());
-    REQUIRE(!c.group_start());  // nesting: only the outermost end executes
-    for (rank_t o = 0; o < 4; ++o) REQUIRE(!c.broadcast(bufs[o], bufs[o], o, soon()));
-    REQUIRE(!c.group_end(soon()));
-    REQUIRE(!c.group_end(soon()));
-    for (rank_t o = 0; o < 4; ++o) REQUIRE(bufs[o][7] == static_cast<std::byte>(0x10 + o));
-    REQUIRE(collective_count(c.calls()) == 1u);
-    REQUIRE(c.calls().size() == 5u);
-    REQUIRE(c.calls().back().op == op_kind::group);
-    REQUIRE(c.calls().back().bytes == 4u);
-    REQUIRE(c.inner().sequence() == 1u);
+    EXPECT_R(!c.group_start());
+    EXPECT_R(!c.group_start());  // nesting: only the outermost end executes
+    for (rank_t o = 0; o < 4; ++o) EXPECT_R(!c.broadcast(bufs[o], bufs[o], o, soon()));
+    EXPECT_R(!c.group_end(soon()));
+    EXPECT_R(!c.group_end(soon()));
+    for (rank_t o = 0; o < 4; ++o) EXPECT_R(bufs[o][7] == static_cast<std::byte>(0x10 + o));
+    EXPECT_R(collective_count(c.calls()) == 1u);
+    EXPECT_R(c.calls().size() == 5u);
+    EXPECT_R(c.calls().back().op == op_kind::group);
+    EXPECT_R(c.calls().back().bytes == 4u);
+    EXPECT_R(c.inner().sequence() == 1u);
   });
+  CHECK_NO_FAILURES();
 }
 
 TEST_CASE("inproc: different roots are reported on every rank, naming both calls", "[unit]") {
@@ -259,16 +288,18 @@ TEST_CASE("inproc: an already-passed deadline fails fast unless the round is com
 TEST_CASE("recording: sequences of ranks that issue the same calls are equal", "[unit]") {
   inproc_world world(2);
   std::vector<std::vector<collective_call>> seq(2);
+  failures fails;
   run_ranks(world, [&](inproc_communicator& c0) {
     recording c(std::move(c0));
     std::vector<std::byte> a(12), all(24);
     std::uint32_t v = 3;
-    REQUIRE(!all_reduce_value(c, v, reduce_op::sum, soon()));
-    REQUIRE(!c.broadcast(a, a, 1, soon()));
-    REQUIRE(!c.all_gather(std::span<const std::byte>(a), all, soon()));
-    REQUIRE(!c.local_copy(a, std::span<const std::byte>(all).first(12), soon()));  // not recorded
+    EXPECT_R(!all_reduce_value(c, v, reduce_op::sum, soon()));
+    EXPECT_R(!c.broadcast(a, a, 1, soon()));
+    EXPECT_R(!c.all_gather(std::span<const std::byte>(a), all, soon()));
+    EXPECT_R(!c.local_copy(a, std::span<const std::byte>(all).first(12), soon()));  // not recorded
     seq[c.rank()] = c.calls();
   });
+  CHECK_NO_FAILURES();
   REQUIRE(seq[0] == seq[1]);
   REQUIRE(seq[0].size() == 3u);
   CHECK(to_string(seq[0][0]) == "all_reduce(u32 x1, sum)");
