@@ -1,0 +1,421 @@
+// kvtier-probe: measures a deployment's RESP tier (Redis/Valkey instances, one per rank) and says
+// whether remote KV hits pay off on it. See probe_options.hpp for the flags, or run with --help.
+//
+//   kvtier-probe --url 'resp://valkey-{rank}:6379' --instances 8 --chunk-bytes 12400000 --batch 8 \
+//                --rounds 20 --timeout-ms 2000 --bytes-per-token 48400 --prefill-tokens-per-s 52200
+//
+// Exit status: 0 measured, 1 an instance failed (message names it), 2 bad flags, 130 interrupted.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvtier/cost_model.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/resp/url.hpp"
+#include "probe_io.hpp"
+#include "probe_options.hpp"
+
+namespace kp = kvtier_probe;
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+/// Linear interpolation between closest ranks; p in [0, 1].
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      out += b;
+    } else
+      out += c;
+  }
+  return out;
+}
+
+std::string num(double v, int digits = 4) {
+  if (!std::isfinite(v)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
+/// Deterministic bytes for one value, different for every (prefix, instance, key).
+void fill_value(std::span<std::byte> out, std::uint64_t seed) {
+  std::uint64_t x = seed | 1;
+  std::size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::memcpy(out.data() + i, &x, 8);
+  }
+  for (; i < out.size(); ++i) out[i] = static_cast<std::byte>(x >> (8 * (i % 8)));
+}
+
+/// Progress on stderr: rewritten in place on a terminal, one line per phase otherwise.
+class progress {
+ public:
+  progress() : tty_(::isatty(2) != 0) {}
+  void phase(const std::string& text) {
+    std::lock_guard lock(mu_);
+    if (tty_)
+      std::fprintf(stderr, "\r\033[K%s", text.c_str());
+    else
+      std::fprintf(stderr, "%s\n", text.c_str());
+    last_ = std::chrono::steady_clock::now();
+  }
+  // Frequent updates: only on a terminal, at most 10 per second.
+  void tick(const std::string& text) {
+    if (!tty_) return;
+    std::lock_guard lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    std::fprintf(stderr, "\r\033[K%s", text.c_str());
+  }
+  void done() {
+    if (tty_) std::fprintf(stderr, "\r\033[K");
+  }
+
+ private:
+  bool tty_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+/// Everything one instance's thread owns.
+struct instance {
+  int rank = 0;
+  kvtier::resp::endpoint ep;
+  std::unique_ptr<kp::instance_client> client;
+  std::vector<std::string> keys;
+  std::vector<std::vector<std::byte>> expected;
+  std::vector<std::vector<std::byte>> dst;
+  bool wrote = false;                // SET was attempted: clean up here
+  std::vector<double> latency_s[2];  // per batch size: [0] K, [1] the second size
+  std::string failure;               // first failure, names what happened
+};
+
+std::string describe(const instance& in) {
+  return "instance " + std::to_string(in.rank) + " (" + in.ep.describe() + ")";
+}
+
+std::string what_failed(const std::string& doing, std::error_code ec, const std::string& detail,
+                        int timeout_ms) {
+  std::string m = doing + ": " + ec.message();
+  if (ec == kvtier::errc::timeout) m += " (no answer within --timeout-ms " + std::to_string(timeout_ms) + ")";
+  if (!detail.empty()) m += ": " + detail;
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kp::probe_options opt;
+  if (std::string err = kp::parse_probe_options(argc, argv, opt); !err.empty()) {
+    std::fprintf(stderr, "kvtier-probe: %s\n\n%.*s", err.c_str(), static_cast<int>(kp::probe_usage.size()),
+                 kp::probe_usage.data());
+    return 2;
+  }
+  if (opt.help) {
+    std::printf("%.*s", static_cast<int>(kp::probe_usage.size()), kp::probe_usage.data());
+    return 0;
+  }
+  if (!kp::transport_available(opt.transport)) {
+    std::fprintf(stderr, "kvtier-probe: --transport %s is not available in this build (liburing missing)\n",
+                 opt.transport.c_str());
+    return 2;
+  }
+
+  // ---- instances and keys ----------------------------------------------------------------
+  std::vector<instance> inst(static_cast<std::size_t>(opt.instances));
+  for (int r = 0; r < opt.instances; ++r) {
+    auto parsed = kvtier::resp::parse_url(opt.url, r);
+    if (!parsed) {
+      std::fprintf(stderr, "kvtier-probe: --url for instance %d: %s\n", r, parsed.message.c_str());
+      return 2;
+    }
+    inst[static_cast<std::size_t>(r)].rank = r;
+    inst[static_cast<std::size_t>(r)].ep = parsed.value;
+  }
+  std::random_device rd;
+  const std::uint64_t nonce = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  char prefix_buf[64];
+  std::snprintf(prefix_buf, sizeof prefix_buf,
+                "kvtier-probe:%016llx:", static_cast<unsigned long long>(nonce));
+  const std::string prefix = prefix_buf;
+  // Two batch sizes for the fit: K and K/2 (K = 1: 2 and 1), so the key count is max(K, 2).
+  const int k_main = opt.batch;
+  const int k_second = opt.batch >= 2 ? opt.batch / 2 : 2;
+  const int nkeys = std::max(k_main, k_second);
+  const std::uint64_t ttl_ms = 3'600'000;
+
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends the process at once (keys still expire)
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  progress prog;
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds_done{0};
+  const int total_rounds = 2 * opt.rounds;
+  const auto timeout = std::chrono::milliseconds(opt.timeout_ms);
+  // All instances start each round together, so a round's aggregate is what a PCP load sees:
+  // every rank fetches its own batch and the load ends with the slowest one.
+  std::barrier round_start(opt.instances);
+  std::vector<std::vector<double>> round_latency(static_cast<std::size_t>(total_rounds),
+                                                 std::vector<double>(inst.size(), 0.0));
+
+  prog.phase("kvtier-probe: connecting to " + std::to_string(opt.instances) + " instance(s), writing " +
+             std::to_string(nkeys) + " x " + std::to_string(opt.chunk_bytes) + " bytes each under " + prefix);
+  auto body = [&](instance& in) {
+    auto fail = [&](std::string m) {
+      in.failure = describe(in) + ": " + std::move(m);
+      stop.store(true);
+    };
+    in.client = kp::make_instance_client(opt.transport, in.ep);
+    std::error_code ec = in.client->connect(kvtier::deadline_after(timeout));
+    if (ec) return fail(what_failed("connect and PING", ec, in.client->detail(), opt.timeout_ms));
+    for (int k = 0; k < nkeys; ++k)
+      in.keys.push_back(prefix + std::to_string(in.rank) + ":" + std::to_string(k));
+    // A random 64-bit prefix practically never exists; checking makes "never touches other keys" exact.
+    std::size_t present = 0;
+    ec = in.client->exists(in.keys, present, kvtier::deadline_after(timeout));
+    if (ec) return fail(what_failed("EXISTS", ec, in.client->detail(), opt.timeout_ms));
+    if (present != 0)
+      return fail("probe keys under " + prefix + " already exist; run again for a new prefix");
+    in.expected.assign(static_cast<std::size_t>(nkeys), std::vector<std::byte>(opt.chunk_bytes));
+    in.dst.assign(static_cast<std::size_t>(nkeys), std::vector<std::byte>(opt.chunk_bytes));
+    for (int k = 0; k < nkeys; ++k)
+      fill_value(in.expected[static_cast<std::size_t>(k)],
+                 nonce * 0x9E3779B97F4A7C15ull + in.rank * 1000003ull + k);
+    if (stop.load() || g_interrupted.load()) return;
+    in.wrote = true;
+    std::vector<std::span<const std::byte>> values(in.expected.begin(), in.expected.end());
+    ec = in.client->set(in.keys, values, ttl_ms, kvtier::deadline_after(timeout));
+    if (ec) return fail(what_failed("SET", ec, in.client->detail(), opt.timeout_ms));
+
+    std::vector<kp::get_outcome> outcome(static_cast<std::size_t>(nkeys));
+    for (int round = 0; round < total_rounds; ++round) {
+      round_start.arrive_and_wait();
+      if (stop.load() || g_interrupted.load()) return;
+      const int phase = round < opt.rounds ? 0 : 1;
+      const auto k = static_cast<std::size_t>(phase == 0 ? k_main : k_second);
+      // Rotate through the keys so K/2 batches do not always read the same half.
+      std::vector<std::string> keys(k);
+      std::vector<std::span<std::byte>> dst(k);
+      std::vector<std::size_t> which(k);
+      for (std::size_t i = 0; i < k; ++i) {
+        which[i] = (static_cast<std::size_t>(round) * k + i) % in.keys.size();
+        keys[i] = in.keys[which[i]];
+        dst[i] = in.dst[which[i]];
+      }
+      for (auto& d : dst) std::memset(d.data(), 0, d.size());
+      const auto t0 = std::chrono::steady_clock::now();
+      ec = in.client->get(keys, dst, std::span(outcome).first(k), kvtier::deadline_after(timeout));
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (ec)
+        return fail(
+            what_failed("GET batch of " + std::to_string(k), ec, in.client->detail(), opt.timeout_ms));
+      for (std::size_t i = 0; i < k; ++i) {
+        if (outcome[i] != kp::get_outcome::ok)
+          return fail("GET " + keys[i] + ": " + std::string(kp::to_string(outcome[i])) +
+                      " (the server lost or changed a value the probe just wrote)");
+        if (std::memcmp(dst[i].data(), in.expected[which[i]].data(), dst[i].size()) != 0)
+          return fail("GET " + keys[i] + " returned different bytes than were written");
+      }
+      in.latency_s[phase].push_back(secs);
+      round_latency[static_cast<std::size_t>(round)][static_cast<std::size_t>(in.rank)] = secs;
+      if (in.rank == 0) {
+        rounds_done.store(round + 1);
+        prog.tick("kvtier-probe: round " + std::to_string(round + 1) + "/" + std::to_string(total_rounds));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (auto& in : inst) {
+    threads.emplace_back([&, p = &in] {
+      body(*p);
+      // A thread that leaves early must not hold the others at the barrier.
+      if (static_cast<std::size_t>(p->latency_s[0].size() + p->latency_s[1].size()) <
+          static_cast<std::size_t>(total_rounds))
+        round_start.arrive_and_drop();
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  // ---- cleanup, also after a failure or Ctrl-C -------------------------------------------------
+  if (std::any_of(inst.begin(), inst.end(), [](const instance& i) { return i.wrote; }))
+    prog.phase("kvtier-probe: deleting the probe's keys");
+  std::vector<std::thread> cleaners;
+  std::vector<std::string> cleanup_errors(inst.size());
+  for (auto& in : inst) {
+    if (!in.wrote) continue;
+    cleaners.emplace_back([&, p = &in] {
+      instance& i = *p;
+      const auto dl = kvtier::deadline_after(timeout);
+      std::error_code ec;
+      if (!i.failure.empty()) {  // its connection may be dead: start a fresh one
+        i.client = kp::make_instance_client(opt.transport, i.ep);
+        ec = i.client->connect(dl);
+      }
+      if (!ec) ec = i.client->del(i.keys, dl);
+      if (ec)
+        cleanup_errors[static_cast<std::size_t>(i.rank)] =
+            describe(i) + ": " +
+            what_failed("DEL of the probe's keys", ec, i.client->detail(), opt.timeout_ms) +
+            " (they expire within 1 h)";
+    });
+  }
+  for (auto& t : cleaners) t.join();
+  prog.done();
+
+  int status = 0;
+  for (auto& in : inst) {
+    if (!in.failure.empty()) {
+      std::fprintf(stderr, "kvtier-probe: %s\n", in.failure.c_str());
+      status = 1;
+    }
+  }
+  for (auto& e : cleanup_errors) {
+    if (!e.empty()) std::fprintf(stderr, "kvtier-probe: %s\n", e.c_str());
+  }
+  if (status == 0 && g_interrupted.load()) {
+    std::fprintf(stderr, "kvtier-probe: interrupted; the probe's keys were deleted\n");
+    return 130;
+  }
+  if (status != 0) return status;
+
+  // ---- results ---------------------------------------------------------------------------
+  const double chunk_gb = static_cast<double>(opt.chunk_bytes) / kvtier::bytes_per_gb;
+  const double batch_gb = chunk_gb * k_main;
+  std::vector<double> per_inst_gbps;
+  std::vector<kvtier::load_sample> samples;
+  for (auto& in : inst) {
+    per_inst_gbps.push_back(batch_gb / percentile(in.latency_s[0], 0.5));
+    for (int ph = 0; ph < 2; ++ph)
+      for (double s : in.latency_s[ph]) samples.push_back({chunk_gb * (ph == 0 ? k_main : k_second), s});
+  }
+  std::vector<double> round_gbps, all_main_latency;
+  for (int round = 0; round < opt.rounds; ++round) {
+    const auto& l = round_latency[static_cast<std::size_t>(round)];
+    round_gbps.push_back(batch_gb * opt.instances / *std::max_element(l.begin(), l.end()));
+    all_main_latency.insert(all_main_latency.end(), l.begin(), l.end());
+  }
+  const double aggregate = percentile(round_gbps, 0.5);
+  const double p50_ms = percentile(all_main_latency, 0.5) * 1e3,
+               p99_ms = percentile(all_main_latency, 0.99) * 1e3;
+  const std::optional<kvtier::load_path> fit = kvtier::fit_load_path(samples);
+
+  std::ostringstream out, js;
+  out << "kvtier-probe: " << opt.instances << " instance(s), " << k_main << " x " << opt.chunk_bytes
+      << "-byte values per batch, " << opt.rounds << " rounds, every byte verified, transport "
+      << opt.transport << "\n";
+  js << "{\"tool\":\"kvtier-probe\",\"url\":\"" << json_escape(opt.url)
+     << "\",\"instances\":" << opt.instances << ",\"chunk_bytes\":" << opt.chunk_bytes
+     << ",\"batch\":" << k_main << ",\"rounds\":" << opt.rounds << ",\"transport\":\"" << opt.transport
+     << "\",\"per_instance\":[";
+  for (auto& in : inst) {
+    const auto r = static_cast<std::size_t>(in.rank);
+    char line[256];
+    std::snprintf(line, sizeof line, "  instance %d (%s): %.3f GB/s, batch p50 %.1f ms, p99 %.1f ms\n",
+                  in.rank, in.ep.describe().c_str(), per_inst_gbps[r], percentile(in.latency_s[0], 0.5) * 1e3,
+                  percentile(in.latency_s[0], 0.99) * 1e3);
+    out << line;
+    js << (r ? "," : "") << "{\"rank\":" << in.rank << ",\"endpoint\":\"" << json_escape(in.ep.describe())
+       << "\",\"gbps\":" << num(per_inst_gbps[r])
+       << ",\"p50_ms\":" << num(percentile(in.latency_s[0], 0.5) * 1e3, 2)
+       << ",\"p99_ms\":" << num(percentile(in.latency_s[0], 0.99) * 1e3, 2) << "}";
+  }
+  js << "]";
+  {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "  aggregate: %.3f GB/s (median over rounds of all bytes / slowest instance), "
+                  "batch p50 %.1f ms, p99 %.1f ms\n",
+                  aggregate, p50_ms, p99_ms);
+    out << line;
+  }
+  js << ",\"aggregate_gbps\":" << num(aggregate) << ",\"p50_ms\":" << num(p50_ms, 2)
+     << ",\"p99_ms\":" << num(p99_ms, 2);
+  if (fit) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "  fit over batches of %d and %d: T0 = %.2f ms per batch, B = %.3f GB/s per instance\n",
+                  k_main, k_second, fit->fixed_cost_s * 1e3, fit->bandwidth_gb_per_s);
+    out << line;
+    js << ",\"fit\":{\"t0_s\":" << num(fit->fixed_cost_s, 6) << ",\"b_gbps\":" << num(fit->bandwidth_gb_per_s)
+       << ",\"batch_sizes\":[" << k_main << "," << k_second << "]}";
+  } else {
+    out << "  fit over batches of " << k_main << " and " << k_second
+        << ": no positive slope (latency did not grow with batch size; more rounds may help)\n";
+    js << ",\"fit\":null";
+  }
+  if (opt.bytes_per_token > 0) {
+    const kvtier::prefill_node node{.kv_bytes_per_token = opt.bytes_per_token,
+                                    .prefill_tokens_per_s = opt.prefill_tokens_per_s};
+    const double b_star = kvtier::break_even_bandwidth_gb_per_s(node);
+    // The tier: each rank loads its share from its own instance, all in parallel. B is the
+    // measured aggregate; T0 the fitted fixed cost of a batch (0 when the fit failed).
+    const kvtier::load_path tier{.fixed_cost_s = fit ? std::max(0.0, fit->fixed_cost_s) : 0.0,
+                                 .bandwidth_gb_per_s = aggregate};
+    const double n_min = kvtier::min_profitable_tokens(node, tier);
+    const double per_instance = aggregate / opt.instances;
+    const int needed = static_cast<int>(std::floor(b_star / per_instance)) + 1;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "  break-even bandwidth B* = S*R = %.3f GB/s; this tier gives %.3f GB/s (%s)\n", b_star,
+                  aggregate, aggregate > b_star ? "above: hits can pay off" : "below: no hit pays off");
+    out << line;
+    if (std::isfinite(n_min)) {
+      std::snprintf(line, sizeof line,
+                    "  a hit pays off for prompts longer than %.0f tokens (T0 = %.1f ms)\n", n_min,
+                    tier.fixed_cost_s * 1e3);
+    } else {
+      std::snprintf(line, sizeof line, "  no prompt length pays off at %.3f GB/s\n", aggregate);
+    }
+    out << line;
+    std::snprintf(
+        line, sizeof line,
+        "  instances needed for B > B*: %d (at the measured %.3f GB/s per instance, scaling linearly)\n",
+        needed, per_instance);
+    out << line;
+    js << ",\"cost\":{\"bytes_per_token\":" << num(opt.bytes_per_token, 1)
+       << ",\"prefill_tokens_per_s\":" << num(opt.prefill_tokens_per_s, 1)
+       << ",\"b_star_gbps\":" << num(b_star) << ",\"pays_off\":" << (aggregate > b_star ? "true" : "false")
+       << ",\"min_profitable_tokens\":" << num(n_min, 0) << ",\"instances_needed\":" << needed << "}";
+  }
+  js << "}";
+  std::fputs(out.str().c_str(), stdout);
+  if (opt.json) std::printf("%s\n", js.str().c_str());
+  return 0;
+}

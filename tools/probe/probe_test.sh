@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Integration tests of kvtier-probe against real redis-server processes on free loopback ports.
+#   probe_test.sh PROBE MODE
+# MODE: one_server | two_servers | dead_port | black_hole | wrong_server | bad_flags | interrupt
+# Servers (and helper listeners) are started here and stopped by PID on exit. Exit 77: skipped.
+set -uo pipefail
+probe=$1
+mode=$2
+work=$(mktemp -d /tmp/kvtier-probe-test-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL ($mode): $*" >&2
+  [ -f "$work/out" ] && { echo "--- stdout"; cat "$work/out"; } >&2
+  [ -f "$work/err" ] && { echo "--- stderr"; cat "$work/err"; } >&2
+  exit 1
+}
+need() { command -v "$1" >/dev/null || { echo "SKIP: $1 not found" >&2; exit 77; }; }
+
+# start_redis PORT: starts redis-server on 127.0.0.1:PORT; 0 once it answers PING.
+start_redis() {
+  local port=$1 dir="$work/redis-$1"
+  mkdir -p "$dir"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+    --daemonize no --logfile "$dir/log" &
+  local pid=$!
+  for _ in $(seq 100); do
+    if ! kill -0 "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null; return 1; fi  # port taken
+    [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && { pids+=("$pid"); return 0; }
+    sleep 0.05
+  done
+  kill "$pid"; wait "$pid" 2>/dev/null
+  return 1
+}
+# start_servers N: N servers on consecutive ports BASE..BASE+N-1; sets BASE.
+start_servers() {
+  local n=$1 attempt i
+  for attempt in $(seq 20); do
+    BASE=$(( 20000 + RANDOM % 30000 ))
+    local started=()
+    for ((i = 0; i < n; i++)); do
+      start_redis $((BASE + i)) || break
+      started+=($((BASE + i)))
+    done
+    [ "${#started[@]}" -eq "$n" ] && return 0
+    for ((i = ${#pids[@]} - ${#started[@]}; i < ${#pids[@]}; i++)); do kill "${pids[$i]}"; wait "${pids[$i]}" 2>/dev/null; done
+    pids=("${pids[@]:0:${#pids[@]}-${#started[@]}}")
+  done
+  fail "could not start $n redis-server(s) on consecutive free ports"
+}
+# A port where nothing listens (checked just before use).
+dead_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$(( 20000 + RANDOM % 30000 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+# listener REPLY: a perl TCP listener that accepts and answers every request with REPLY (or, if
+# REPLY is empty, never answers); sets LPORT. (Not in $(...): the PID must stay in this shell.)
+listener() {
+  perl -MIO::Socket::INET -e '
+    my $s = IO::Socket::INET->new(LocalAddr => "127.0.0.1", LocalPort => 0, Listen => 16, ReuseAddr => 1) or die;
+    $| = 1; print $s->sockport, "\n"; my @keep;
+    while (my $c = $s->accept) { push @keep, $c; if (length $ARGV[0]) { my $b; sysread($c, $b, 65536); syswrite($c, $ARGV[0]); } }
+  ' "$1" > "$work/listener.port" 2>/dev/null &
+  pids+=($!)
+  for _ in $(seq 100); do [ -s "$work/listener.port" ] && break; sleep 0.05; done
+  LPORT=$(cat "$work/listener.port")
+}
+run_probe() { "$probe" "$@" >"$work/out" 2>"$work/err"; }
+last_json() { tail -n 1 "$work/out"; }
+
+case "$mode" in
+  one_server|two_servers)
+    need redis-server; need redis-cli
+    n=1; [ "$mode" = two_servers ] && n=2
+    start_servers "$n"
+    for ((i = 0; i < n; i++)); do redis-cli -p $((BASE + i)) set "other:key" keep >/dev/null; done
+    run_probe --url "resp://127.0.0.1:{rank+$BASE}" --instances "$n" --chunk-bytes 1000000 --batch 4 \
+      --rounds 6 --timeout-ms 10000 --bytes-per-token 48400 --prefill-tokens-per-s 52200 --json \
+      || fail "exit status $? (expected 0)"
+    json=$(last_json)
+    case "$json" in \{*\}) ;; *) fail "last stdout line is not a JSON object: $json" ;; esac
+    for field in '"aggregate_gbps":' '"per_instance":' '"fit":' '"b_star_gbps":2.526' \
+                 '"min_profitable_tokens":' '"instances_needed":'; do
+      grep -q -- "$field" <<<"$json" || fail "JSON lacks $field"
+    done
+    [ "$(grep -o '"rank":' <<<"$json" | wc -l)" -eq "$n" ] || fail "JSON has not $n per-instance entries"
+    grep -q "instance $((n - 1)) (127.0.0.1:$((BASE + n - 1)))" "$work/out" || fail "no line for instance $((n - 1))"
+    for ((i = 0; i < n; i++)); do
+      [ "$(redis-cli -p $((BASE + i)) dbsize)" = 1 ] || fail "instance $i: probe keys left behind (dbsize != 1)"
+      [ "$(redis-cli -p $((BASE + i)) get other:key)" = keep ] || fail "instance $i: a foreign key was touched"
+    done
+    ;;
+  dead_port)
+    port=$(dead_port) || fail "no free port found"
+    run_probe --url "resp://127.0.0.1:$port" --instances 1 --chunk-bytes 1000 --batch 2 --rounds 1 \
+      --timeout-ms 2000
+    st=$?
+    [ "$st" -eq 1 ] || fail "exit status $st (expected 1)"
+    grep -q "instance 0 (127.0.0.1:$port)" "$work/err" || fail "message does not name the instance"
+    grep -qi "refused\|connect" "$work/err" || fail "message does not say the connect failed"
+    ;;
+  black_hole)
+    need perl
+    listener ""
+    port=$LPORT
+    start=$(date +%s)
+    run_probe --url "resp://127.0.0.1:$port" --instances 1 --chunk-bytes 1000 --batch 2 --rounds 1 \
+      --timeout-ms 1000
+    st=$?
+    elapsed=$(( $(date +%s) - start ))
+    [ "$st" -eq 1 ] || fail "exit status $st (expected 1)"
+    grep -q "instance 0 (127.0.0.1:$port)" "$work/err" || fail "message does not name the instance"
+    grep -qi "deadline\|timed out\|timeout" "$work/err" || fail "message does not say it timed out"
+    # Hang detection only (not a timing assertion): the 1 s deadline plus a generous margin.
+    [ "$elapsed" -le 15 ] || fail "took ${elapsed}s with --timeout-ms 1000"
+    ;;
+  wrong_server)
+    need perl
+    listener $'HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n'
+    port=$LPORT
+    run_probe --url "resp://127.0.0.1:$port" --instances 1 --chunk-bytes 1000 --batch 2 --rounds 1 \
+      --timeout-ms 2000
+    st=$?
+    [ "$st" -eq 1 ] || fail "exit status $st (expected 1)"
+    grep -q "instance 0 (127.0.0.1:$port)" "$work/err" || fail "message does not name the instance"
+    ;;
+  bad_flags)
+    check() {  # check EXPECTED_TEXT ARGS...: exit 2 and a message containing EXPECTED_TEXT
+      local want=$1; shift
+      run_probe "$@"; local st=$?
+      [ "$st" -eq 2 ] || fail "'$*': exit status $st (expected 2)"
+      grep -q -- "$want" "$work/err" || fail "'$*': message lacks '$want'"
+    }
+    ok=(--url resp://127.0.0.1:1 --instances 1 --chunk-bytes 10 --batch 1 --rounds 1 --timeout-ms 100)
+    check "unknown flag '--bogus'" "${ok[@]}" --bogus
+    check "--instances needs a whole number" --url resp://127.0.0.1:1 --instances abc --chunk-bytes 10 \
+      --batch 1 --rounds 1 --timeout-ms 100
+    check "missing required flag(s): --url" --instances 1 --chunk-bytes 10 --batch 1 --rounds 1 --timeout-ms 100
+    check "go together" "${ok[@]}" --bytes-per-token 48400
+    check "--transport must be asio or uring" "${ok[@]}" --transport tcp
+    check "bad server URL" --url "http://x" --instances 1 --chunk-bytes 10 --batch 1 --rounds 1 --timeout-ms 100
+    check "--timeout-ms needs a value" "${ok[@]}" --timeout-ms
+    ;;
+  interrupt)
+    need redis-server; need redis-cli
+    start_servers 1
+    "$probe" --url "resp://127.0.0.1:$BASE" --instances 1 --chunk-bytes 100000 --batch 4 --rounds 1000000 \
+      --timeout-ms 10000 >"$work/out" 2>"$work/err" &
+    ppid_=$!
+    for _ in $(seq 200); do [ "$(redis-cli -p "$BASE" dbsize)" -gt 0 ] && break; sleep 0.05; done
+    sleep 0.3
+    kill -INT "$ppid_"
+    wait "$ppid_"
+    st=$?
+    [ "$st" -eq 130 ] || fail "exit status $st after SIGINT (expected 130)"
+    [ "$(redis-cli -p "$BASE" dbsize)" = 0 ] || fail "probe keys left behind after SIGINT"
+    ;;
+  *)
+    echo "unknown mode $mode" >&2
+    exit 2
+    ;;
+esac
+echo "PASS ($mode)"
