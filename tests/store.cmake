@@ -1,3 +1,5 @@
 # Stores and the fetch queue (issue 4).
 kvtier_add_test(test_stores SOURCES store/test_stores.cpp LABELS unit)
 kvtier_add_test(test_fetch_queue SOURCES store/test_fetch_queue.cpp LABELS unit tsan)
+kvtier_add_test(test_fetch_queue_model SOURCES store/test_fetch_queue_model.cpp LABELS property)
+kvtier_add_test(test_fetch_queue_stress SOURCES store/test_fetch_queue_stress.cpp LABELS unit tsan TIMEOUT 120)

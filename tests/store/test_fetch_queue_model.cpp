@@ -1,0 +1,350 @@
+// fetch_queue properties:
+//  - a rapidcheck stateful test against a simple model: submit (load or lookup),
+//    release a store call, cancel, poll and close in random orders, with random
+//    worker counts and bounds; every submission completes exactly once.
+//  - the asynchronous per-rank lookup equals the synchronous rank_answer over
+//    random presence patterns, world sizes and ranks.
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <ostream>
+#include <vector>
+
+#include <rapidcheck/state.h>
+
+#include "kvtier/fetch_queue.hpp"
+#include "kvtier/lookup.hpp"
+#include "kvtier/ownership.hpp"
+#include "kvtier/store/memory_store.hpp"
+#include "store/store_fakes.hpp"
+#include "support/property.hpp"
+
+using namespace kvtier;
+using namespace std::chrono_literals;
+using kvtier::test::gated_key;
+using kvtier::test::gated_store;
+
+namespace {
+
+constexpr std::size_t T = 16;  // tokens per chunk
+constexpr std::size_t B = 8;   // bytes per chunk
+
+// ---- the model ----------------------------------------------------------------
+
+enum class mstate { queued, running, done, failed };
+
+struct mreq {
+  std::uint32_t n = 1;      // chunks
+  std::uint32_t mask = 0;   // bit c: chunk c present in the store
+  std::uint32_t first = 0;  // first chunk index (layout)
+  bool load = true;         // load (get) or lookup (exists)
+  mstate st = mstate::queued;
+  errc why{};
+  bool released = false;
+  bool cancelled = false;
+  std::size_t bytes() const { return load ? n * B : 0; }
+};
+
+struct qmodel {
+  std::size_t workers = 1, max_requests = 1, max_bytes = B;
+  std::vector<mreq> reqs;
+  std::deque<std::size_t> fifo;
+  std::vector<std::size_t> running;
+  bool closed = false;
+
+  std::size_t outstanding() const { return fifo.size() + running.size(); }
+  std::size_t bytes() const {
+    std::size_t b = 0;
+    for (auto i : fifo) b += reqs[i].bytes();
+    for (auto i : running) b += reqs[i].bytes();
+    return b;
+  }
+  void complete(std::size_t i) {
+    reqs[i].st = reqs[i].cancelled ? mstate::failed : mstate::done;
+    if (reqs[i].cancelled) reqs[i].why = errc::cancelled;
+  }
+  // Workers take queued requests in FIFO order; a released running call returns.
+  void settle() {
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (std::size_t k = 0; k < running.size(); ++k)
+        if (reqs[running[k]].released) {
+          complete(running[k]);
+          running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
+          changed = true;
+          break;
+        }
+      if (!changed && running.size() < workers && !fifo.empty()) {
+        running.push_back(fifo.front());
+        reqs[fifo.front()].st = mstate::running;
+        fifo.pop_front();
+        changed = true;
+      }
+    }
+  }
+};
+
+// ---- the system under test -------------------------------------------------------
+
+struct qsut {
+  gated_store store;
+  std::unique_ptr<fetch_queue<gated_store>> q;
+  std::vector<fetch_handle> handles;
+  std::deque<std::vector<std::byte>> data;  // one buffer per request (stable addresses)
+  std::deque<std::vector<std::span<std::byte>>> spans;
+  std::deque<std::atomic<int>> completions;
+  // A failed assertion unwinds through here: stop the queue before the buffers
+  // and counters its workers and callbacks use go away.
+  ~qsut() {
+    store.release_all();
+    if (q) q->shutdown();
+  }
+};
+
+std::uint64_t tag(std::size_t i) { return i + 1; }
+
+std::vector<chunk_key> keys_of(std::size_t i, const mreq& r) {
+  std::vector<chunk_key> k;
+  for (std::uint32_t c = 0; c < r.n; ++c) k.push_back(gated_key(tag(i), c, r.mask));
+  return k;
+}
+
+// Brings the SUT to the model's state and checks every request against it.
+void sync_and_check(const qmodel& m, qsut& s) {
+  for (std::size_t i = 0; i < m.reqs.size(); ++i) {
+    const mreq& r = m.reqs[i];
+    if (r.st == mstate::running && !r.cancelled) RC_ASSERT(s.store.wait_started(tag(i)));
+    fetch_result got = (r.st == mstate::done || r.st == mstate::failed)
+                           ? s.q->wait(s.handles[i], deadline_after(10s))
+                           : s.q->poll(s.handles[i]);
+    if (r.st == mstate::queued || r.st == mstate::running) {
+      RC_ASSERT(got.state == fetch_state::pending);
+      continue;
+    }
+    const std::uint64_t first_start = static_cast<std::uint64_t>(r.first) * T;
+    if (r.st == mstate::failed) {
+      RC_ASSERT(got.state == fetch_state::failed);
+      RC_ASSERT(got.ec == make_error_code(r.why));
+      RC_ASSERT(got.prefix_tokens == first_start);
+      RC_ASSERT(got.status.size() == r.n);
+      for (auto st : got.status) RC_ASSERT(st != chunk_status::hit);
+      continue;
+    }
+    RC_ASSERT(got.state == fetch_state::done);
+    RC_ASSERT(!got.ec);
+    RC_ASSERT(got.status.size() == r.n);
+    std::uint32_t lead = 0;
+    while (lead < r.n && ((r.mask >> lead) & 1u)) ++lead;
+    RC_ASSERT(got.prefix_chunks == lead);
+    RC_ASSERT(got.prefix_tokens == first_start + static_cast<std::uint64_t>(lead) * T);
+    const auto keys = keys_of(i, r);
+    for (std::uint32_t c = 0; c < r.n; ++c) {
+      const bool present = (r.mask >> c) & 1u;
+      RC_ASSERT(got.status[c] == (present ? chunk_status::hit : chunk_status::miss));
+      if (r.load && present)
+        for (std::size_t j = 0; j < B; ++j)
+          RC_ASSERT(s.spans[i][c][j] == kvtier::test::gated_byte(keys[c], j));
+    }
+  }
+}
+
+using cmd = rc::state::Command<qmodel, qsut>;
+
+struct submit_cmd : cmd {
+  mreq r;
+  explicit submit_cmd(const qmodel&) {
+    r.n = *rc::gen::inRange<std::uint32_t>(1, 5);
+    r.mask = *rc::gen::inRange<std::uint32_t>(0, 1u << r.n);
+    r.first = *rc::gen::inRange<std::uint32_t>(0, 4);
+    r.load = *rc::gen::arbitrary<bool>();
+  }
+  void apply(qmodel& m) const override {
+    mreq x = r;
+    if (x.bytes() > m.max_bytes) {
+      x.st = mstate::failed, x.why = errc::too_large;
+    } else if (m.closed) {
+      x.st = mstate::failed, x.why = errc::shutdown;
+    } else if (m.outstanding() + 1 > m.max_requests || m.bytes() + x.bytes() > m.max_bytes) {
+      x.st = mstate::failed, x.why = errc::queue_full;
+    } else {
+      m.fifo.push_back(m.reqs.size());
+    }
+    m.reqs.push_back(x);
+    m.settle();
+  }
+  void run(const qmodel& m, qsut& s) const override {
+    const std::size_t i = m.reqs.size();
+    const auto keys = keys_of(i, r);
+    auto layout = chunk_layout::contiguous(r.first, r.n, T);
+    s.data.emplace_back(r.n * B);
+    auto& sp = s.spans.emplace_back();
+    for (std::uint32_t c = 0; c < r.n; ++c) sp.emplace_back(s.data.back().data() + c * B, B);
+    fetch_handle h = r.load ? s.q->submit(i, keys, sp, layout, deadline_after(60s))
+                            : s.q->lookup(i, keys, layout, deadline_after(60s));
+    auto& counter = s.completions.emplace_back(0);
+    s.q->on_complete(h, [&counter](const fetch_result&) { counter++; });
+    s.handles.push_back(h);
+    qmodel next = m;
+    apply(next);
+    sync_and_check(next, s);
+  }
+  void show(std::ostream& os) const override {
+    os << (r.load ? "submit" : "lookup") << "(n=" << r.n << ", mask=" << r.mask << ", first=" << r.first
+       << ")";
+  }
+};
+
+struct release_cmd : cmd {
+  std::size_t i = 0;
+  explicit release_cmd(const qmodel& m) {
+    std::vector<std::size_t> open;
+    for (std::size_t k = 0; k < m.reqs.size(); ++k)
+      if ((m.reqs[k].st == mstate::queued || m.reqs[k].st == mstate::running) && !m.reqs[k].released)
+        open.push_back(k);
+    RC_PRE(!open.empty());
+    i = *rc::gen::elementOf(open);
+  }
+  void checkPreconditions(const qmodel& m) const override {
+    RC_PRE(i < m.reqs.size());
+    RC_PRE(m.reqs[i].st == mstate::queued || m.reqs[i].st == mstate::running);
+    RC_PRE(!m.reqs[i].released);
+  }
+  void apply(qmodel& m) const override {
+    m.reqs[i].released = true;
+    m.settle();
+  }
+  void run(const qmodel& m, qsut& s) const override {
+    s.store.release(tag(i));
+    qmodel next = m;
+    apply(next);
+    sync_and_check(next, s);
+  }
+  void show(std::ostream& os) const override { os << "release(" << i << ")"; }
+};
+
+struct cancel_cmd : cmd {
+  std::size_t i = 0;
+  explicit cancel_cmd(const qmodel& m) {
+    RC_PRE(!m.reqs.empty());
+    i = *rc::gen::inRange<std::size_t>(0, m.reqs.size());
+  }
+  void checkPreconditions(const qmodel& m) const override { RC_PRE(i < m.reqs.size()); }
+  void apply(qmodel& m) const override {
+    mreq& r = m.reqs[i];
+    if (r.st == mstate::queued) {
+      r.st = mstate::failed, r.why = errc::cancelled;
+      std::erase(m.fifo, i);
+    } else if (r.st == mstate::running) {
+      r.cancelled = true;
+    }
+  }
+  void run(const qmodel& m, qsut& s) const override {
+    const mstate before = m.reqs[i].st;
+    const bool ok = s.q->cancel(s.handles[i]);
+    RC_ASSERT(ok == (before == mstate::queued || before == mstate::running));
+    qmodel next = m;
+    apply(next);
+    sync_and_check(next, s);
+  }
+  void show(std::ostream& os) const override { os << "cancel(" << i << ")"; }
+};
+
+struct poll_cmd : cmd {
+  explicit poll_cmd(const qmodel&) {}
+  void apply(qmodel&) const override {}
+  void run(const qmodel& m, qsut& s) const override {
+    sync_and_check(m, s);
+    const auto st = s.q->stats();
+    RC_ASSERT(st.requests_in_flight == m.outstanding());
+    RC_ASSERT(st.bytes_in_flight == m.bytes());
+  }
+  void show(std::ostream& os) const override { os << "poll"; }
+};
+
+struct close_cmd : cmd {
+  explicit close_cmd(const qmodel& m) { RC_PRE(!m.closed); }
+  void checkPreconditions(const qmodel& m) const override { RC_PRE(!m.closed); }
+  void apply(qmodel& m) const override {
+    m.closed = true;
+    for (auto i : m.fifo) m.reqs[i].st = mstate::failed, m.reqs[i].why = errc::shutdown;
+    m.fifo.clear();
+  }
+  void run(const qmodel& m, qsut& s) const override {
+    s.q->close();
+    qmodel next = m;
+    apply(next);
+    sync_and_check(next, s);
+  }
+  void show(std::ostream& os) const override { os << "close"; }
+};
+
+}  // namespace
+
+TEST_CASE("fetch_queue: stateful model of submit/release/cancel/poll/close", "[property]") {
+  kvtier::test::prop(
+      "fetch_queue matches its model; one completion per submission",
+      [] {
+        qmodel m;
+        m.workers = *rc::gen::inRange<std::size_t>(1, 4);
+        m.max_requests = *rc::gen::inRange<std::size_t>(1, 7);
+        m.max_bytes = B * *rc::gen::inRange<std::size_t>(1, 9);
+        qsut s;
+        s.q = std::make_unique<fetch_queue<gated_store>>(
+            s.store,
+            fetch_queue_options{
+                .workers = m.workers, .max_requests = m.max_requests, .max_bytes_in_flight = m.max_bytes});
+        rc::state::check(m, s,
+                         rc::state::gen::execOneOfWithArgs<submit_cmd, submit_cmd, release_cmd, cancel_cmd,
+                                                           poll_cmd, close_cmd>());
+        // Teardown: every call returns, every request completes exactly once.
+        s.store.release_all();
+        s.q->shutdown();
+        for (std::size_t i = 0; i < s.handles.size(); ++i) {
+          RC_ASSERT(s.q->poll(s.handles[i]).state != fetch_state::pending);
+          RC_ASSERT(s.completions[i].load() == 1);
+        }
+        RC_ASSERT(s.q->stats().requests_in_flight == 0u);
+        RC_ASSERT(s.q->stats().bytes_in_flight == 0u);
+      },
+      300);
+}
+
+TEST_CASE("fetch_queue: async per-rank lookup equals the synchronous rank answer", "[property]") {
+  memory_store store(1 << 20);
+  fetch_queue q(store, {.workers = 2});
+  std::vector<std::byte> one(1);
+  kvtier::test::prop(
+      "async lookup == rank_answer",
+      [&] {
+        const auto w = *rc::gen::inRange<rank_t>(1, 9);
+        const auto r = *rc::gen::inRange<rank_t>(0, w);
+        const auto n = *rc::gen::inRange<std::size_t>(0, 41);
+        const auto present = *rc::gen::container<std::vector<bool>>(n, rc::gen::arbitrary<bool>());
+        store.clear();
+        std::vector<chunk_key> all;
+        for (std::size_t c = 0; c < n; ++c) all.push_back(chunk_key{0x51, c});
+        for (std::size_t c = 0; c < n; ++c)
+          if (present[c]) {
+            std::span<const std::byte> src[1] = {one};
+            chunk_status st[1];
+            store.put(std::span<const chunk_key>(&all[c], 1), src, st, deadline_after(1s));
+          }
+        const modulo_ownership own(w);
+        const auto mine = owned_chunks(own, r, n);
+        const auto starts = owned_starts(own, r, n, T);
+        std::vector<chunk_key> keys;
+        std::vector<bool> mine_present;
+        for (auto c : mine) keys.push_back(all[c]), mine_present.push_back(present[c]);
+        const std::uint64_t end = n * T;
+
+        auto h = q.lookup(r, keys, chunk_layout::owned(starts, end), deadline_after(10s));
+        const auto res = q.wait(h, deadline_after(10s));
+        RC_ASSERT(res.state == fetch_state::done);
+        const std::uint64_t sync = rank_answer(std::span<const std::uint64_t>(starts), mine_present, end);
+        RC_ASSERT(res.prefix_tokens == sync);
+        RC_ASSERT(res.prefix_tokens == contiguous_hits(cumulative_lengths(starts, end), mine_present));
+      },
+      3000);
+}
