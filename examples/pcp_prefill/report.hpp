@@ -1,0 +1,208 @@
+// examples/pcp_prefill/report.hpp: summary figures of a replay, the per-request
+// JSON lines, the summary table and JSON line, and the gnuplot plot.
+//
+//   pcp::summary s = pcp::summarize(run);
+//   pcp::print_table(std::cout, {{"l2_partitioned_async", s}});
+//   std::cout << pcp::summary_json(s) << "\n";   // the last line of stdout
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine.hpp"
+#include "json_line.hpp"
+
+namespace pcp {
+
+/// Linear-interpolation percentile (p in [0, 1]) of sorted values.
+inline double percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const double pos = p * static_cast<double>(sorted.size() - 1);
+  const std::size_t lo = static_cast<std::size_t>(std::floor(pos));
+  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+}
+
+struct summary {
+  double ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0, ttft_mean_s = 0;
+  double hit_token_fraction = 0, busy_fraction = 0, max_io_stall_s = 0;
+  std::uint64_t errors = 0;
+  // Shown in the table, not in the JSON line.
+  std::size_t requests = 0;
+  std::uint64_t failed_loads = 0;
+  double makespan_s = 0;
+};
+
+inline summary summarize(const run_result& r) {
+  summary s;
+  std::vector<double> t;
+  double prompt = 0, cached = 0, sum = 0;
+  for (const auto& q : r.requests) {
+    t.push_back(q.ttft_s);
+    sum += q.ttft_s;
+    prompt += static_cast<double>(q.prompt_tokens);
+    cached += static_cast<double>(q.cached_tokens);
+  }
+  std::sort(t.begin(), t.end());
+  s.requests = t.size();
+  s.ttft_p50_s = percentile(t, 0.50);
+  s.ttft_p90_s = percentile(t, 0.90);
+  s.ttft_p99_s = percentile(t, 0.99);
+  s.ttft_mean_s = t.empty() ? 0 : sum / static_cast<double>(t.size());
+  s.hit_token_fraction = prompt > 0 ? cached / prompt : 0;
+  s.busy_fraction = r.makespan_s > 0 ? r.busy_s / r.makespan_s : 0;
+  s.max_io_stall_s = r.max_io_stall_s;
+  s.errors = r.mismatched_chunks + (r.fatal.empty() ? 0 : 1);
+  s.failed_loads = r.failed_loads;
+  s.makespan_s = r.makespan_s;
+  return s;
+}
+
+inline std::string summary_json(const summary& s) {
+  return json_object_writer()
+      .field("ttft_p50_s", s.ttft_p50_s)
+      .field("ttft_p90_s", s.ttft_p90_s)
+      .field("ttft_p99_s", s.ttft_p99_s)
+      .field("ttft_mean_s", s.ttft_mean_s)
+      .field("hit_token_fraction", s.hit_token_fraction)
+      .field("busy_fraction", s.busy_fraction)
+      .field("max_io_stall_s", s.max_io_stall_s)
+      .field("errors", s.errors)
+      .str();
+}
+
+/// Reads a summary back from its JSON line; false if a field is missing.
+inline bool parse_summary(std::string_view line, summary& s, std::string& err) {
+  json_value v;
+  if (!parse_json(line, v, err)) return false;
+  auto num = [&](const char* k, double& out) {
+    const json_value* x = v.find(k);
+    if (!x || x->kind != json_value::number) {
+      err = std::string("field \"") + k + "\" missing or not a number";
+      return false;
+    }
+    out = x->num;
+    return true;
+  };
+  double errors = 0;
+  if (!num("ttft_p50_s", s.ttft_p50_s) || !num("ttft_p90_s", s.ttft_p90_s) ||
+      !num("ttft_p99_s", s.ttft_p99_s) || !num("ttft_mean_s", s.ttft_mean_s) ||
+      !num("hit_token_fraction", s.hit_token_fraction) || !num("busy_fraction", s.busy_fraction) ||
+      !num("max_io_stall_s", s.max_io_stall_s) || !num("errors", errors))
+    return false;
+  s.errors = static_cast<std::uint64_t>(errors);
+  return true;
+}
+
+inline std::string request_json(const request_result& q) {
+  return json_object_writer()
+      .field("id", q.id)
+      .field("arrival_s", q.arrival_s)
+      .field("prompt_tokens", q.prompt_tokens)
+      .field("cached_tokens", q.cached_tokens)
+      .field("l1_tokens", q.l1_tokens)
+      .field("l2_tokens", q.l2_tokens)
+      .field("queue_s", q.queue_s)
+      .field("load_s", q.load_s)
+      .field("ttft_s", q.ttft_s)
+      .field("status", q.status)
+      .str();
+}
+
+inline void print_table(std::ostream& os, const std::vector<std::pair<std::string, summary>>& rows) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%-28s %9s %9s %9s %9s %8s %8s %10s %7s", "config", "p50 s", "p90 s",
+                "p99 s", "mean s", "hit tok", "busy", "io stall s", "errors");
+  os << buf << '\n';
+  for (const auto& [name, s] : rows) {
+    std::snprintf(buf, sizeof buf, "%-28s %9.3f %9.3f %9.3f %9.3f %7.1f%% %7.1f%% %10.3f %7llu", name.c_str(),
+                  s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s, s.ttft_mean_s, 100 * s.hit_token_fraction,
+                  100 * s.busy_fraction, s.max_io_stall_s, static_cast<unsigned long long>(s.errors));
+    os << buf << '\n';
+  }
+}
+
+/// Draws TTFT against arrival time (left) and the TTFT CDF (right) of one or
+/// more runs with gnuplot. Returns false with a message when gnuplot fails.
+inline bool plot_runs(const std::string& png,
+                      const std::vector<std::pair<std::string, std::vector<request_result>>>& runs,
+                      std::string& err) {
+  const std::string data = png + ".dat";
+  {
+    std::ofstream out(data);
+    if (!out) return err = "cannot write " + data, false;
+    for (const auto& [name, reqs] : runs) {
+      out << "# " << name << "\n";
+      std::vector<double> t;
+      for (const auto& q : reqs) t.push_back(q.ttft_s);
+      std::vector<double> sorted = t;
+      std::sort(sorted.begin(), sorted.end());
+      for (std::size_t i = 0; i < reqs.size(); ++i) {
+        const double cdf = static_cast<double>(i + 1) / static_cast<double>(sorted.size());
+        out << reqs[i].arrival_s << ' ' << std::max(1e-3, reqs[i].ttft_s) << ' ' << std::max(1e-3, sorted[i])
+            << ' ' << cdf << '\n';
+      }
+      out << "\n\n";
+    }
+  }
+  const std::string script = png + ".gp";
+  {
+    std::ofstream gp(script);
+    if (!gp) return err = "cannot write " + script, false;
+    gp << "set terminal pngcairo size 1400,560 noenhanced\n"
+       << "set output '" << png << "'\n"
+       << "set multiplot layout 1,2\n"
+       << "set logscale y\nset grid\nset key top left\n"
+       << "set xlabel 'arrival time (s, modeled)'\nset ylabel 'TTFT (s, modeled)'\n"
+       << "set title 'TTFT against arrival time'\n"
+       << "plot ";
+    for (std::size_t k = 0; k < runs.size(); ++k)
+      gp << (k ? ", " : "") << "'" << data << "' index " << k << " using 1:2 with points pt 7 ps 0.4 title '"
+         << runs[k].first << "'";
+    gp << "\nunset logscale y\nset logscale x\nset key bottom right\n"
+       << "set xlabel 'TTFT (s, modeled)'\nset ylabel 'fraction of requests'\nset yrange [0:1]\n"
+       << "set title 'TTFT CDF'\nplot ";
+    for (std::size_t k = 0; k < runs.size(); ++k)
+      gp << (k ? ", " : "") << "'" << data << "' index " << k << " using 3:4 with lines lw 2 title '"
+         << runs[k].first << "'";
+    gp << "\nunset multiplot\n";
+  }
+  const std::string cmd = "gnuplot '" + script + "' 2>&1";
+  if (std::system(cmd.c_str()) != 0) return err = "gnuplot failed (is it installed?) running: " + cmd, false;
+  return true;
+}
+
+/// Reads the per-request JSON lines that --out wrote.
+inline bool read_requests(const std::string& path, std::vector<request_result>& out, std::string& err) {
+  std::ifstream in(path);
+  if (!in) return err = path + ": cannot open", false;
+  std::string line;
+  std::size_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    json_value v;
+    std::string e;
+    if (!parse_json(line, v, e)) return err = path + ":" + std::to_string(n) + ": " + e, false;
+    request_result q;
+    const json_value* a = v.find("arrival_s");
+    const json_value* t = v.find("ttft_s");
+    if (!a || a->kind != json_value::number)
+      return err = path + ":" + std::to_string(n) + ": field \"arrival_s\" missing", false;
+    if (!t || t->kind != json_value::number)
+      return err = path + ":" + std::to_string(n) + ": field \"ttft_s\" missing", false;
+    q.arrival_s = a->num;
+    q.ttft_s = t->num;
+    out.push_back(q);
+  }
+  return true;
+}
+
+}  // namespace pcp
