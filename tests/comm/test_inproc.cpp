@@ -23,6 +23,7 @@ namespace {
 
 static_assert(communicator<inproc_communicator>);
 static_assert(communicator<recording<inproc_communicator>>);
+static_assert(communicator<recording<inproc_communicator&>>);
 
 // Catch2 assertions are not thread-safe: rank threads record failures here and the
 // test thread checks them.
@@ -305,4 +306,15 @@ TEST_CASE("recording: sequences of ranks that issue the same calls are equal", "
   CHECK(to_string(seq[0][0]) == "all_reduce(u32 x1, sum)");
   CHECK(to_string(seq[0][1]) == "broadcast(root=1, bytes=12)");
   CHECK(to_string(seq[0][2]) == "all_gather(bytes per rank=12)");
+}
+
+TEST_CASE("recording: wrapping by reference records while the inner communicator advances", "[unit]") {
+  inproc_world world(1);
+  auto c = world.communicator_for(0);
+  recording<inproc_communicator&> rec(c);
+  std::int32_t v = 5;
+  CHECK(!all_reduce_value(rec, v, reduce_op::max, soon()));
+  CHECK(rec.calls().size() == 1u);
+  CHECK(c.sequence() == 1u);
+  CHECK(&rec.inner() == &c);
 }

@@ -1,9 +1,9 @@
 // kvtier/comm/recording.hpp: a communicator decorator that records every collective call.
 //
-// Wraps any communicator (held by value; wrap a pointer-like handle if the inner
-// one must stay shared) and appends one collective_call per call: operation, root,
-// bytes, type, reduce-op and group depth. Tests compare the sequences of all ranks:
-// under context parallelism they must be identical.
+// Wraps any communicator (held by value, or by reference as recording<C&>) and
+// appends one collective_call per call: operation, root, bytes, type, reduce-op and
+// group depth. Tests compare the sequences of all ranks: under context parallelism
+// they must be identical.
 //
 //   kvtier::comm::inproc_world world(2);
 //   kvtier::comm::recording rec(world.communicator_for(0));
@@ -20,6 +20,7 @@
 #pragma once
 
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,10 +38,10 @@ inline std::size_t collective_count(std::span<const collective_call> calls) noex
 template <communicator C>
 class recording {
  public:
-  explicit recording(C inner) : inner_(std::move(inner)) {}
+  explicit recording(C inner) : inner_(std::forward<C>(inner)) {}
 
-  C& inner() noexcept { return inner_; }
-  const C& inner() const noexcept { return inner_; }
+  std::remove_reference_t<C>& inner() noexcept { return inner_; }
+  const std::remove_reference_t<C>& inner() const noexcept { return inner_; }
   /// Every call so far, in order.
   const std::vector<collective_call>& calls() const noexcept { return calls_; }
   /// The result of each entry of calls().
