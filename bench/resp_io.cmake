@@ -1,23 +1,26 @@
 # RESP I/O benchmarks: batched GETs of 12.4 MB values, kvtier's Asio and io_uring connections
 # against hiredis (stock and tuned) in the same run. Baselines are linked only where present.
 set(_kvtier_resp_get_libs "")
-# kvtier_clients.hpp adapts kvtier's connections to the benchmark's client interface.
-set(_kvtier_resp_get_adapter ${CMAKE_CURRENT_LIST_DIR}/resp_io/kvtier_clients.hpp)
+# kvtier's clients are kvtier-probe's (tools/probe/probe_io.hpp): the benchmark measures the
+# same code path the probe reports for a deployment.
+set(_kvtier_resp_get_asio ${PROJECT_SOURCE_DIR}/include/kvtier/resp/asio_connection.hpp)
+set(_kvtier_resp_get_uring ${PROJECT_SOURCE_DIR}/include/kvtier/resp/uring_connection.hpp)
 set(_kvtier_resp_get_defs "")
-if(TARGET kvtier::asio AND EXISTS ${_kvtier_resp_get_adapter})
+if(TARGET kvtier::asio AND EXISTS ${_kvtier_resp_get_asio})
   list(APPEND _kvtier_resp_get_libs kvtier::asio)
   list(APPEND _kvtier_resp_get_defs KVTIER_BENCH_HAS_ASIO=1)
 endif()
-if(TARGET kvtier::uring AND EXISTS ${_kvtier_resp_get_adapter})
+if(TARGET kvtier::asio AND TARGET kvtier::uring AND EXISTS ${_kvtier_resp_get_asio} AND EXISTS ${_kvtier_resp_get_uring})
   list(APPEND _kvtier_resp_get_libs kvtier::uring)
-  list(APPEND _kvtier_resp_get_defs KVTIER_BENCH_HAS_URING=1)
+  list(APPEND _kvtier_resp_get_defs KVTIER_BENCH_HAS_URING=1 KVTIER_PROBE_HAS_URING=1)
 endif()
 if(KVTIER_HAS_HIREDIS)
   list(APPEND _kvtier_resp_get_defs KVTIER_BENCH_HAS_HIREDIS=1)
 endif()
 if(_kvtier_resp_get_defs)
   add_executable(bench_resp_get ${CMAKE_CURRENT_LIST_DIR}/resp_io/bench_resp_get.cpp)
-  target_include_directories(bench_resp_get PRIVATE ${CMAKE_CURRENT_LIST_DIR}/resp_io ${PROJECT_SOURCE_DIR}/tests)
+  target_include_directories(bench_resp_get PRIVATE ${CMAKE_CURRENT_LIST_DIR}/resp_io ${PROJECT_SOURCE_DIR}/tests
+                           ${PROJECT_SOURCE_DIR}/tools/probe)
   target_compile_definitions(bench_resp_get PRIVATE ${_kvtier_resp_get_defs})
   target_link_libraries(bench_resp_get PRIVATE kvtier::kvtier ${_kvtier_resp_get_libs})
   if(KVTIER_HAS_HIREDIS)

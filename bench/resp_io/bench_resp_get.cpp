@@ -41,8 +41,8 @@
 #if KVTIER_BENCH_HAS_HIREDIS
 #include <hiredis/hiredis.h>
 #endif
-#if KVTIER_BENCH_HAS_ASIO || KVTIER_BENCH_HAS_URING
-#include "kvtier_clients.hpp"
+#if KVTIER_BENCH_HAS_ASIO
+#include "probe_io.hpp"  // tools/probe: the probe's clients, so both measure the same code
 #endif
 
 namespace kb = kvtier_bench;
@@ -115,26 +115,43 @@ client_factory hiredis_factory(bool keep_buffer, bool tune_malloc) {
 }
 #endif
 
-#if KVTIER_BENCH_HAS_ASIO || KVTIER_BENCH_HAS_URING
-template <class Connection>
+#if KVTIER_BENCH_HAS_ASIO
 class kvtier_client final : public batch_client {
  public:
-  explicit kvtier_client(std::unique_ptr<Connection> c) : c_(std::move(c)) {}
+  explicit kvtier_client(std::unique_ptr<kvtier_probe::instance_client> c) : c_(std::move(c)) {}
   bool get(const std::vector<std::string>& keys, std::span<const std::span<std::byte>> dst,
            std::string& err) override {
-    return kvtier_bench::get_batch(*c_, keys, dst, err);
+    outcome_.resize(keys.size());
+    std::error_code ec = c_->get(keys, dst, outcome_, kvtier::deadline_after(std::chrono::seconds(30)));
+    if (ec) {
+      err = "kvtier: " + ec.message() + " " + c_->detail();
+      return false;
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (outcome_[i] != kvtier_probe::get_outcome::ok) {
+        err = "kvtier: GET " + keys[i] + ": " + std::string(kvtier_probe::to_string(outcome_[i]));
+        return false;
+      }
+    }
+    return true;
   }
 
  private:
-  std::unique_ptr<Connection> c_;
+  std::unique_ptr<kvtier_probe::instance_client> c_;
+  std::vector<kvtier_probe::get_outcome> outcome_;
 };
 
-template <class Connection>
-client_factory kvtier_factory() {
-  return [](std::uint16_t port, std::string& err) -> std::unique_ptr<batch_client> {
-    auto c = kvtier_bench::connect<Connection>(port, err);
-    if (!c) return nullptr;
-    return std::make_unique<kvtier_client<Connection>>(std::move(c));
+client_factory kvtier_factory(const char* transport) {
+  return [transport](std::uint16_t port, std::string& err) -> std::unique_ptr<batch_client> {
+    kvtier::resp::endpoint ep;
+    ep.host = "127.0.0.1";
+    ep.port = port;
+    auto c = kvtier_probe::make_instance_client(transport, ep);
+    if (std::error_code ec = c->connect(kvtier::deadline_after(std::chrono::seconds(10)))) {
+      err = "kvtier connect: " + ec.message() + " " + c->detail();
+      return nullptr;
+    }
+    return std::make_unique<kvtier_client>(std::move(c));
   };
 }
 #endif
@@ -361,10 +378,10 @@ int main(int argc, char** argv) try {
   const config cfg = parse(argc, argv);
   std::vector<std::pair<std::string, client_factory>> clients;
 #if KVTIER_BENCH_HAS_ASIO
-  clients.emplace_back("kvtier_asio", kvtier_factory<kvtier_bench::asio_connection_type>());
+  clients.emplace_back("kvtier_asio", kvtier_factory("asio"));
 #endif
 #if KVTIER_BENCH_HAS_URING
-  clients.emplace_back("kvtier_uring", kvtier_factory<kvtier_bench::uring_connection_type>());
+  clients.emplace_back("kvtier_uring", kvtier_factory("uring"));
 #endif
 #if KVTIER_BENCH_HAS_HIREDIS
   clients.emplace_back("hiredis", hiredis_factory(false, false));
@@ -385,7 +402,9 @@ int main(int argc, char** argv) try {
   // ---- one client against one instance, the clients interleaved within each repetition -------
   std::map<std::string, client_stats> stats;
   for (int rep = 0; rep < cfg.reps; ++rep) {
-    for (const auto& [name, make] : clients) {
+    // Rotate the order every repetition so that no client always runs first or last.
+    for (std::size_t c = 0; c < clients.size(); ++c) {
+      const auto& [name, make] = clients[(c + static_cast<std::size_t>(rep)) % clients.size()];
       child_result r = run_group(cfg, make, 1, std::span(servers).first(1)).front();
       const double secs = r.t_end - r.t_start, gb = static_cast<double>(r.bytes) / 1e9;
       std::vector<double> lat = latencies(r);
@@ -403,13 +422,25 @@ int main(int argc, char** argv) try {
   }
 
   // ---- table ------------------------------------------------------------------------------
-  std::printf("GET %zu x %.1f MB per batch, 1 client -> 1 redis-server on loopback, median of %d reps\n",
-              cfg.batch, static_cast<double>(cfg.value_bytes) / 1e6, cfg.reps);
+  double load1 = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load1) != 1) load1 = 0;
+    std::fclose(f);
+  }
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  std::printf(
+      "GET %zu x %.1f MB per batch, 1 client -> 1 redis-server on loopback, median of %d reps "
+      "(%ld CPUs, 1-min load %.1f at the end)\n",
+      cfg.batch, static_cast<double>(cfg.value_bytes) / 1e6, cfg.reps, cpus, load1);
+  std::printf(
+      "every client delivers into the same caller-owned buffers (hiredis: memcpy from its reply); "
+      "CPU, faults and peak RSS are the client process's own\n");
   std::printf("%-24s %8s %9s %9s %10s %12s %12s\n", "client", "GB/s", "p50 ms", "p99 ms", "CPU-s/GB",
               "faults/4KiB", "peakRSS KiB");
   std::ostringstream json;
   json << "{\"bench\":\"resp_get\",\"value_bytes\":" << cfg.value_bytes << ",\"batch\":" << cfg.batch
-       << ",\"reps\":" << cfg.reps << ",\"clients\":{";
+       << ",\"reps\":" << cfg.reps << ",\"cpus\":" << cpus << ",\"loadavg_1m\":" << fmt("%.2f", load1)
+       << ",\"clients\":{";
   bool first_client = true;
   for (const auto& [name, make] : clients) {
     (void)make;

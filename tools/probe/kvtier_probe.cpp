@@ -373,6 +373,8 @@ int main(int argc, char** argv) {
                   "  fit over batches of %d and %d: T0 = %.2f ms per batch, B = %.3f GB/s per instance\n",
                   k_main, k_second, fit->fixed_cost_s * 1e3, fit->bandwidth_gb_per_s);
     out << line;
+    if (fit->fixed_cost_s < 0)
+      out << "  (a negative T0 is noise around a fixed cost near 0; it counts as 0 below)\n";
     js << ",\"fit\":{\"t0_s\":" << num(fit->fixed_cost_s, 6) << ",\"b_gbps\":" << num(fit->bandwidth_gb_per_s)
        << ",\"batch_sizes\":[" << k_main << "," << k_second << "]}";
   } else {
