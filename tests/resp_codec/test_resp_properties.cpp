@@ -91,6 +91,7 @@ TEST_CASE("codec properties: every split gives the same replies", "[property]") 
     parsed whole = parse_all(in, {}, lim);
     parsed split = parse_all(in, gen_pieces(), lim);
     parsed bytes = parse_all(in, one_byte, lim);
+    RC_TAG(whole.ec ? whole.ec.message() : std::string("no error"));
     RC_ASSERT_FALSE(whole.stuck || split.stuck || bytes.stuck);
     RC_ASSERT(whole.ec == split.ec);
     RC_ASSERT(whole.ec == bytes.ec);
@@ -209,8 +210,9 @@ TEST_CASE("codec properties: destinations under random splits", "[property]") {
 
 TEST_CASE("codec properties: request_builder output parses back to its arguments", "[property]") {
   kvtier::test::prop("commands round trip through the parser", [] {
-    const auto cmds = *rc::gen::nonEmpty(rc::gen::container<std::vector<std::vector<std::string>>>(
-        rc::gen::nonEmpty(rc::gen::container<std::vector<std::string>>(gen_binary()))));
+    const auto cmds = *rc::gen::resize(
+        12, rc::gen::nonEmpty(rc::gen::container<std::vector<std::vector<std::string>>>(
+                rc::gen::nonEmpty(rc::gen::container<std::vector<std::string>>(gen_binary())))));
     const auto payloads = *rc::gen::container<std::vector<std::string>>(cmds.size(), gen_binary());
     const auto with_payload = *rc::gen::container<std::vector<bool>>(cmds.size(), rc::gen::arbitrary<bool>());
     request_builder b;
