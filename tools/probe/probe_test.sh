@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration tests of kvtier-probe against real redis-server processes on free loopback ports.
 #   probe_test.sh PROBE MODE
-# MODE: one_server | two_servers | dead_port | black_hole | wrong_server | bad_flags | interrupt
+# MODE: one_server | two_servers | two_servers_uring | dead_port | black_hole | wrong_server | bad_flags | interrupt
 # Servers (and helper listeners) are started here and stopped by PID on exit. Exit 77: skipped.
 set -uo pipefail
 probe=$1
@@ -78,13 +78,19 @@ run_probe() { "$probe" "$@" >"$work/out" 2>"$work/err"; }
 last_json() { tail -n 1 "$work/out"; }
 
 case "$mode" in
-  one_server|two_servers)
+  one_server|two_servers|two_servers_uring)
     need redis-server; need redis-cli
-    n=1; [ "$mode" = two_servers ] && n=2
+    n=1; [ "$mode" != one_server ] && n=2
+    extra=()
+    if [ "$mode" = two_servers_uring ]; then
+      extra=(--transport uring)
+      "$probe" --transport uring --url resp://x:1 --instances 1 --chunk-bytes 1 --batch 1 --rounds 1 \
+        --timeout-ms 1 2>&1 | grep -q "not available" && { echo "SKIP: built without io_uring" >&2; exit 77; }
+    fi
     start_servers "$n"
     for ((i = 0; i < n; i++)); do redis-cli -p $((BASE + i)) set "other:key" keep >/dev/null; done
     run_probe --url "resp://127.0.0.1:{rank+$BASE}" --instances "$n" --chunk-bytes 1000000 --batch 4 \
-      --rounds 6 --timeout-ms 10000 --bytes-per-token 48400 --prefill-tokens-per-s 52200 --json \
+      --rounds 6 --timeout-ms 10000 --bytes-per-token 48400 --prefill-tokens-per-s 52200 --json "${extra[@]}" \
       || fail "exit status $? (expected 0)"
     json=$(last_json)
     case "$json" in \{*\}) ;; *) fail "last stdout line is not a JSON object: $json" ;; esac
