@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "kvtier/chunk_broadcast.hpp"
+#include "kvtier/comm/checked.hpp"
 #include "kvtier/comm/nccl.hpp"
 #include "kvtier/comm/recording.hpp"
 
@@ -16,6 +17,7 @@ using namespace std::chrono_literals;
 
 static_assert(comm::communicator<comm::nccl_communicator>);
 static_assert(comm::communicator<comm::recording<comm::nccl_communicator>>);
+static_assert(comm::communicator<comm::checked<comm::nccl_communicator>>);
 
 namespace {
 bool have_gpu() {
