@@ -1,3 +1,12 @@
 # RESP connections, URLs, value header and the remote store (helper "io").
 kvtier_add_test(test_redis_harness SOURCES resp_io/test_redis_harness.cpp LABELS integration TIMEOUT 120)
 kvtier_add_test(test_url SOURCES resp_io/test_url.cpp LABELS unit)
+kvtier_add_test(test_value_header SOURCES resp_io/test_value_header.cpp LABELS unit property)
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  kvtier_add_test(test_resp_connection SOURCES resp_io/test_resp_connection.cpp LABELS integration
+                  LIBS kvtier::asio kvtier::uring TIMEOUT 120)
+endif()
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  kvtier_add_test(test_remote_store SOURCES resp_io/test_remote_store.cpp LABELS integration
+                  LIBS kvtier::asio kvtier::uring TIMEOUT 120)
+endif()

@@ -69,12 +69,17 @@ class uring_connection : public connection_base<uring_connection> {
   int wait(deadline dl, io_uring_cqe** cqe) {
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(time_left(dl));
+      *cqe = nullptr;
       __kernel_timespec ts{};
       ts.tv_sec = static_cast<long long>(left.count() / 1000000000);
       ts.tv_nsec = static_cast<long long>(left.count() % 1000000000);
       const int r = io_uring_submit_and_wait_timeout(&ring_, cqe, 1, &ts, nullptr);
       if (r == -EINTR) continue;
-      if (r == -ETIME && !expired(dl)) continue;  // woke early
+      // liburing may report success with no completion when the wait timed out after a submit.
+      if (r == -ETIME || (r >= 0 && *cqe == nullptr)) {
+        if (!expired(dl)) continue;  // woke early
+        return -ETIME;
+      }
       return r < 0 ? r : 0;
     }
   }

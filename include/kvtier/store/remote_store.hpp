@@ -1,0 +1,250 @@
+// kvtier/store/remote_store.hpp: the remote (L2) chunk store on one Redis-protocol server.
+//
+// remote_store<Connection> satisfies kvtier::chunk_store over any kvtier::resp::connection
+// (asio_connection or uring_connection). Each call is one pipelined round trip:
+//   exists: EXISTS per key;  get: GET per key, each value read straight into the caller's span;
+//   put: SET per key, header + caller payload written scatter-gather without a copy.
+// Every value is framed by a value_header (kvtier/store/value_header.hpp). A get reads the
+// header into a small buffer and the payload into the caller's span; a stored value of another
+// length never touches the caller's bytes as a hit, and header or checksum mismatches are
+// chunk_status::corrupt. Both are counted (stats()).
+//
+// Pipelined GETs rather than MGET: only a top-level bulk reply can be read into a destination
+// without a second copy (MGET's values are elements of one array reply).
+//
+//   kvtier::resp::connection_options opt{.server = kvtier::resp::parse_url("resp://127.0.0.1:{rank+6400}",
+//   rank).value}; kvtier::remote_store<kvtier::resp::asio_connection> l2(ns, opt);
+//   std::vector<kvtier::chunk_status> st(keys.size());
+//   std::error_code ec = l2.get(keys, dst_spans, st, kvtier::deadline_after(std::chrono::milliseconds(200)));
+//
+// Thread safety: calls are serialised on one connection; a call waiting for another thread's
+// call gives up at its own deadline (every key timeout). Use one store per worker for
+// parallelism.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "kvtier/chunker.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/resp/connection.hpp"
+#include "kvtier/store/chunk_store.hpp"
+#include "kvtier/store/value_header.hpp"
+
+namespace kvtier {
+
+/// Counters of a remote_store (monotonic since construction; read with relaxed loads).
+struct remote_store_stats {
+  std::uint64_t hits = 0;           ///< get: verified values delivered
+  std::uint64_t misses = 0;         ///< get: key absent
+  std::uint64_t corrupt = 0;        ///< get: all rejected values (sum of the three below)
+  std::uint64_t wrong_length = 0;   ///< get: stored length differs from the destination's
+  std::uint64_t bad_header = 0;     ///< get: magic/version/header checksum/namespace/key mismatch
+  std::uint64_t bad_checksum = 0;   ///< get: payload checksum mismatch
+  std::uint64_t timeouts = 0;       ///< calls that hit their deadline
+  std::uint64_t errors = 0;         ///< calls lost to connection/protocol errors, and error replies
+  std::uint64_t bytes_fetched = 0;  ///< payload bytes of hits
+  std::uint64_t bytes_stored = 0;   ///< payload bytes of successful puts
+};
+
+/// The L2 store: one namespace's chunks on one server, through one connection.
+template <resp::connection Connection>
+class remote_store {
+ public:
+  remote_store(key_namespace ns, resp::connection_options opt)
+      : ns_(std::move(ns)), fingerprint_(ns_.fingerprint()), conn_(std::move(opt)) {}
+
+  remote_store(const remote_store&) = delete;
+  remote_store& operator=(const remote_store&) = delete;
+
+  /// Presence of each key (one EXISTS per key, one round trip). hit = present, miss = absent.
+  std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
+    if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
+    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+    if (std::error_code ec = enter(lock, status, dl)) return ec;
+    batch_.clear();
+    for (const chunk_key& k : keys) {
+      const std::string name = remote_key_text(ns_, k);
+      batch_.add({"EXISTS", name});
+    }
+    const std::error_code ec = conn_.execute(batch_, dl);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (i >= batch_.completed()) {
+        status[i] = unfinished(ec);
+        continue;
+      }
+      const resp::value& r = batch_.reply(i);
+      if (r.kind == resp::type::integer) {
+        status[i] = r.integer > 0 ? chunk_status::hit : chunk_status::miss;
+      } else {
+        status[i] = chunk_status::error;
+        bump(stats_.errors);
+      }
+    }
+    count_call(ec);
+    return ec;
+  }
+
+  /// Reads each key's payload into dst[i] (its size is the expected length) and verifies it.
+  std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                      std::span<chunk_status> status, deadline dl) {
+    if (keys.size() != dst.size() || keys.size() != status.size())
+      return make_error_code(errc::invalid_argument);
+    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+    if (std::error_code ec = enter(lock, status, dl)) return ec;
+    batch_.clear();
+    headers_.resize(keys.size());
+    parts_.resize(2 * keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      parts_[2 * i] = std::span<std::byte>(headers_[i]);
+      parts_[2 * i + 1] = dst[i];
+      const std::string name = remote_key_text(ns_, keys[i]);
+      batch_.add_into({"GET", name}, std::span<const std::span<std::byte>>(parts_).subspan(2 * i, 2));
+    }
+    const std::error_code ec = conn_.execute(batch_, dl);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      status[i] =
+          i < batch_.completed() ? judge(batch_.reply(i), keys[i], headers_[i], dst[i]) : unfinished(ec);
+    }
+    count_call(ec);
+    return ec;
+  }
+
+  /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.
+  std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+                      std::span<chunk_status> status, deadline dl) {
+    if (keys.size() != src.size() || keys.size() != status.size())
+      return make_error_code(errc::invalid_argument);
+    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+    if (std::error_code ec = enter(lock, status, dl)) return ec;
+    batch_.clear();
+    headers_.resize(keys.size());
+    out_parts_.resize(2 * keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      headers_[i] = encode_value_header(fingerprint_, keys[i], src[i]);
+      out_parts_[2 * i] = std::span<const std::byte>(headers_[i]);
+      out_parts_[2 * i + 1] = src[i];
+      const std::string name = remote_key_text(ns_, keys[i]);
+      batch_.add_with_payload({"SET", name},
+                              std::span<const std::span<const std::byte>>(out_parts_).subspan(2 * i, 2));
+    }
+    const std::error_code ec = conn_.execute(batch_, dl);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (i >= batch_.completed()) {
+        status[i] = unfinished(ec);
+      } else if (batch_.reply(i).kind == resp::type::simple_string) {
+        status[i] = chunk_status::hit;
+        bump(stats_.bytes_stored, src[i].size());
+      } else {
+        status[i] = chunk_status::error;  // e.g. OOM with maxmemory and noeviction
+        bump(stats_.errors);
+      }
+    }
+    count_call(ec);
+    return ec;
+  }
+
+  /// A snapshot of the counters.
+  remote_store_stats stats() const noexcept {
+    remote_store_stats s;
+    s.hits = stats_.hits.load(std::memory_order_relaxed);
+    s.misses = stats_.misses.load(std::memory_order_relaxed);
+    s.wrong_length = stats_.wrong_length.load(std::memory_order_relaxed);
+    s.bad_header = stats_.bad_header.load(std::memory_order_relaxed);
+    s.bad_checksum = stats_.bad_checksum.load(std::memory_order_relaxed);
+    s.corrupt = s.wrong_length + s.bad_header + s.bad_checksum;
+    s.timeouts = stats_.timeouts.load(std::memory_order_relaxed);
+    s.errors = stats_.errors.load(std::memory_order_relaxed);
+    s.bytes_fetched = stats_.bytes_fetched.load(std::memory_order_relaxed);
+    s.bytes_stored = stats_.bytes_stored.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  const key_namespace& ns() const noexcept { return ns_; }
+  /// The connection (e.g. for its stats); do not use it while a store call runs elsewhere.
+  Connection& connection() noexcept { return conn_; }
+
+ private:
+  struct counters {
+    std::atomic<std::uint64_t> hits{0}, misses{0}, wrong_length{0}, bad_header{0}, bad_checksum{0},
+        timeouts{0}, errors{0}, bytes_fetched{0}, bytes_stored{0};
+  };
+  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
+    c.fetch_add(n, std::memory_order_relaxed);
+  }
+
+  // Takes the store's lock by the deadline; else every key timeout.
+  std::error_code enter(std::unique_lock<std::timed_mutex>& lock, std::span<chunk_status> status,
+                        deadline dl) {
+    const bool locked = dl == no_deadline ? (lock.lock(), true) : lock.try_lock_until(dl);
+    if (!locked || expired(dl)) {
+      std::fill(status.begin(), status.end(), chunk_status::timeout);
+      bump(stats_.timeouts);
+      return make_error_code(errc::timeout);
+    }
+    return {};
+  }
+
+  static chunk_status unfinished(const std::error_code& ec) noexcept {
+    return ec == errc::timeout ? chunk_status::timeout : chunk_status::error;
+  }
+
+  void count_call(const std::error_code& ec) noexcept {
+    if (!ec) return;
+    bump(ec == errc::timeout ? stats_.timeouts : stats_.errors);
+  }
+
+  // Status of one GET reply whose bytes went to header + dst (or did not).
+  chunk_status judge(const resp::value& r, const chunk_key& key, const value_header_bytes& header,
+                     std::span<std::byte> dst) {
+    if (r.is_null()) {
+      bump(stats_.misses);
+      return chunk_status::miss;
+    }
+    if (r.kind != resp::type::bulk_string) {
+      bump(stats_.errors);  // WRONGTYPE and the like
+      return chunk_status::error;
+    }
+    if (!r.into_destination) {  // stored length != header + dst: nothing was written to dst
+      bump(stats_.wrong_length);
+      return chunk_status::corrupt;
+    }
+    const header_check hc = check_value_header(header, fingerprint_, key, dst.size());
+    if (hc == header_check::wrong_length) {
+      bump(stats_.wrong_length);
+      return chunk_status::corrupt;
+    }
+    if (hc != header_check::ok) {
+      bump(stats_.bad_header);
+      return chunk_status::corrupt;
+    }
+    if (!payload_matches(header, dst)) {
+      bump(stats_.bad_checksum);
+      return chunk_status::corrupt;
+    }
+    bump(stats_.hits);
+    bump(stats_.bytes_fetched, dst.size());
+    return chunk_status::hit;
+  }
+
+  key_namespace ns_;
+  std::uint64_t fingerprint_;
+  Connection conn_;
+  std::timed_mutex mu_;
+  resp::batch batch_;
+  std::vector<value_header_bytes> headers_;
+  std::vector<std::span<std::byte>> parts_;
+  std::vector<std::span<const std::byte>> out_parts_;
+  counters stats_;
+};
+
+}  // namespace kvtier

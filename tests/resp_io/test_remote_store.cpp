@@ -1,0 +1,250 @@
+// Integration tests of remote_store (the L2 chunk store) over both transports against real
+// redis-server processes: misses, verified hits, wrong-length and corrupted values, server
+// death and restart, a server that never answers, and 12.4 MB chunks bit-exact.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvtier/resp/asio_connection.hpp"
+#include "kvtier/resp/uring_connection.hpp"
+#include "kvtier/store/remote_store.hpp"
+#include "support/redis_server.hpp"
+
+using namespace std::chrono_literals;
+using kvtier::chunk_key;
+using kvtier::chunk_status;
+using kvtier::deadline_after;
+using kvtier::errc;
+using kvtier::remote_store;
+using kvtier::resp::asio_connection;
+using kvtier::resp::uring_connection;
+using kvtier::test::black_hole_server;
+using kvtier::test::redis_server;
+
+static_assert(kvtier::chunk_store<remote_store<asio_connection>>);
+static_assert(kvtier::chunk_store<remote_store<uring_connection>>);
+
+namespace {
+
+kvtier::key_namespace test_ns(std::string model = "test-model") {
+  return kvtier::key_namespace{.model = std::move(model), .kv_format = "raw", .chunk_tokens = 256};
+}
+
+kvtier::resp::connection_options options_for(const std::string& url) {
+  auto r = kvtier::resp::parse_url(url);
+  REQUIRE(r);
+  return kvtier::resp::connection_options{.server = r.value};
+}
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::byte> v(n);
+  std::uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    v[i] = static_cast<std::byte>(x);
+  }
+  return v;
+}
+
+std::vector<chunk_key> keys_n(std::size_t n, std::uint64_t salt = 0) {
+  std::vector<chunk_key> k;
+  for (std::size_t i = 0; i < n; ++i) k.push_back(chunk_key{0xabc0 + salt, i + 1});
+  return k;
+}
+
+template <class V>
+std::vector<std::span<std::byte>> spans(V& bufs) {
+  return {bufs.begin(), bufs.end()};
+}
+template <class V>
+std::vector<std::span<const std::byte>> cspans(const V& bufs) {
+  return {bufs.begin(), bufs.end()};
+}
+
+std::string as_string(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("remote_store: missing keys are misses at once; put, exists, get", "[integration]",
+                   asio_connection, uring_connection) {
+  redis_server srv;
+  remote_store<TestType> store(test_ns(), options_for(srv.url()));
+  const auto keys = keys_n(5);
+  std::vector<chunk_status> st(keys.size(), chunk_status::cancelled);
+
+  std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(4096));
+  auto d = spans(dst);
+  const auto dl = deadline_after(10s);
+  REQUIRE_FALSE(store.get(keys, d, st, dl));
+  for (auto s : st) REQUIRE(s == chunk_status::miss);
+  REQUIRE(kvtier::clock::now() < dl - 8s);  // "at once": nowhere near the deadline
+  REQUIRE_FALSE(store.exists(keys, st, deadline_after(2s)));
+  for (auto s : st) REQUIRE(s == chunk_status::miss);
+
+  std::vector<std::vector<std::byte>> src;
+  for (std::size_t i = 0; i < keys.size(); ++i) src.push_back(pattern(4096, static_cast<unsigned>(i)));
+  const std::vector<chunk_key> first3(keys.begin(), keys.begin() + 3);
+  std::vector<chunk_status> st3(3);
+  const auto all_src = cspans(src);
+  const std::vector<std::span<const std::byte>> first3_src(all_src.begin(), all_src.begin() + 3);
+  REQUIRE_FALSE(store.put(first3, first3_src, st3, deadline_after(2s)));
+  for (auto s : st3) REQUIRE(s == chunk_status::hit);
+
+  REQUIRE_FALSE(store.exists(keys, st, deadline_after(2s)));
+  CHECK(st == std::vector{chunk_status::hit, chunk_status::hit, chunk_status::hit, chunk_status::miss,
+                          chunk_status::miss});
+  REQUIRE_FALSE(store.get(keys, d, st, deadline_after(2s)));
+  CHECK(st == std::vector{chunk_status::hit, chunk_status::hit, chunk_status::hit, chunk_status::miss,
+                          chunk_status::miss});
+  for (int i = 0; i < 3; ++i) REQUIRE(dst[i] == src[i]);
+  // Keys carry the namespace's text form.
+  REQUIRE(srv.call({"EXISTS", kvtier::remote_key_text(test_ns(), keys[0])}) == "1");
+
+  // Size mismatches touch nothing.
+  std::vector<chunk_status> short_st(2, chunk_status::cancelled);
+  REQUIRE(store.get(keys, d, short_st, deadline_after(2s)) == errc::invalid_argument);
+  REQUIRE(short_st[0] == chunk_status::cancelled);
+  const auto s = store.stats();
+  CHECK(s.hits == 3);
+  CHECK(s.misses == 7);
+  CHECK(s.corrupt == 0);
+}
+
+TEMPLATE_TEST_CASE("remote_store: wrong-length, corrupted and foreign values are corrupt, counted",
+                   "[integration]", asio_connection, uring_connection) {
+  redis_server srv;
+  const auto ns = test_ns();
+  remote_store<TestType> store(ns, options_for(srv.url()));
+  const auto keys = keys_n(6, 7);
+  const auto payload = pattern(10000, 3);
+  auto name = [&](std::size_t i) { return kvtier::remote_key_text(ns, keys[i]); };
+
+  // 0: raw bytes of another length written with a plain SET
+  REQUIRE(srv.call({"SET", name(0), "not a kvtier value"}) == "OK");
+  // 1: a valid header, one payload bit flipped
+  auto h = kvtier::encode_value_header(ns.fingerprint(), keys[1], payload);
+  auto bad = payload;
+  bad[1234] ^= std::byte{4};
+  REQUIRE(srv.call({"SET", name(1), as_string(h) + as_string(bad)}) == "OK");
+  // 2: the right length but garbage everywhere (bad magic)
+  REQUIRE(srv.call({"SET", name(2), std::string(kvtier::value_header::size + payload.size(), 'x')}) == "OK");
+  // 3: another chunk's value stored under this key (wrong key in the header)
+  h = kvtier::encode_value_header(ns.fingerprint(), keys[0], payload);
+  REQUIRE(srv.call({"SET", name(3), as_string(h) + as_string(payload)}) == "OK");
+  // 4: a value written under another namespace's fingerprint
+  h = kvtier::encode_value_header(test_ns("other").fingerprint(), keys[4], payload);
+  REQUIRE(srv.call({"SET", name(4), as_string(h) + as_string(payload)}) == "OK");
+  // 5: a good value, whose caller expects a different length
+  h = kvtier::encode_value_header(ns.fingerprint(), keys[5], payload);
+  REQUIRE(srv.call({"SET", name(5), as_string(h) + as_string(payload)}) == "OK");
+  // 6 (extra): a list under a key: WRONGTYPE error reply
+  const chunk_key list_key{1, 1};
+  REQUIRE(srv.call({"RPUSH", kvtier::remote_key_text(ns, list_key), "x"}) == "1");
+
+  std::vector<chunk_key> all = keys;
+  all.push_back(list_key);
+  std::vector<std::vector<std::byte>> dst(all.size(), std::vector<std::byte>(payload.size()));
+  dst[5].resize(payload.size() - 1);
+  auto d = spans(dst);
+  std::vector<chunk_status> st(all.size());
+  REQUIRE_FALSE(store.get(all, d, st, deadline_after(2s)));
+  for (int i = 0; i < 6; ++i) {
+    INFO("key " << i);
+    REQUIRE(st[i] == chunk_status::corrupt);
+  }
+  REQUIRE(st[6] == chunk_status::error);
+  const auto s = store.stats();
+  CHECK(s.corrupt == 6);
+  CHECK(s.wrong_length == 2);  // 0 (raw) and 5 (caller length)
+  CHECK(s.bad_checksum == 1);
+  CHECK(s.bad_header == 3);
+  CHECK(s.hits == 0);
+
+  // The connection stayed in sync: a good value still reads back.
+  dst[5].resize(payload.size());
+  std::vector<chunk_status> one(1);
+  std::vector<std::span<std::byte>> d5{std::span<std::byte>(dst[5])};
+  REQUIRE_FALSE(store.get(std::span(&keys[5], 1), d5, one, deadline_after(2s)));
+  REQUIRE(one[0] == chunk_status::hit);
+  REQUIRE(dst[5] == payload);
+}
+
+TEMPLATE_TEST_CASE("remote_store: 12.4 MB chunks round-trip bit-exact", "[integration]", asio_connection,
+                   uring_connection) {
+  redis_server srv({.unix_socket = true});
+  constexpr std::size_t chunk_bytes = 12'400'000;
+  const auto keys = keys_n(8, 99);
+  std::vector<std::vector<std::byte>> src, dst;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    src.push_back(pattern(chunk_bytes, static_cast<unsigned>(i + 10)));
+    dst.emplace_back(chunk_bytes);
+  }
+  std::vector<chunk_status> st(keys.size());
+  for (const std::string& url : {srv.url(), srv.unix_url()}) {
+    INFO(url);
+    remote_store<TestType> store(test_ns(), options_for(url));
+    REQUIRE_FALSE(store.put(keys, cspans(src), st, deadline_after(20s)));
+    for (auto s : st) REQUIRE(s == chunk_status::hit);
+    for (auto& v : dst) std::fill(v.begin(), v.end(), std::byte{0});
+    auto d = spans(dst);
+    REQUIRE_FALSE(store.get(keys, d, st, deadline_after(20s)));
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      REQUIRE(st[i] == chunk_status::hit);
+      REQUIRE(dst[i] == src[i]);
+    }
+    REQUIRE(store.stats().bytes_fetched == keys.size() * chunk_bytes);
+  }
+}
+
+TEMPLATE_TEST_CASE("remote_store: server killed, every key errors; after restart it works", "[integration]",
+                   asio_connection, uring_connection) {
+  redis_server srv;
+  remote_store<TestType> store(test_ns(), options_for(srv.url()));
+  const auto keys = keys_n(4, 5);
+  std::vector<std::vector<std::byte>> src;
+  for (std::size_t i = 0; i < keys.size(); ++i) src.push_back(pattern(1 << 20, static_cast<unsigned>(i)));
+  std::vector<chunk_status> st(keys.size());
+  REQUIRE_FALSE(store.put(keys, cspans(src), st, deadline_after(5s)));
+
+  srv.kill();
+  std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(1 << 20));
+  auto d = spans(dst);
+  const auto dl = deadline_after(2s);
+  const std::error_code ec = store.get(keys, d, st, dl);
+  REQUIRE(ec);
+  REQUIRE(kvtier::clock::now() < dl + 2s);
+  for (auto s : st) REQUIRE((s == chunk_status::error || s == chunk_status::timeout));
+
+  srv.restart();  // empty: the chunks are gone, the store answers misses again
+  REQUIRE_FALSE(store.get(keys, d, st, deadline_after(2s)));
+  for (auto s : st) REQUIRE(s == chunk_status::miss);
+  REQUIRE_FALSE(store.put(keys, cspans(src), st, deadline_after(5s)));
+  REQUIRE_FALSE(store.get(keys, d, st, deadline_after(5s)));
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    REQUIRE(st[i] == chunk_status::hit);
+    REQUIRE(dst[i] == src[i]);
+  }
+}
+
+TEMPLATE_TEST_CASE("remote_store: a server that never answers: every key times out at the deadline",
+                   "[integration]", asio_connection, uring_connection) {
+  black_hole_server hole;
+  remote_store<TestType> store(test_ns(), options_for(hole.url()));
+  const auto keys = keys_n(3);
+  std::vector<chunk_status> st(keys.size(), chunk_status::hit);
+  const auto dl = deadline_after(250ms);
+  REQUIRE(store.exists(keys, st, dl) == errc::timeout);
+  REQUIRE(kvtier::clock::now() >= dl);
+  REQUIRE(kvtier::clock::now() < dl + 2s);
+  for (auto s : st) REQUIRE(s == chunk_status::timeout);
+  // An already expired deadline: every key timeout, no I/O.
+  std::fill(st.begin(), st.end(), chunk_status::hit);
+  REQUIRE(store.exists(keys, st, kvtier::clock::now() - 1ms) == errc::timeout);
+  for (auto s : st) REQUIRE(s == chunk_status::timeout);
+  REQUIRE(store.stats().timeouts == 2);
+}
