@@ -309,6 +309,7 @@ TEST_CASE("parser: without a destination, a large payload is read straight into 
   std::error_code ec;
   CHECK_FALSE(p.next(ec));
   auto direct = p.prepare();
+  CHECK(p.prepared_payload());
   CHECK(direct.size() == 1000);  // exactly the payload: the buffer is bypassed
   std::memset(direct.data(), 'z', direct.size());
   p.commit(direct.size());
@@ -351,12 +352,14 @@ TEST_CASE("parser: prepare() hands out the destination itself (zero copy)", "[un
   CHECK_FALSE(p.next(ec));
   CHECK(dst.substr(0, 3) == "ab.");
   auto direct = p.prepare();
+  CHECK(p.prepared_payload());
   CHECK(reinterpret_cast<char*>(direct.data()) == dst.data() + 2);
   CHECK(direct.size() == 4998);
   std::memset(direct.data(), 'q', 4998);
   p.commit(4998);
   CHECK_FALSE(p.next(ec));
   s = p.prepare();
+  CHECK_FALSE(p.prepared_payload());
   CHECK(reinterpret_cast<char*>(s.data()) != dst.data() + 5000);  // back in the internal buffer
   std::memcpy(s.data(), "\r\n", 2);
   p.commit(2);

@@ -161,6 +161,11 @@ class parser {
     return {buf_.get() + end_, cap_ - end_};
   }
 
+  /// True when the span the last prepare() returned is a payload slice (a destination or the
+  /// reply string): it is exactly the bytes still to come of one bulk string, so a transport
+  /// may fill it completely in one go (e.g. MSG_WAITALL) without reading past the reply.
+  bool prepared_payload() const noexcept { return direct_; }
+
   /// `n` bytes were written at the start of the span the last prepare() returned.
   void commit(std::size_t n) {
     if (direct_) {
