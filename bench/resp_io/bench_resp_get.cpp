@@ -146,7 +146,7 @@ client_factory kvtier_factory(const char* transport) {
     kvtier::resp::endpoint ep;
     ep.host = "127.0.0.1";
     ep.port = port;
-    auto c = kvtier_probe::make_instance_client(transport, ep);
+    auto c = kvtier_probe::make_instance_client(transport, ep, std::chrono::seconds(10));
     if (std::error_code ec = c->connect(kvtier::deadline_after(std::chrono::seconds(10)))) {
       err = "kvtier connect: " + ec.message() + " " + c->detail();
       return nullptr;

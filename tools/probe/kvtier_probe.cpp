@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -192,8 +193,8 @@ int main(int argc, char** argv) {
   // All instances start each round together, so a round's aggregate is what a PCP load sees:
   // every rank fetches its own batch and the load ends with the slowest one.
   std::barrier round_start(opt.instances);
-  std::vector<std::vector<double>> round_latency(static_cast<std::size_t>(total_rounds),
-                                                 std::vector<double>(inst.size(), 0.0));
+  // round_latency[round * instances + rank]: main rounds only (they give the aggregate).
+  std::vector<double> round_latency(static_cast<std::size_t>(opt.rounds) * inst.size(), 0.0);
 
   prog.phase("kvtier-probe: connecting to " + std::to_string(opt.instances) + " instance(s), writing " +
              std::to_string(nkeys) + " x " + std::to_string(opt.chunk_bytes) + " bytes each under " + prefix);
@@ -202,7 +203,7 @@ int main(int argc, char** argv) {
       in.failure = describe(in) + ": " + std::move(m);
       stop.store(true);
     };
-    in.client = kp::make_instance_client(opt.transport, in.ep);
+    in.client = kp::make_instance_client(opt.transport, in.ep, timeout);
     std::error_code ec = in.client->connect(kvtier::deadline_after(timeout));
     if (ec) return fail(what_failed("connect and PING", ec, in.client->detail(), opt.timeout_ms));
     for (int k = 0; k < nkeys; ++k)
@@ -254,7 +255,9 @@ int main(int argc, char** argv) {
           return fail("GET " + keys[i] + " returned different bytes than were written");
       }
       in.latency_s[phase].push_back(secs);
-      round_latency[static_cast<std::size_t>(round)][static_cast<std::size_t>(in.rank)] = secs;
+      if (phase == 0)
+        round_latency[static_cast<std::size_t>(round) * inst.size() + static_cast<std::size_t>(in.rank)] =
+            secs;
       if (in.rank == 0) {
         rounds_done.store(round + 1);
         prog.tick("kvtier-probe: round " + std::to_string(round + 1) + "/" + std::to_string(total_rounds));
@@ -285,7 +288,7 @@ int main(int argc, char** argv) {
       const auto dl = kvtier::deadline_after(timeout);
       std::error_code ec;
       if (!i.failure.empty()) {  // its connection may be dead: start a fresh one
-        i.client = kp::make_instance_client(opt.transport, i.ep);
+        i.client = kp::make_instance_client(opt.transport, i.ep, timeout);
         ec = i.client->connect(dl);
       }
       if (!ec) ec = i.client->del(i.keys, dl);
@@ -327,7 +330,8 @@ int main(int argc, char** argv) {
   }
   std::vector<double> round_gbps, all_main_latency;
   for (int round = 0; round < opt.rounds; ++round) {
-    const auto& l = round_latency[static_cast<std::size_t>(round)];
+    const std::span<const double> l(round_latency.data() + static_cast<std::size_t>(round) * inst.size(),
+                                    inst.size());
     round_gbps.push_back(batch_gb * opt.instances / *std::max_element(l.begin(), l.end()));
     all_main_latency.insert(all_main_latency.end(), l.begin(), l.end());
   }

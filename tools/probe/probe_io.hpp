@@ -1,7 +1,7 @@
 // tools/probe/probe_io.hpp: the RESP commands kvtier-probe (and bench_resp_get) issue, over either
 // of kvtier's connections.
 //
-//   auto c = kvtier_probe::make_instance_client("asio", endpoint);
+//   auto c = kvtier_probe::make_instance_client("asio", endpoint, std::chrono::seconds(2));
 //   std::error_code ec = c->connect(dl);                   // connect + PING
 //   ec = c->get(keys, destinations, outcomes, dl);          // one pipelined batch of GETs
 //   if (ec) std::cerr << ec.message() << ": " << c->detail();
@@ -9,6 +9,7 @@
 // Every call is one pipelined batch and returns by its deadline (the connection's guarantee).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -75,8 +76,9 @@ class instance_client {
 template <kvtier::resp::connection Connection>
 class connection_client final : public instance_client {
  public:
-  explicit connection_client(const kvtier::resp::endpoint& ep)
-      : conn_(kvtier::resp::connection_options{.server = ep, .client_name = "kvtier-probe"}) {}
+  connection_client(const kvtier::resp::endpoint& ep, std::chrono::milliseconds connect_timeout)
+      : conn_(kvtier::resp::connection_options{
+            .server = ep, .connect_timeout = connect_timeout, .client_name = "kvtier-probe"}) {}
 
   std::error_code connect(kvtier::deadline dl) override {
     b_.clear();
@@ -187,13 +189,16 @@ inline bool transport_available(std::string_view transport) {
 }
 
 /// A client for `transport` ("asio" or "uring"; see transport_available()).
+/// `connect_timeout` caps one connect + handshake (a call's deadline caps it too).
 inline std::unique_ptr<instance_client> make_instance_client(std::string_view transport,
-                                                             const kvtier::resp::endpoint& ep) {
+                                                             const kvtier::resp::endpoint& ep,
+                                                             std::chrono::milliseconds connect_timeout) {
 #if KVTIER_PROBE_HAS_URING
-  if (transport == "uring") return std::make_unique<connection_client<kvtier::resp::uring_connection>>(ep);
+  if (transport == "uring")
+    return std::make_unique<connection_client<kvtier::resp::uring_connection>>(ep, connect_timeout);
 #endif
   (void)transport;
-  return std::make_unique<connection_client<kvtier::resp::asio_connection>>(ep);
+  return std::make_unique<connection_client<kvtier::resp::asio_connection>>(ep, connect_timeout);
 }
 
 }  // namespace kvtier_probe

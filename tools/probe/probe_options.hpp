@@ -129,6 +129,8 @@ inline std::string parse_probe_options(int argc, const char* const* argv, probe_
   if (!missing.empty()) return "missing required flag(s): " + missing;
   if ((o.bytes_per_token > 0) != (o.prefill_tokens_per_s > 0))
     return "--bytes-per-token and --prefill-tokens-per-s go together: give both or neither";
+  if (static_cast<long long>(o.rounds) * o.instances > 10'000'000)
+    return "--rounds x --instances must stay below 10,000,000 (latency samples are kept in memory)";
   // Memory: the expected values and the destinations, per instance.
   const double per_instance = 2.0 * static_cast<double>(o.chunk_bytes) * (o.batch < 2 ? 2 : o.batch);
   if (per_instance * o.instances > 64e9)
