@@ -280,12 +280,13 @@ class fetch_queue {
   fetch_handle enqueue(req_ptr r) {
     if (r->layout.starts.size() != r->keys.size()) return reject(r, errc::invalid_argument);
     if (r->bytes > opt_.max_bytes_in_flight) return reject(r, errc::too_large);
+    errc refused{};  // decided under the lock; once queued, `r` belongs to the workers too
     {
       std::lock_guard lock(mu_);
       if (closed_) {
-        r->where = where::detached;
+        refused = errc::shutdown;
       } else if (requests_ + 1 > opt_.max_requests || bytes_ + r->bytes > opt_.max_bytes_in_flight) {
-        r->where = where::finished;  // marks "refused for space"
+        refused = errc::queue_full;
       } else {
         ++requests_;
         bytes_ += r->bytes;
@@ -298,8 +299,7 @@ class fetch_queue {
         gauge_add(&metrics::bytes_in_flight, static_cast<std::int64_t>(r->bytes));
       }
     }
-    if (r->where == where::detached) return reject(r, errc::shutdown);
-    if (r->where == where::finished) return reject(r, errc::queue_full);
+    if (refused != errc{}) return reject(r, refused);
     cv_.notify_one();
     return fetch_handle(std::move(r));
   }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <thread>
@@ -86,9 +87,9 @@ void stress(std::size_t workers, std::size_t max_batch, bool use_tiers) {
                                                                               .max_batch_chunks = max_batch,
                                                                               .metrics = &m});
     constexpr int threads = 4;
-    constexpr int ops_per_thread = 150;
+    constexpr int ops_per_thread = 1500;
     const auto stop_at = clock::now() + 3s;  // time bound as well as an operation bound
-    std::atomic<std::size_t> submitted{0}, rejected{0};
+    std::atomic<std::size_t> submitted{0};
     std::atomic<const char*> problem{nullptr};
     auto note = [&](const char* what) {
       const char* none = nullptr;
@@ -142,16 +143,23 @@ void stress(std::size_t workers, std::size_t max_batch, bool use_tiers) {
           else
             *counter = -1;  // no callback registered
           if (rng() % 5 == 0) q->cancel(s->h);
-          if (rng() % 3 == 0) {
+          if (rng() % 8 == 0) {
             note(check(q->wait(s->h, deadline_after(10s)), *s));
           } else {
             auto r = q->poll(s->h);
             if (r.state != fetch_state::pending) note(check(r, *s));
           }
-          if (q->poll(s->h).ec == errc::queue_full) ++rejected;
+          const bool full = q->poll(s->h).ec == errc::queue_full;
           if (rng() % 7 == 0) q->release_prefetch(id);
+          if (op >= 2) q->release_prefetch(id - 1);  // the scheduler drops stale prefetches
           ++submitted;
           all[t].push_back(std::move(s));
+          // Back-pressure as an engine would answer it: keep a window of 5 of this
+          // thread's requests open, and on queue_full wait for the oldest one.
+          auto& mine = all[t];
+          const std::size_t open_from = mine.size() > 5 ? mine.size() - 6 : 0;
+          if (full || mine.size() > 5)
+            note(check(q->wait(mine[open_from]->h, deadline_after(10s)), *mine[open_from]));
         }
       });
     for (auto& th : ts) th.join();
@@ -159,13 +167,29 @@ void stress(std::size_t workers, std::size_t max_batch, bool use_tiers) {
     evicting = false;
     evictor.join();
 
+    std::size_t done = 0, hits = 0, cancelled = 0, full = 0, shut = 0, other = 0;
     for (auto& per : all)
       for (auto& s : per) {
-        const char* what = check(q->poll(s->h), *s);
+        const auto r = q->poll(s->h);
+        if (r.state == fetch_state::done)
+          ++done, hits += r.prefix_chunks;
+        else if (r.ec == errc::cancelled)
+          ++cancelled;
+        else if (r.ec == errc::queue_full)
+          ++full;
+        else if (r.ec == errc::shutdown)
+          ++shut;
+        else
+          ++other;
+        const char* what = check(r, *s);
         INFO(what);
         REQUIRE(what == nullptr);
         if (*s->completions != -1) REQUIRE(*s->completions == 1);
       }
+    std::printf(
+        "stress(workers=%zu, batch=%zu, tiers=%d): %zu submitted: %zu done (%zu prefix chunks), "
+        "%zu cancelled, %zu queue_full, %zu shutdown, %zu other\n",
+        workers, max_batch, use_tiers ? 1 : 0, submitted.load(), done, hits, cancelled, full, shut, other);
     const char* what = problem.load();
     INFO((what ? what : ""));
     REQUIRE(what == nullptr);
