@@ -492,3 +492,17 @@ TEST_CASE("parser: a moved parser keeps its reply in progress", "[unit]") {
   REQUIRE(r.values.size() == 1);
   CHECK(r.values[0].elements[0].str == "abc");
 }
+
+TEST_CASE("parser: a destination registered while a reply is arriving is for the next reply", "[unit]") {
+  std::string dst(2, '.');
+  parser p;
+  parsed r = feed(p, "$2\r\nab");
+  CHECK(r.values.empty());
+  p.expect_destination(bytes_of(dst));
+  r = feed(p, "\r\n$2\r\ncd\r\n");
+  REQUIRE(r.values.size() == 2);
+  CHECK(r.values[0].str == "ab");
+  CHECK(r.values[1].into_destination);
+  CHECK(dst == "cd");
+  CHECK(p.pending_destinations() == 0);
+}

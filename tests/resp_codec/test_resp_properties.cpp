@@ -161,8 +161,19 @@ TEST_CASE("codec properties: destinations under random splits", "[property]") {
         std::vector<std::string> dests(replies.size());
         parser p(gen_limits());
         std::string in;
+        std::vector<std::size_t> pushes;  // a push arrives before replies[pushes[j]]
         for (std::size_t i = 0; i < replies.size(); ++i) {
           auto& r = replies[i];
+          // Out-of-band pushes and attributes around the replies take no destination.
+          if (*rc::gen::inRange(0, 4) == 0) {
+            value push = make_value(type::push);
+            push.elements = {make_value(type::simple_string, "invalidate"),
+                             make_value(type::bulk_string, "k")};
+            push.length = 2;
+            serialize(push, in);
+            pushes.push_back(i);
+          }
+          if (*rc::gen::inRange(0, 4) == 0) in += "|1\r\n+ttl\r\n$2\r\n10\r\n";
           serialize(r.v, in);
           if (!r.has_dest) {
             p.expect_no_destination();
@@ -181,11 +192,14 @@ TEST_CASE("codec properties: destinations under random splits", "[property]") {
             *rc::gen::element(std::vector<std::size_t>{1}, gen_pieces(), std::vector<std::size_t>{});
         parsed got = feed(p, in, pieces);
         RC_ASSERT(got.ec == std::error_code());
-        RC_ASSERT(got.values.size() == replies.size());
+        RC_ASSERT(got.values.size() == replies.size() + pushes.size());
         RC_ASSERT(p.pending_destinations() == 0u);
+        std::size_t at = 0;
         for (std::size_t i = 0; i < replies.size(); ++i) {
+          if (std::count(pushes.begin(), pushes.end(), i) != 0)
+            RC_ASSERT(got.values[at++].kind == type::push);
           const auto& r = replies[i];
-          const value& v = got.values[i];
+          const value& v = got.values[at++];
           const bool bulk_with_dest = r.has_dest && r.v.kind == type::bulk_string;
           if (bulk_with_dest && r.dest_len == r.v.str.size()) {
             RC_ASSERT(v.into_destination);

@@ -118,7 +118,8 @@ class parser {
 
   /// Registers where the payload of the next top-level reply goes when that reply is a bulk
   /// string (a GET reply). One destination per reply, consumed in order by every top-level reply
-  /// except RESP3 pushes; register before that reply is parsed. Total size = sum of the parts
+  /// except RESP3 pushes; register before that reply begins to arrive (one registered later
+  /// is for the reply after it). Total size = sum of the parts
   /// (the list is copied; the memory stays the caller's). A bulk of exactly that length is
   /// written into the parts and comes back with into_destination = true, length = bytes. A bulk
   /// of another length is read through the internal buffer and discarded (the stream stays in
@@ -205,6 +206,7 @@ class parser {
     sink_ = sink::str;
     remaining_ = filled_ = part_ = part_off_ = 0;
     direct_ = false;
+    slot_ = false;
     err_.clear();
   }
 
@@ -314,7 +316,8 @@ class parser {
   std::optional<value> deliver(value v) {
     for (;;) {
       if (stack_.empty()) {
-        if (v.kind != type::push && !dests_.empty()) dests_.pop_front();
+        if (slot_) dests_.pop_front();
+        slot_ = false;
         return v;
       }
       frame& f = stack_.back();
@@ -351,7 +354,7 @@ class parser {
     cur_.kind = kind;
     cur_.length = n;
     sink_ = sink::str;
-    if (kind == type::bulk_string && stack_.empty() && !dests_.empty() && dests_.front().active) {
+    if (kind == type::bulk_string && stack_.empty() && slot_ && dests_.front().active) {
       sink_ = dests_.front().total == n ? sink::dest : sink::discard;
     }
     if (sink_ == sink::str) {
@@ -399,6 +402,9 @@ class parser {
       if (!line) return std::nullopt;
       const char t = (*line)[0];
       const std::string_view body = line->substr(1);
+      // The first header of a top-level reply (attributes before it do not count) takes the
+      // next destination slot; a push is not a reply and takes none.
+      if (stack_.empty() && t != '|') slot_ = t != '>' && !dests_.empty();
       std::optional<value> v;  // a finished scalar, if the header is one
       std::int64_t n = 0;
       switch (t) {
@@ -480,6 +486,7 @@ class parser {
   std::size_t part_ = 0;       // destination part being filled
   std::size_t part_off_ = 0;   // offset in that part
   bool direct_ = false;        // the last prepare() returned a sink slice
+  bool slot_ = false;          // the top-level reply in progress owns dests_.front()
   std::error_code err_;
 };
 
