@@ -4,13 +4,17 @@
 //   bench_resp_get [--reps N] [--seconds S] [--value-bytes B] [--batch K] [--scale N,...]
 //
 // Clients (each in its own forked child, so CPU time, page faults and peak RSS are its own):
-//   kvtier_asio, kvtier_uring     pipelined GETs read straight into the caller's spans
+//   kvtier_asio, kvtier_uring     pipelined GETs read straight into the caller's spans (the
+//                                 probe's clients, tools/probe/probe_io.hpp)
+//   raw_socket_floor              blocking socket, recv(MSG_WAITALL) into the spans: the floor
 //   hiredis                       stock: redisAppendCommand x K, redisGetReply x K, memcpy into the span
 //   hiredis_maxbuf0               the same with reader->maxbuf = 0 (keep the reader buffer)
 //   hiredis_maxbuf0_mallopt       ... plus mallopt: 12.4 MB blocks from the heap, never trimmed
+// The server's CPU per GB over the same interval shows when its one thread is the limit.
 // Every client delivers the same bytes into the same caller-owned destination buffers (pre-touched,
 // not counted in the RSS delta). Clients run interleaved, --reps times; the table shows medians.
-// Then N clients -> 1 instance and N clients -> N instances, as a ratio to 1 -> 1.
+// Then N clients -> 1 instance and N clients -> N instances, as a ratio to 1 -> 1 (each client on
+// its own connection and process).
 // The last stdout line is one JSON object.
 #include <malloc.h>
 #include <poll.h>
@@ -62,6 +66,82 @@ class batch_client {
 };
 
 using client_factory = std::function<std::unique_ptr<batch_client>(std::uint16_t port, std::string& err)>;
+
+/// The physical limit of one connection: pipelined GETs on a blocking socket, each payload
+/// received with MSG_WAITALL straight into its destination (one kernel copy, no parser).
+/// No deadlines, no reconnects, no checks beyond the length: a floor, not a client.
+class raw_socket_client final : public batch_client {
+ public:
+  explicit raw_socket_client(int fd) : fd_(fd) {}
+  ~raw_socket_client() override { ::close(fd_); }
+  bool get(const std::vector<std::string>& keys, std::span<const std::span<std::byte>> dst,
+           std::string& err) override {
+    req_.clear();
+    for (const auto& k : keys)
+      req_ += "*2\r\n$3\r\nGET\r\n$" + std::to_string(k.size()) + "\r\n" + k + "\r\n";
+    try {
+      kvtier::test::detail::send_all(fd_, req_);
+    } catch (const std::exception& e) {
+      err = e.what();
+      return false;
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      std::size_t eol;
+      while ((eol = std::string_view(buf_, have_).find("\r\n")) == std::string_view::npos)
+        if (!fill(err)) return false;
+      if (buf_[0] != '$' || std::strtoull(buf_ + 1, nullptr, 10) != dst[i].size()) {
+        err = "raw: unexpected reply header for " + keys[i];
+        return false;
+      }
+      consume(eol + 2);
+      const std::size_t from_buf = std::min(have_, dst[i].size());
+      std::memcpy(dst[i].data(), buf_, from_buf);
+      consume(from_buf);
+      for (std::size_t got = from_buf; got < dst[i].size();) {
+        ssize_t n = ::recv(fd_, dst[i].data() + got, dst[i].size() - got, MSG_WAITALL);
+        if (n <= 0) {
+          err = "raw: connection lost";
+          return false;
+        }
+        got += static_cast<std::size_t>(n);
+      }
+      while (have_ < 2)
+        if (!fill(err)) return false;
+      consume(2);  // the payload's CRLF
+    }
+    return true;
+  }
+
+ private:
+  bool fill(std::string& err) {
+    ssize_t n = ::recv(fd_, buf_ + have_, sizeof buf_ - have_, 0);
+    if (n <= 0) {
+      err = "raw: connection lost";
+      return false;
+    }
+    have_ += static_cast<std::size_t>(n);
+    return true;
+  }
+  void consume(std::size_t n) {
+    std::memmove(buf_, buf_ + n, have_ - n);
+    have_ -= n;
+  }
+  int fd_;
+  std::string req_;
+  char buf_[64];  // small: header bytes only, payloads go straight to their destinations
+  std::size_t have_ = 0;
+};
+
+client_factory raw_socket_factory() {
+  return [](std::uint16_t port, std::string& err) -> std::unique_ptr<batch_client> {
+    int fd = kvtier::test::detail::connect_loopback(port, std::chrono::milliseconds(30000));
+    if (fd < 0) {
+      err = "raw: connect failed";
+      return nullptr;
+    }
+    return std::make_unique<raw_socket_client>(fd);
+  };
+}
 
 #if KVTIER_BENCH_HAS_HIREDIS
 class hiredis_client final : public batch_client {
@@ -173,6 +253,7 @@ struct child_result {
   std::uint64_t bytes = 0;
   std::uint32_t batches = 0;
   double cpu_s = 0;
+  double server_cpu_s = 0;  // the redis-server's CPU over the same interval
   long minor_faults = 0;
   long peak_rss_delta_kib = 0;
   double latency_s[max_batches] = {};
@@ -204,7 +285,7 @@ bool write_full(int fd, const void* p, std::size_t n) {
 
 /// Body of one child: connect, warm up and verify, report ready, wait for go, fetch for
 /// cfg.seconds, report. Never returns.
-[[noreturn]] void child_main(const config& cfg, const client_factory& make, std::uint16_t port,
+[[noreturn]] void child_main(const config& cfg, const client_factory& make, std::uint16_t port, pid_t server,
                              const std::vector<std::string>& keys, const std::vector<std::uint64_t>& sums,
                              int ready_fd, int go_fd, int result_fd) {
   auto res = std::make_unique<child_result>();
@@ -234,6 +315,7 @@ bool write_full(int fd, const void* p, std::size_t n) {
   if (!read_full(go_fd, &token, 1)) fail("parent went away");
 
   kb::usage_meter meter;
+  const double server_cpu0 = kb::process_cpu_s(server);
   res->t_start = now_s();
   const double until = res->t_start + cfg.seconds;
   double t = res->t_start;
@@ -246,6 +328,7 @@ bool write_full(int fd, const void* p, std::size_t n) {
     res->bytes += keys.size() * cfg.value_bytes;
   } while (t < until);
   res->t_end = t;
+  res->server_cpu_s = kb::process_cpu_s(server) - server_cpu0;
   kb::process_usage u = meter.stop();
   res->cpu_s = u.cpu_s;
   res->minor_faults = u.minor_faults;
@@ -298,7 +381,7 @@ std::vector<child_result> run_group(const config& cfg, const client_factory& mak
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
       ::close(ready[0]), ::close(go[1]), ::close(result[0]);
-      child_main(cfg, make, s.srv->port(), s.keys, s.sums, ready[1], go[0], result[1]);
+      child_main(cfg, make, s.srv->port(), s.srv->pid(), s.keys, s.sums, ready[1], go[0], result[1]);
     }
     ::close(ready[1]), ::close(go[0]), ::close(result[1]);
     kids.push_back({pid, ready[0], go[1], result[0]});
@@ -321,7 +404,7 @@ std::vector<child_result> run_group(const config& cfg, const client_factory& mak
 }
 
 struct client_stats {
-  std::vector<double> gbps, p50_ms, p99_ms, cpu_s_per_gb, faults_per_4k, rss_kib;
+  std::vector<double> gbps, p50_ms, p99_ms, cpu_s_per_gb, faults_per_4k, rss_kib, server_cpu_s_per_gb;
 };
 
 std::vector<double> latencies(const child_result& r) {
@@ -389,6 +472,7 @@ int main(int argc, char** argv) try {
   clients.emplace_back("hiredis_maxbuf0_mallopt", hiredis_factory(true, true));
 #endif
   if (clients.empty()) usage("built without any client (needs kvtier::asio, kvtier::uring or hiredis)");
+  clients.emplace_back("raw_socket_floor", raw_socket_factory());
 
   int max_instances = 1;
   for (int n : cfg.scale) max_instances = std::max(max_instances, n);
@@ -416,6 +500,7 @@ int main(int argc, char** argv) try {
       s.faults_per_4k.push_back(static_cast<double>(r.minor_faults) /
                                 (static_cast<double>(r.bytes) / 4096.0));
       s.rss_kib.push_back(static_cast<double>(r.peak_rss_delta_kib));
+      s.server_cpu_s_per_gb.push_back(r.server_cpu_s / gb);
       std::fprintf(stderr, "  rep %d %-24s %6.2f GB/s  p50 %7.1f ms  %.3f CPU-s/GB\n", rep + 1, name.c_str(),
                    gb / secs, s.p50_ms.back(), s.cpu_s_per_gb.back());
     }
@@ -435,8 +520,8 @@ int main(int argc, char** argv) try {
   std::printf(
       "every client delivers into the same caller-owned buffers (hiredis: memcpy from its reply); "
       "CPU, faults and peak RSS are the client process's own\n");
-  std::printf("%-24s %8s %9s %9s %10s %12s %12s\n", "client", "GB/s", "p50 ms", "p99 ms", "CPU-s/GB",
-              "faults/4KiB", "peakRSS KiB");
+  std::printf("%-24s %8s %9s %9s %10s %12s %12s %11s\n", "client", "GB/s", "p50 ms", "p99 ms", "CPU-s/GB",
+              "faults/4KiB", "peakRSS KiB", "srv CPU/GB");
   std::ostringstream json;
   json << "{\"bench\":\"resp_get\",\"value_bytes\":" << cfg.value_bytes << ",\"batch\":" << cfg.batch
        << ",\"reps\":" << cfg.reps << ",\"cpus\":" << cpus << ",\"loadavg_1m\":" << fmt("%.2f", load1)
@@ -445,15 +530,16 @@ int main(int argc, char** argv) try {
   for (const auto& [name, make] : clients) {
     (void)make;
     const client_stats& s = stats[name];
-    std::printf("%-24s %8.3f %9.1f %9.1f %10.3f %12.5f %12.0f\n", name.c_str(), kb::median(s.gbps),
+    std::printf("%-24s %8.3f %9.1f %9.1f %10.3f %12.5f %12.0f %11.3f\n", name.c_str(), kb::median(s.gbps),
                 kb::median(s.p50_ms), kb::median(s.p99_ms), kb::median(s.cpu_s_per_gb),
-                kb::median(s.faults_per_4k), kb::median(s.rss_kib));
+                kb::median(s.faults_per_4k), kb::median(s.rss_kib), kb::median(s.server_cpu_s_per_gb));
     json << (first_client ? "" : ",") << "\"" << name << "\":{\"gbps\":" << fmt("%.4f", kb::median(s.gbps))
          << ",\"p50_ms\":" << fmt("%.2f", kb::median(s.p50_ms))
          << ",\"p99_ms\":" << fmt("%.2f", kb::median(s.p99_ms))
          << ",\"cpu_s_per_gb\":" << fmt("%.4f", kb::median(s.cpu_s_per_gb))
          << ",\"minor_faults_per_4k\":" << fmt("%.5f", kb::median(s.faults_per_4k))
-         << ",\"peak_rss_delta_kib\":" << fmt("%.0f", kb::median(s.rss_kib)) << "}";
+         << ",\"peak_rss_delta_kib\":" << fmt("%.0f", kb::median(s.rss_kib))
+         << ",\"server_cpu_s_per_gb\":" << fmt("%.4f", kb::median(s.server_cpu_s_per_gb)) << "}";
     first_client = false;
   }
   json << "}";
@@ -464,7 +550,7 @@ int main(int argc, char** argv) try {
   for (const auto& [k, mk] : clients) {
     if (k.rfind("kvtier", 0) != 0) continue;
     for (const auto& [h, mh] : clients) {
-      if (h.rfind("hiredis", 0) != 0) continue;
+      if (h.rfind("hiredis", 0) != 0 && h != "raw_socket_floor") continue;
       const double g = kb::median(stats[k].gbps) / kb::median(stats[h].gbps);
       const double c = kb::median(stats[k].cpu_s_per_gb) / kb::median(stats[h].cpu_s_per_gb);
       std::printf("%s vs %s: GB/s x%.2f, CPU-s/GB x%.2f\n", k.c_str(), h.c_str(), g, c);

@@ -10,11 +10,14 @@
 #pragma once
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -61,6 +64,25 @@ class peak_rss_meter {
  private:
   long start_kib_ = 0;
 };
+
+/// User + system CPU seconds of process `pid` so far (from /proc/PID/stat); 0 if unreadable.
+inline double process_cpu_s(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t close = stat.rfind(')');  // the command name may contain spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; fields >> f; ++i) {  // field 3 is the state; utime and stime are 14 and 15
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) {
+      stime = std::stoull(f);
+      break;
+    }
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 struct process_usage {
   double cpu_s = 0;       ///< user + system CPU of the whole process (all its threads)
