@@ -204,15 +204,16 @@ TEST_CASE("parser: malformed input is a sticky protocol error", "[unit]") {
       "$x\r\n",                     // non-digit length
       "$-2\r\n",                    // negative length other than -1
       "$+5\r\n",                    // signed length
-      "$?\r\n",                     // streamed strings are not supported
-      "$3\r\nabcXY",                // payload not followed by CRLF
-      "$3\r\nabc\rX",               // payload followed by CR only
-      "*-2\r\n",                    // negative count
-      "*x\r\n",                     // bad count
-      "%-1\r\n",                    // null map does not exist
-      "~-1\r\n",                    // null set does not exist
-      "!-1\r\n",                    // null blob error does not exist
-      "=-1\r\n",                    // null verbatim does not exist
+      "$?\r\n",
+      "*?\r\n",        // streamed strings and aggregates are not supported
+      "$3\r\nabcXY",   // payload not followed by CRLF
+      "$3\r\nabc\rX",  // payload followed by CR only
+      "*-2\r\n",       // negative count
+      "*x\r\n",        // bad count
+      "%-1\r\n",       // null map does not exist
+      "~-1\r\n",       // null set does not exist
+      "!-1\r\n",       // null blob error does not exist
+      "=-1\r\n",       // null verbatim does not exist
       "#x\r\n",
       "#\r\n",
       "#tt\r\n",  // booleans

@@ -12,7 +12,10 @@
 //    limits are checked (prepare() returns a slice of that string once the buffer is drained).
 // Limits (bulk length, aggregate count, nesting depth, header-line length) are checked before
 // anything is allocated. A violation or malformed input is a sticky error (errc::too_large or
-// errc::protocol_error): the connection must be closed; the parser never resyncs.
+// errc::protocol_error): the connection must be closed; the parser never resyncs. RESP3
+// streamed strings and aggregates (`$?`, `*?`), which Redis and Valkey never send, are a
+// protocol error. RESP3 pushes (`>`) come back as top-level values of type::push; they are not
+// replies to a command and take no destination.
 //
 //   kvtier::resp::parser p;
 //   p.expect_destination(std::span(&chunk_span, 1));   // GET reply lands in chunk_span
@@ -118,13 +121,14 @@ class parser {
 
   /// Registers where the payload of the next top-level reply goes when that reply is a bulk
   /// string (a GET reply). One destination per reply, consumed in order by every top-level reply
-  /// except RESP3 pushes; register before that reply begins to arrive (one registered later
-  /// is for the reply after it). Total size = sum of the parts
-  /// (the list is copied; the memory stays the caller's). A bulk of exactly that length is
-  /// written into the parts and comes back with into_destination = true, length = bytes. A bulk
-  /// of another length is read through the internal buffer and discarded (the stream stays in
-  /// sync) and comes back with into_destination = false, length = its real length, str empty.
-  /// Any other reply (null for a missing key, an error, ...) consumes the destination untouched.
+  /// except RESP3 pushes; register before that reply begins to arrive (one registered later is
+  /// for the reply after it). Total size = sum of the parts (the list is copied; the memory stays
+  /// the caller's). A bulk of exactly that length is written into the parts and comes back with
+  /// into_destination = true, length = bytes, str empty. A bulk of another length is read
+  /// through the internal buffer and discarded (the stream stays in sync) and comes back with
+  /// into_destination = false, length = its real length, str empty. Any other reply (null for a
+  /// missing key, an error, an array, ...) consumes the destination untouched; a bulk string
+  /// nested in an aggregate never goes to a destination.
   void expect_destination(std::span<const std::span<std::byte>> parts) {
     destination d;
     d.parts.assign(parts.begin(), parts.end());
