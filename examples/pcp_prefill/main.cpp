@@ -30,6 +30,7 @@ const char* usage = R"(usage:
   pcp_prefill gen-trace --kind hit-heavy|cold [--requests N] [--seed S] [--rate R] --out FILE
   pcp_prefill table NAME=SUMMARY_FILE ...     side-by-side table of replays (+ the reference's figures)
   pcp_prefill plot OUT.png NAME=REQUESTS_FILE ...
+  pcp_prefill fit-t0 [--measured-s 0.40] [--tokens 16384] [--gbps 10.76]   T0 in ms from one measured hit
 
 replay options:
   --trace FILE                JSONL trace (one request per line)
@@ -318,12 +319,50 @@ int run_replay(int argc, char** argv) {
     return replay(o, prepared, clk, l1s, l2s, [] {});
   }
 #if defined(PCP_HAVE_RESP)
-  return pcp::replay_resp(o.l2, W, o.tm, clk,
-                          [&](auto l2s) { return replay(o, prepared, clk, l1s, l2s, [] {}); });
+  if (o.l2.rfind("resp", 0) != 0)
+    throw usage_error("--l2 '" + o.l2 + "': expected embedded, none, or a resp:// / resp+unix:// URL");
+  auto pools = pcp::make_resp_pools(o.l2, W, chunk.ns(), o.eng.fetch_workers + 2);
+  std::vector<pcp::resp_pool*> l2s;
+  for (auto& p : pools) l2s.push_back(p.get());
+  std::cout << "  L2 real servers: " << o.l2
+            << " (I/O takes real time; the --l2-model-* figures do not apply)\n";
+  const int rc = replay(o, prepared, clk, l1s, l2s, [] {});
+  kvtier::remote_store_stats st;
+  for (auto* p : l2s) {
+    const auto x = p->stats();
+    st.hits += x.hits, st.misses += x.misses, st.corrupt += x.corrupt, st.timeouts += x.timeouts,
+        st.errors += x.errors;
+  }
+  std::cerr << "L2 servers: " << st.hits << " chunk hits, " << st.misses << " misses, " << st.corrupt
+            << " corrupt, " << st.timeouts << " timed-out calls, " << st.errors << " failed calls\n";
+  return rc;
 #else
   throw usage_error("--l2 '" + o.l2 +
                     "': expected embedded or none (this build has no RESP client: kvtier::asio missing)");
 #endif
+}
+
+// T0 from the cost model's one-point fit: a measured hit time at a known bandwidth.
+int run_fit_t0(int argc, char** argv) {
+  double measured = 0.40, tokens = 16384, gbps = 10.76, s = 48.4e3;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) throw usage_error(a + ": missing value");
+    const std::string v = argv[++i];
+    if (a == "--measured-s")
+      measured = parse_double(a, v, 0, 1e6);
+    else if (a == "--tokens")
+      tokens = parse_double(a, v, 1, 1e9);
+    else if (a == "--gbps")
+      gbps = parse_double(a, v, 1e-6, 1e6);
+    else if (a == "--bytes-per-token")
+      s = parse_double(a, v, 1, 1e9);
+    else
+      throw usage_error("fit-t0: unknown option '" + a + "'");
+  }
+  const double t0 = kvtier::fit_fixed_cost_s(measured, kvtier::kv_gb(tokens, s), gbps);
+  std::printf("%.1f\n", t0 * 1e3);  // milliseconds, for --l2-model-t0-ms
+  return 0;
 }
 
 int run_gen_trace(int argc, char** argv) {
@@ -476,6 +515,7 @@ int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "gen-trace") return run_gen_trace(argc, argv);
     if (cmd == "table") return run_table(argc, argv);
+    if (cmd == "fit-t0") return run_fit_t0(argc, argv);
     if (cmd == "plot") return run_plot(argc, argv);
     return run_replay(argc, argv);
   } catch (const usage_error& e) {
