@@ -11,6 +11,7 @@
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/resp/uring_connection.hpp"
 #include "kvtier/store/remote_store.hpp"
+#include "resp_io/io_test_util.hpp"
 #include "support/redis_server.hpp"
 
 using namespace std::chrono_literals;
@@ -22,7 +23,10 @@ using kvtier::remote_store;
 using kvtier::resp::asio_connection;
 using kvtier::resp::uring_connection;
 using kvtier::test::black_hole_server;
+using kvtier::test::options_for;
+using kvtier::test::pattern;
 using kvtier::test::redis_server;
+using kvtier::test::require_returned_by;
 
 static_assert(kvtier::chunk_store<remote_store<asio_connection>>);
 static_assert(kvtier::chunk_store<remote_store<uring_connection>>);
@@ -31,22 +35,6 @@ namespace {
 
 kvtier::key_namespace test_ns(std::string model = "test-model") {
   return kvtier::key_namespace{.model = std::move(model), .kv_format = "raw", .chunk_tokens = 256};
-}
-
-kvtier::resp::connection_options options_for(const std::string& url) {
-  auto r = kvtier::resp::parse_url(url);
-  REQUIRE(r);
-  return kvtier::resp::connection_options{.server = r.value};
-}
-
-std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
-  std::vector<std::byte> v(n);
-  std::uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
-  for (std::size_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    v[i] = static_cast<std::byte>(x);
-  }
-  return v;
 }
 
 std::vector<chunk_key> keys_n(std::size_t n, std::uint64_t salt = 0) {
@@ -217,7 +205,7 @@ TEMPLATE_TEST_CASE("remote_store: server killed, every key errors; after restart
   const auto dl = deadline_after(2s);
   const std::error_code ec = store.get(keys, d, st, dl);
   REQUIRE(ec);
-  REQUIRE(kvtier::clock::now() < dl + 2s);
+  require_returned_by(dl);
   for (auto s : st) REQUIRE((s == chunk_status::error || s == chunk_status::timeout));
 
   srv.restart();  // empty: the chunks are gone, the store answers misses again
@@ -240,7 +228,7 @@ TEMPLATE_TEST_CASE("remote_store: a server that never answers: every key times o
   const auto dl = deadline_after(250ms);
   REQUIRE(store.exists(keys, st, dl) == errc::timeout);
   REQUIRE(kvtier::clock::now() >= dl);
-  REQUIRE(kvtier::clock::now() < dl + 2s);
+  require_returned_by(dl);
   for (auto s : st) REQUIRE(s == chunk_status::timeout);
   // An already expired deadline: every key timeout, no I/O.
   std::fill(st.begin(), st.end(), chunk_status::hit);

@@ -9,6 +9,7 @@
 
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/resp/uring_connection.hpp"
+#include "resp_io/io_test_util.hpp"
 #include "support/redis_server.hpp"
 
 using namespace std::chrono_literals;
@@ -16,35 +17,13 @@ using kvtier::deadline_after;
 using kvtier::errc;
 using kvtier::resp::asio_connection;
 using kvtier::resp::batch;
-using kvtier::resp::connection_options;
-using kvtier::resp::parse_url;
 using kvtier::resp::type;
 using kvtier::resp::uring_connection;
 using kvtier::test::black_hole_server;
+using kvtier::test::options_for;
+using kvtier::test::pattern;
 using kvtier::test::redis_server;
-
-namespace {
-
-connection_options options_for(const std::string& url) {
-  auto r = parse_url(url);
-  REQUIRE(r);
-  return connection_options{.server = r.value};
-}
-
-std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
-  std::vector<std::byte> v(n);
-  std::uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
-  for (std::size_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    v[i] = static_cast<std::byte>(x);
-  }
-  return v;
-}
-
-// Hang detection only: the call returned before its deadline plus a generous margin.
-void require_returned_by(kvtier::deadline dl) { REQUIRE(kvtier::clock::now() < dl + 2s); }
-
-}  // namespace
+using kvtier::test::require_returned_by;
 
 TEMPLATE_TEST_CASE("connection: pipelined commands, misses and error replies", "[integration]",
                    asio_connection, uring_connection) {
@@ -198,6 +177,41 @@ TEMPLATE_TEST_CASE("connection: server killed mid-batch, then restarted", "[inte
   REQUIRE_FALSE(conn.execute(b, deadline_after(2s)));
   REQUIRE(b.reply(1).str == "2");
   REQUIRE(conn.stats().connects == 2);
+}
+
+TEMPLATE_TEST_CASE("connection: server killed while large values stream into destinations", "[integration]",
+                   asio_connection, uring_connection) {
+  redis_server srv;
+  constexpr std::size_t value_bytes = 12'400'000;
+  const auto value = pattern(value_bytes, 5);
+  std::span<const std::byte> part(value);
+  TestType conn(options_for(srv.url()));
+  batch b;
+  for (int i = 0; i < 8; ++i)
+    b.add_with_payload({"SET", "v" + std::to_string(i)},
+                       std::span<const std::span<const std::byte>>(&part, 1));
+  REQUIRE_FALSE(conn.execute(b, deadline_after(20s)));
+  std::vector<std::vector<std::byte>> dst(8, std::vector<std::byte>(value_bytes));
+  b.clear();
+  for (int i = 0; i < 8; ++i) b.add_into({"GET", "v" + std::to_string(i)}, std::span<std::byte>(dst[i]));
+  std::thread killer([&] {
+    std::this_thread::sleep_for(10ms);
+    srv.kill();
+  });
+  const auto dl = deadline_after(10s);
+  const std::error_code ec = conn.execute(b, dl);
+  killer.join();
+  require_returned_by(dl);
+  // Either the batch beat the kill, or it failed as a whole; never a hang or a partial hit.
+  if (ec) {
+    REQUIRE(ec == errc::connection_lost);
+    REQUIRE(b.completed() < 8);
+    REQUIRE_FALSE(conn.connected());
+  }
+  for (std::size_t i = 0; i < b.completed(); ++i) {
+    REQUIRE(b.reply(i).into_destination);
+    REQUIRE(dst[i] == value);
+  }
 }
 
 TEMPLATE_TEST_CASE("connection: an idle connection the server dropped is re-established", "[integration]",
