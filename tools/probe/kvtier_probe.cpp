@@ -302,21 +302,31 @@ int main(int argc, char** argv) {
   for (auto& t : cleaners) t.join();
   prog.done();
 
-  int status = 0;
-  for (auto& in : inst) {
-    if (!in.failure.empty()) {
-      std::fprintf(stderr, "kvtier-probe: %s\n", in.failure.c_str());
-      status = 1;
+  // Failures: messages on stderr; with --json also one object on stdout, as its last line.
+  std::vector<std::string> errors;
+  for (auto& in : inst)
+    if (!in.failure.empty()) errors.push_back(in.failure);
+  bool cleaned = true;
+  for (auto& e : cleanup_errors)
+    if (!e.empty()) errors.push_back(e), cleaned = false;
+  for (auto& e : errors) std::fprintf(stderr, "kvtier-probe: %s\n", e.c_str());
+  const bool failed =
+      std::any_of(inst.begin(), inst.end(), [](const instance& i) { return !i.failure.empty(); });
+  const bool interrupted = !failed && g_interrupted.load();
+  if (interrupted)
+    std::fprintf(stderr, "kvtier-probe: interrupted; %s\n",
+                 cleaned ? "the probe's keys were deleted" : "some probe keys remain until they expire");
+  if (failed || interrupted) {
+    if (opt.json) {
+      std::string js = "{\"tool\":\"kvtier-probe\",\"ok\":false,\"interrupted\":";
+      js += interrupted ? "true" : "false";
+      js += ",\"errors\":[";
+      for (std::size_t i = 0; i < errors.size(); ++i)
+        js += (i ? ",\"" : "\"") + json_escape(errors[i]) + "\"";
+      std::printf("%s]}\n", js.c_str());
     }
+    return interrupted ? 130 : 1;
   }
-  for (auto& e : cleanup_errors) {
-    if (!e.empty()) std::fprintf(stderr, "kvtier-probe: %s\n", e.c_str());
-  }
-  if (status == 0 && g_interrupted.load()) {
-    std::fprintf(stderr, "kvtier-probe: interrupted; the probe's keys were deleted\n");
-    return 130;
-  }
-  if (status != 0) return status;
 
   // ---- results ---------------------------------------------------------------------------
   const double chunk_gb = static_cast<double>(opt.chunk_bytes) / kvtier::bytes_per_gb;
@@ -344,7 +354,7 @@ int main(int argc, char** argv) {
   out << "kvtier-probe: " << opt.instances << " instance(s), " << k_main << " x " << opt.chunk_bytes
       << "-byte values per batch, " << opt.rounds << " rounds, every byte verified, transport "
       << opt.transport << "\n";
-  js << "{\"tool\":\"kvtier-probe\",\"url\":\"" << json_escape(opt.url)
+  js << "{\"tool\":\"kvtier-probe\",\"ok\":true,\"url\":\"" << json_escape(opt.url)
      << "\",\"instances\":" << opt.instances << ",\"chunk_bytes\":" << opt.chunk_bytes
      << ",\"batch\":" << k_main << ",\"rounds\":" << opt.rounds << ",\"transport\":\"" << opt.transport
      << "\",\"per_instance\":[";

@@ -108,11 +108,13 @@ case "$mode" in
   dead_port)
     port=$(dead_port) || fail "no free port found"
     run_probe --url "resp://127.0.0.1:$port" --instances 1 --chunk-bytes 1000 --batch 2 --rounds 1 \
-      --timeout-ms 2000
+      --timeout-ms 2000 --json
     st=$?
     [ "$st" -eq 1 ] || fail "exit status $st (expected 1)"
     grep -q "instance 0 (127.0.0.1:$port)" "$work/err" || fail "message does not name the instance"
     grep -qi "refused\|connect" "$work/err" || fail "message does not say the connect failed"
+    case "$(last_json)" in \{\"tool\":\"kvtier-probe\",\"ok\":false*instance\ 0*\}) ;;
+      *) fail "with --json the last stdout line is not the error object: $(last_json)" ;; esac
     ;;
   black_hole)
     need perl
