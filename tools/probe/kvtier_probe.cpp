@@ -167,6 +167,16 @@ int main(int argc, char** argv) {
     inst[static_cast<std::size_t>(r)].rank = r;
     inst[static_cast<std::size_t>(r)].ep = parsed.value;
   }
+  for (std::size_t r = 1; r < inst.size(); ++r) {
+    if (inst[r].ep.describe() == inst[0].ep.describe()) {
+      std::fprintf(
+          stderr,
+          "kvtier-probe: warning: instances 0 and %zu are the same server (%s); without {rank} in --url "
+          "the figures are %d clients on one instance, not a tier of %d\n",
+          r, inst[0].ep.describe().c_str(), opt.instances, opt.instances);
+      break;
+    }
+  }
   std::random_device rd;
   const std::uint64_t nonce = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
   char prefix_buf[64];
