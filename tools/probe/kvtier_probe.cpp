@@ -197,7 +197,6 @@ int main(int argc, char** argv) {
 
   progress prog;
   std::atomic<bool> stop{false};
-  std::atomic<int> rounds_done{0};
   const int total_rounds = 2 * opt.rounds;
   const auto timeout = std::chrono::milliseconds(opt.timeout_ms);
   // All instances start each round together, so a round's aggregate is what a PCP load sees:
@@ -268,10 +267,8 @@ int main(int argc, char** argv) {
       if (phase == 0)
         round_latency[static_cast<std::size_t>(round) * inst.size() + static_cast<std::size_t>(in.rank)] =
             secs;
-      if (in.rank == 0) {
-        rounds_done.store(round + 1);
+      if (in.rank == 0)
         prog.tick("kvtier-probe: round " + std::to_string(round + 1) + "/" + std::to_string(total_rounds));
-      }
     }
   };
   std::vector<std::thread> threads;
