@@ -1,7 +1,7 @@
 // kvtier-probe: measures a deployment's RESP tier (Redis/Valkey instances, one per rank) and says
 // whether remote KV hits pay off on it. See probe_options.hpp for the flags, or run with --help.
 //
-//   kvtier-probe --url 'resp://valkey-{rank}:6379' --instances 8 --chunk-bytes 12400000 --batch 8 \
+//   kvtier-probe --url 'resp://valkey-{rank}:6379' --instances 8 --chunk-bytes 12400000 --batch 8
 //                --rounds 20 --timeout-ms 2000 --bytes-per-token 48400 --prefill-tokens-per-s 52200
 //
 // Exit status: 0 measured, 1 an instance failed (message names it), 2 bad flags, 130 interrupted.
