@@ -6,6 +6,7 @@
 // Clients (each in its own forked child, so CPU time, page faults and peak RSS are its own):
 //   kvtier_asio, kvtier_uring     pipelined GETs read straight into the caller's spans (the
 //                                 probe's clients, tools/probe/probe_io.hpp)
+//   kvtier_store_asio             the whole L2 path: remote_store get, header + XXH3 checked
 //   raw_socket_floor              blocking socket, recv(MSG_WAITALL) into the spans: the floor
 //   hiredis                       stock: redisAppendCommand x K, redisGetReply x K, memcpy into the span
 //   hiredis_maxbuf0               the same with reader->maxbuf = 0 (keep the reader buffer)
@@ -46,6 +47,7 @@
 #include <hiredis/hiredis.h>
 #endif
 #if KVTIER_BENCH_HAS_ASIO
+#include "kvtier/store/remote_store.hpp"
 #include "probe_io.hpp"  // tools/probe: the probe's clients, so both measure the same code
 #endif
 
@@ -221,6 +223,51 @@ class kvtier_client final : public batch_client {
   std::vector<kvtier_probe::get_outcome> outcome_;
 };
 
+/// The whole L2 path: kvtier::remote_store (value header + XXH3-64 checksum checked per value).
+/// Chunk keys 0..K-1 in bench_namespace(), stored by make_server() with the same bytes.
+kvtier::key_namespace bench_namespace() {
+  return {.model = "bench_resp_get", .kv_format = "random-bytes", .chunk_tokens = 256, .ownership = "mod:1"};
+}
+
+class store_client final : public batch_client {
+ public:
+  explicit store_client(std::uint16_t port) : store_(bench_namespace(), options(port)) {}
+  bool get(const std::vector<std::string>& keys, std::span<const std::span<std::byte>> dst,
+           std::string& err) override {
+    chunk_keys_.resize(keys.size());
+    status_.resize(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) chunk_keys_[i] = {0, i};
+    std::error_code ec =
+        store_.get(chunk_keys_, dst, status_, kvtier::deadline_after(std::chrono::seconds(30)));
+    for (std::size_t i = 0; !ec && i < keys.size(); ++i) {
+      if (status_[i] != kvtier::chunk_status::hit) {
+        err = "kvtier store: chunk " + std::to_string(i) + ": " + std::string(kvtier::to_string(status_[i]));
+        return false;
+      }
+    }
+    if (ec) err = "kvtier store: " + ec.message();
+    return !ec;
+  }
+  static kvtier::resp::connection_options options(std::uint16_t port) {
+    kvtier::resp::connection_options o;
+    o.server.host = "127.0.0.1";
+    o.server.port = port;
+    return o;
+  }
+  kvtier::remote_store<kvtier::resp::asio_connection>& store() { return store_; }
+
+ private:
+  kvtier::remote_store<kvtier::resp::asio_connection> store_;
+  std::vector<kvtier::chunk_key> chunk_keys_;
+  std::vector<kvtier::chunk_status> status_;
+};
+
+client_factory store_factory() {
+  return [](std::uint16_t port, std::string&) -> std::unique_ptr<batch_client> {
+    return std::make_unique<store_client>(port);
+  };
+}
+
 client_factory kvtier_factory(const char* transport) {
   return [transport](std::uint16_t port, std::string& err) -> std::unique_ptr<batch_client> {
     kvtier::resp::endpoint ep;
@@ -358,6 +405,17 @@ server_data make_server(const config& cfg, int index) {
     std::string key = "bench:resp_get:" + std::to_string(k);
     std::string r = d.srv->call({"SET", key, value});
     if (r != "OK") throw std::runtime_error("SET failed: " + r);
+#if KVTIER_BENCH_HAS_ASIO
+    {  // the same bytes as chunk k of the remote_store row (a short-lived connection, closed before forks)
+      store_client writer(d.srv->port());
+      const kvtier::chunk_key ck{0, k};
+      const std::span<const std::byte> src(reinterpret_cast<const std::byte*>(value.data()), value.size());
+      kvtier::chunk_status st{};
+      std::error_code ec = writer.store().put(std::span(&ck, 1), std::span(&src, 1), std::span(&st, 1),
+                                              kvtier::deadline_after(std::chrono::seconds(30)));
+      if (ec || st != kvtier::chunk_status::hit) throw std::runtime_error("remote_store put failed");
+    }
+#endif
     d.keys.push_back(key);
     d.sums.push_back(XXH3_64bits(value.data(), value.size()));
   }
@@ -462,6 +520,7 @@ int main(int argc, char** argv) try {
   std::vector<std::pair<std::string, client_factory>> clients;
 #if KVTIER_BENCH_HAS_ASIO
   clients.emplace_back("kvtier_asio", kvtier_factory("asio"));
+  clients.emplace_back("kvtier_store_asio", store_factory());
 #endif
 #if KVTIER_BENCH_HAS_URING
   clients.emplace_back("kvtier_uring", kvtier_factory("uring"));
