@@ -10,3 +10,7 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_remote_store SOURCES resp_io/test_remote_store.cpp LABELS integration
                   LIBS kvtier::asio kvtier::uring TIMEOUT 120)
 endif()
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  kvtier_add_test(test_remote_store_threads SOURCES resp_io/test_remote_store_threads.cpp LABELS integration tsan
+                  LIBS kvtier::asio kvtier::uring TIMEOUT 120)
+endif()

@@ -261,8 +261,10 @@ TEMPLATE_TEST_CASE("connection: AUTH with an ACL user, HELLO 3, SELECT", "[integ
     REQUIRE(b.reply(0).str == "kvtier-test");
     REQUIRE(b.reply(1).kind == type::map);
   }
-  {
-    TestType conn(options_for("resp://alice:wrong@" + hostport));
+  for (int protocol : {2, 3}) {
+    auto opt = options_for("resp://alice:wrong@" + hostport);
+    opt.protocol = protocol;
+    TestType conn(opt);
     REQUIRE(conn.ping(deadline_after(2s)) == errc::auth_failed);
     REQUIRE_FALSE(conn.connected());
   }

@@ -396,8 +396,12 @@ class connection_base {
     for (std::size_t i = 0; i < n; ++i) {
       const value& r = probe_.reply(i);
       if (!r.is_error()) continue;
-      // NOAUTH / WRONGPASS / NOPERM on the first step all mean the login failed.
-      return make_error_code(steps[i] == auth ? errc::auth_failed : errc::server_error);
+      if (steps[i] != auth) return make_error_code(errc::server_error);
+      // AUTH: any refusal is a failed login. HELLO: only the login errors are; NOPROTO or an
+      // unknown command (a server older than RESP3) is the server's answer to the protocol.
+      const bool login = opt_.protocol != 3 || r.str.rfind("WRONGPASS", 0) == 0 ||
+                         r.str.rfind("NOAUTH", 0) == 0 || r.str.rfind("NOPERM", 0) == 0;
+      return make_error_code(login ? errc::auth_failed : errc::server_error);
     }
     return {};
   }

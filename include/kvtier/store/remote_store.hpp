@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -69,8 +70,8 @@ class remote_store {
   /// Presence of each key (one EXISTS per key, one round trip). hit = present, miss = absent.
   std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
     if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
-    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-    if (std::error_code ec = enter(lock, status, dl)) return ec;
+    turn t(*this);
+    if (std::error_code ec = enter(t, status, dl)) return ec;
     batch_.clear();
     for (const chunk_key& k : keys) {
       const std::string name = remote_key_text(ns_, k);
@@ -99,8 +100,8 @@ class remote_store {
                       std::span<chunk_status> status, deadline dl) {
     if (keys.size() != dst.size() || keys.size() != status.size())
       return make_error_code(errc::invalid_argument);
-    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-    if (std::error_code ec = enter(lock, status, dl)) return ec;
+    turn t(*this);
+    if (std::error_code ec = enter(t, status, dl)) return ec;
     batch_.clear();
     headers_.resize(keys.size());
     parts_.resize(2 * keys.size());
@@ -124,8 +125,8 @@ class remote_store {
                       std::span<chunk_status> status, deadline dl) {
     if (keys.size() != src.size() || keys.size() != status.size())
       return make_error_code(errc::invalid_argument);
-    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-    if (std::error_code ec = enter(lock, status, dl)) return ec;
+    turn t(*this);
+    if (std::error_code ec = enter(t, status, dl)) return ec;
     batch_.clear();
     headers_.resize(keys.size());
     out_parts_.resize(2 * keys.size());
@@ -182,11 +183,37 @@ class remote_store {
     c.fetch_add(n, std::memory_order_relaxed);
   }
 
-  // Takes the store's lock by the deadline; else every key timeout.
-  std::error_code enter(std::unique_lock<std::timed_mutex>& lock, std::span<chunk_status> status,
-                        deadline dl) {
-    const bool locked = dl == no_deadline ? (lock.lock(), true) : lock.try_lock_until(dl);
-    if (!locked || expired(dl)) {
+  // One call at a time on the connection. A condition variable rather than a timed_mutex:
+  // the wait is bounded by the caller's deadline, and ThreadSanitizer understands it.
+  struct turn {
+    explicit turn(remote_store& s) noexcept : store(s) {}
+    turn(const turn&) = delete;
+    turn& operator=(const turn&) = delete;
+    ~turn() {
+      if (!held) return;
+      {
+        std::lock_guard<std::mutex> lock(store.mu_);
+        store.busy_ = false;
+      }
+      store.cv_.notify_one();
+    }
+    remote_store& store;
+    bool held = false;
+  };
+
+  // Takes the store's turn by the deadline; else every key timeout.
+  std::error_code enter(turn& t, std::span<chunk_status> status, deadline dl) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto free = [this] { return !busy_; };
+      if (dl == no_deadline) {
+        cv_.wait(lock, free);
+        t.held = busy_ = true;
+      } else if (cv_.wait_until(lock, dl, free)) {
+        t.held = busy_ = true;
+      }
+    }
+    if (!t.held || expired(dl)) {
       std::fill(status.begin(), status.end(), chunk_status::timeout);
       bump(stats_.timeouts);
       return make_error_code(errc::timeout);
@@ -239,7 +266,9 @@ class remote_store {
   key_namespace ns_;
   std::uint64_t fingerprint_;
   Connection conn_;
-  std::timed_mutex mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool busy_ = false;
   resp::batch batch_;
   std::vector<value_header_bytes> headers_;
   std::vector<std::span<std::byte>> parts_;
