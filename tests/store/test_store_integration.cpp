@@ -93,26 +93,45 @@ rank_load load_owned(engine_rank& er, const std::vector<chunk_key>& keys, std::u
   return out;
 }
 
+// One redis-server per rank.
+struct rank_servers {
+  std::vector<std::unique_ptr<test::redis_server>> servers;
+  std::vector<std::string> urls;
+  rank_servers() {
+    for (rank_t r = 0; r < W; ++r) {
+      servers.push_back(std::make_unique<test::redis_server>());
+      urls.push_back(servers.back()->url());
+    }
+  }
+};
+
+// A prompt of `n_tokens` tokens from `seed`: its chunk keys and each chunk's KV bytes.
+struct prompt {
+  std::vector<chunk_key> keys;
+  std::vector<std::vector<std::byte>> payload;
+  std::vector<std::span<const std::byte>> src;
+  prompt(std::size_t n_tokens, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<token_id> tokens(n_tokens);
+    for (auto& t : tokens) t = rng() % 150000;
+    keys = chunker<>(test_ns()).keys(tokens);
+    for (const auto& k : keys) payload.push_back(kv_bytes(k));
+    src.assign(payload.begin(), payload.end());
+  }
+};
+
 }  // namespace
 
 TEST_CASE("integration: two engines share one sharded L2; the second hits what the first stored",
           "[integration]") {
-  std::vector<std::unique_ptr<test::redis_server>> servers;
-  std::vector<std::string> urls;
-  for (rank_t r = 0; r < W; ++r) {
-    servers.push_back(std::make_unique<test::redis_server>());
-    urls.push_back(servers.back()->url());
-  }
-
-  std::mt19937 rng(7);
-  std::vector<token_id> tokens(C * T + 5);  // a partial tail that is never stored
-  for (auto& t : tokens) t = rng() % 150000;
-  const chunker<> chunk(test_ns());
-  const auto keys = chunk.keys(tokens);
+  rank_servers cluster;
+  const auto& urls = cluster.urls;
+  const auto& servers = cluster.servers;
+  const prompt p(C * T + 5, 7);  // a partial tail that is never stored
+  const auto& keys = p.keys;
+  const auto& payload = p.payload;
+  const auto& src = p.src;
   REQUIRE(keys.size() == C);
-  std::vector<std::vector<std::byte>> payload;
-  for (const auto& k : keys) payload.push_back(kv_bytes(k));
-  const std::vector<std::span<const std::byte>> src(payload.begin(), payload.end());
 
   // Engine A computes the prompt and writes back: each rank only its own chunks.
   {
@@ -161,21 +180,14 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
 
 TEST_CASE("integration: keys deleted on the server between lookup and load truncate the prefix",
           "[integration]") {
-  std::vector<std::unique_ptr<test::redis_server>> servers;
-  std::vector<std::string> urls;
-  for (rank_t r = 0; r < W; ++r) {
-    servers.push_back(std::make_unique<test::redis_server>());
-    urls.push_back(servers.back()->url());
-  }
-  std::vector<token_id> tokens(C * T);
-  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token_id>(i * 7 + 1);
-  const chunker<> chunk(test_ns());
-  const auto keys = chunk.keys(tokens);
-  std::vector<std::vector<std::byte>> payload;
-  for (const auto& k : keys) payload.push_back(kv_bytes(k));
-  const std::vector<std::span<const std::byte>> src(payload.begin(), payload.end());
+  rank_servers cluster;
+  const auto& servers = cluster.servers;
+  const prompt p(C * T, 11);
+  const auto& keys = p.keys;
+  const auto& payload = p.payload;
+  const auto& src = p.src;
 
-  engine e(urls);
+  engine e(cluster.urls);
   // Store through L2 only, so L1 cannot hide the deletion.
   for (rank_t r = 0; r < W; ++r) {
     auto& er = *e.ranks[r];
