@@ -174,3 +174,53 @@ TEST_CASE("chunk_broadcast: a rank that never joins makes the others return by t
         std::all_of(out.dst[r].begin(), out.dst[r].end(), [](std::byte b) { return b == std::byte{0xEE}; }));
   }
 }
+
+TEST_CASE("pipelined_broadcast: stages follow the fetch; every rank ends on the same prefix", "[unit]") {
+  // 16k-token prompt, W = 8; every rank's fetch delivers 2 owned chunks per step, but
+  // rank 5 stops after 5 (its 6th owned chunk, chunk 45, was evicted).
+  const rank_t W = 8;
+  const std::size_t N = 64, CB = 32;
+  const modulo_ownership own(W);
+  for (auto mode : all_modes) {
+    std::vector<std::byte> src(N * CB);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 1);
+    std::vector<std::vector<std::byte>> dst(W, std::vector<std::byte>(N * CB, std::byte{0xEE}));
+    std::vector<std::vector<std::byte>> staging(W,
+                                                std::vector<std::byte>(gathered_staging_bytes(own, N, CB)));
+    std::vector<broadcast_result> res(W);
+    std::vector<std::vector<std::size_t>> stages(W);
+    std::vector<std::vector<comm::collective_call>> calls(W);
+    comm::inproc_world world(W);
+    comm::run_ranks(world, [&](comm::inproc_communicator& c0) {
+      comm::recording c(std::move(c0));
+      const rank_t r = c.rank();
+      chunk_span_buffers b;
+      for (std::size_t k = 0; k < N; ++k) {
+        b.sources.push_back(std::span<const std::byte>(src).subspan(k * CB, CB));
+        b.destinations.push_back(std::span<std::byte>(dst[r]).subspan(k * CB, CB));
+      }
+      pipelined_broadcast pb(
+          c, own, b,
+          {.n_chunks = N, .chunk_tokens = 256, .chunk_bytes = CB, .mode = mode, .staging = staging[r]});
+      const std::size_t final_loaded = r == 5 ? 5 : 8;
+      for (std::size_t s = 1; !pb.done() && s <= 10; ++s) {
+        const std::size_t have = std::min<std::size_t>(2 * s, final_loaded);
+        pb.step(loaded_prefix_tokens(own, r, N, 256, have), have == final_loaded, deadline_after(20s));
+        stages[r].push_back(pb.agreed_chunks());
+      }
+      res[r] = pb.result();
+      calls[r] = c.calls();
+    });
+    for (rank_t r = 0; r < W; ++r) {
+      INFO("mode " << to_string(mode) << " rank " << r);
+      CHECK(!res[r].ec);
+      CHECK(res[r].agreed_chunks == 45u);  // chunk 45 = rank 5's 6th owned chunk
+      CHECK(stages[r] == std::vector<std::size_t>{16, 32, 45});
+      CHECK(calls[r] == calls[0]);
+      CHECK(res[r].collectives == comm::collective_count(calls[r]));
+      CHECK(std::equal(src.begin(), src.begin() + 45 * CB, dst[r].begin()));
+      CHECK(std::all_of(dst[r].begin() + 45 * CB, dst[r].end(),
+                        [](std::byte x) { return x == std::byte{0xEE}; }));
+    }
+  }
+}

@@ -6,6 +6,8 @@
 //  - leaves every rank with the source bytes of every chunk below that prefix and
 //    every destination byte at or past it untouched,
 //  - issues expected_collectives() collectives, and leaves the world clean.
+// The same holds for pipelined_broadcast with random per-rank fetch progress: every
+// rank finishes at the same step with the same prefix as the one-shot protocol.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -37,6 +39,8 @@ struct case_params {
   std::vector<std::size_t> cut;  // rank r's fetch stops after cut[r] owned chunks
   bool in_place;                 // the owner fetched straight into its destination
   std::uint64_t seed;
+  bool pipelined = false;                          // run pipelined_broadcast stages instead
+  std::vector<std::vector<std::size_t>> progress;  // pipelined: rank r's owned chunks loaded by step s
 };
 
 kvtier::test::rank_pool& pool() {
@@ -81,6 +85,7 @@ void check_case(const P& own, const case_params& k) {
   comm::inproc_world world(W);
   std::vector<broadcast_result> results(W);
   std::vector<std::vector<comm::collective_call>> calls(W);
+  std::vector<std::size_t> steps(W, 0);
   pool().run(W, [&](unsigned r) {
     comm::recording c(world.communicator_for(r));
     chunk_span_buffers b;
@@ -95,8 +100,24 @@ void check_case(const P& own, const case_params& k) {
                        .chunk_bytes = CB,
                        .mode = k.mode,
                        .staging = staging[r]};
-    const auto loaded_tokens = loaded_prefix_tokens(own, r, N, k.chunk_tokens, loaded_owned[r]);
-    results[r] = chunk_broadcast(c, own, loaded_tokens, b, p, deadline_after(std::chrono::seconds(30)));
+    const auto dl = deadline_after(std::chrono::seconds(30));
+    if (!k.pipelined) {
+      const auto loaded_tokens = loaded_prefix_tokens(own, r, N, k.chunk_tokens, loaded_owned[r]);
+      results[r] = chunk_broadcast(c, own, loaded_tokens, b, p, dl);
+    } else {
+      // Rank r's fetch advances by its own random schedule; all ranks step in lockstep.
+      pipelined_broadcast pb(c, own, b, p);
+      const auto& prog = k.progress[r];
+      std::size_t max_steps = 0;
+      for (const auto& pr : k.progress) max_steps = std::max(max_steps, pr.size());
+      for (std::size_t s = 0; !pb.done() && s < max_steps + 2; ++s) {  // same bound on every rank
+        const std::size_t have = std::min(s < prog.size() ? prog[s] : loaded_owned[r], loaded_owned[r]);
+        pb.step(loaded_prefix_tokens(own, r, N, k.chunk_tokens, have), s + 1 >= prog.size(), dl);
+        steps[r] = s + 1;
+      }
+      results[r] = pb.result();
+      if (!pb.done()) results[r].ec = errc::timeout;  // must not happen: flagged below
+    }
     calls[r] = c.calls();
   });
 
@@ -105,7 +126,9 @@ void check_case(const P& own, const case_params& k) {
     RC_ASSERT(results[r].agreed_chunks == expect);
     RC_ASSERT(results[r].agreed_tokens == expect * k.chunk_tokens);
     RC_ASSERT(calls[r] == calls[0]);
-    RC_ASSERT(comm::collective_count(calls[r]) == expected_collectives(k.mode, own, expect));
+    RC_ASSERT(steps[r] == steps[0]);
+    if (!k.pipelined)
+      RC_ASSERT(comm::collective_count(calls[r]) == expected_collectives(k.mode, own, expect));
     RC_ASSERT(results[r].collectives == comm::collective_count(calls[r]));
     for (std::size_t c = 0; c < N; ++c)
       for (std::size_t i = 0; i < CB; ++i) {
@@ -118,36 +141,60 @@ void check_case(const P& own, const case_params& k) {
   RC_ASSERT(world.pending_rounds() == 0u);
 }
 
+case_params gen_case(bool pipelined) {
+  case_params k;
+  k.w = *rc::gen::inRange<rank_t>(1, 17);
+  k.n_chunks = *rc::gen::inRange<std::size_t>(0, 41);
+  k.chunk_bytes = *rc::gen::inRange<std::size_t>(1, 25);
+  k.chunk_tokens = *rc::gen::inRange<std::uint64_t>(1, 9);
+  k.mode = static_cast<broadcast_mode>(*rc::gen::inRange(0, 3));
+  const int miss_pct = *rc::gen::element(0, 0, 2, 5, 20, 50);
+  k.present.resize(k.n_chunks);
+  for (std::size_t c = 0; c < k.n_chunks; ++c) k.present[c] = *rc::gen::inRange(0, 100) >= miss_pct;
+  // Most ranks load everything they have; some are cut short (eviction, timeout, error).
+  k.cut.resize(k.w);
+  for (rank_t r = 0; r < k.w; ++r)
+    k.cut[r] = *rc::gen::inRange(0, 4) == 0 ? *rc::gen::inRange<std::size_t>(0, k.n_chunks + 1) : k.n_chunks;
+  k.in_place = *rc::gen::arbitrary<bool>();
+  k.seed = *rc::gen::arbitrary<std::uint64_t>();
+  k.pipelined = pipelined;
+  if (pipelined) {
+    // Per rank: a non-decreasing count of loaded owned chunks per step, over 1..6 steps
+    // (clipped to what the rank really loads); its fetch is done after its last step.
+    k.progress.resize(k.w);
+    for (rank_t r = 0; r < k.w; ++r) {
+      const std::size_t steps = *rc::gen::inRange<std::size_t>(1, 7);
+      std::size_t have = 0;
+      for (std::size_t s = 0; s < steps; ++s) {
+        have += *rc::gen::inRange<std::size_t>(0, 4);
+        k.progress[r].push_back(s + 1 == steps ? k.n_chunks : have);
+      }
+    }
+  }
+  return k;
+}
+
+void run_generated(bool pipelined) {
+  case_params k = gen_case(pipelined);
+  switch (*rc::gen::inRange(0, 3)) {
+    case 0:
+      check_case(modulo_ownership(k.w), k);
+      break;
+    case 1:
+      check_case(block_interleave_ownership(k.w, *rc::gen::inRange<std::size_t>(1, 5)), k);
+      break;
+    default:
+      check_case(rendezvous_ownership(k.w, *rc::gen::arbitrary<std::uint64_t>()), k);
+      break;
+  }
+}
+
 }  // namespace
 
 TEST_CASE("chunk_broadcast: symmetric collectives, agreed prefix, exact bytes", "[property]") {
-  kvtier::test::prop("chunk_broadcast symmetry and bytes", [] {
-    case_params k;
-    k.w = *rc::gen::inRange<rank_t>(1, 17);
-    k.n_chunks = *rc::gen::inRange<std::size_t>(0, 41);
-    k.chunk_bytes = *rc::gen::inRange<std::size_t>(1, 25);
-    k.chunk_tokens = *rc::gen::inRange<std::uint64_t>(1, 9);
-    k.mode = static_cast<broadcast_mode>(*rc::gen::inRange(0, 3));
-    const int miss_pct = *rc::gen::element(0, 0, 2, 5, 20, 50);
-    k.present.resize(k.n_chunks);
-    for (std::size_t c = 0; c < k.n_chunks; ++c) k.present[c] = *rc::gen::inRange(0, 100) >= miss_pct;
-    // Most ranks load everything they have; some are cut short (eviction, timeout, error).
-    k.cut.resize(k.w);
-    for (rank_t r = 0; r < k.w; ++r)
-      k.cut[r] =
-          *rc::gen::inRange(0, 4) == 0 ? *rc::gen::inRange<std::size_t>(0, k.n_chunks + 1) : k.n_chunks;
-    k.in_place = *rc::gen::arbitrary<bool>();
-    k.seed = *rc::gen::arbitrary<std::uint64_t>();
-    switch (*rc::gen::inRange(0, 3)) {
-      case 0:
-        check_case(modulo_ownership(k.w), k);
-        break;
-      case 1:
-        check_case(block_interleave_ownership(k.w, *rc::gen::inRange<std::size_t>(1, 5)), k);
-        break;
-      default:
-        check_case(rendezvous_ownership(k.w, *rc::gen::arbitrary<std::uint64_t>()), k);
-        break;
-    }
-  });
+  kvtier::test::prop("chunk_broadcast symmetry and bytes", [] { run_generated(false); });
+}
+
+TEST_CASE("pipelined_broadcast: stages stay symmetric and end on the same agreed prefix", "[property]") {
+  kvtier::test::prop("pipelined_broadcast symmetry and bytes", [] { run_generated(true); });
 }
