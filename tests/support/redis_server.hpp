@@ -17,6 +17,10 @@
 //                                   .unix_socket = true, .harness_user = "alice", .harness_password =
 //                                   "secret"});
 //   kvtier::test::black_hole_server hole;                    // connect works, replies never come
+//
+// The child gets PR_SET_PDEATHSIG(SIGKILL), so it also dies if the test process is killed before
+// its destructors run. That signal follows the *thread* that forked: create servers on a thread
+// that outlives them (normally the test's own thread).
 #pragma once
 
 #include <arpa/inet.h>
