@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <system_error>
 #include <thread>
@@ -128,11 +129,17 @@ class fetch_queue {
     auto r = make(detail_kind::prefetch, id, keys, std::move(layout), dl);
     r->chunk_bytes = chunk_bytes;
     r->bytes = chunk_bytes * keys.size();
-    if (r->bytes <= opt_.max_bytes_in_flight) {  // allocate outside the queue lock
-      r->staging.resize(r->bytes);
+    if (r->bytes <= opt_.max_bytes_in_flight && r->bytes > 0) {  // allocate outside the queue lock
+      try {
+        r->staging = std::make_unique_for_overwrite<std::byte[]>(r->bytes);  // no zero-fill
+      } catch (const std::bad_alloc&) {
+        return reject(r, errc::too_large);
+      }
       r->dst.resize(keys.size());
       for (std::size_t i = 0; i < keys.size(); ++i)
-        r->dst[i] = std::span<std::byte>(r->staging.data() + i * chunk_bytes, chunk_bytes);
+        r->dst[i] = std::span<std::byte>(r->staging.get() + i * chunk_bytes, chunk_bytes);
+    } else if (r->bytes == 0) {
+      r->dst.assign(keys.size(), std::span<std::byte>());
     }
     return enqueue(std::move(r));
   }
@@ -332,7 +339,7 @@ class fetch_queue {
     bytes_ -= p.staging_accounted;
     gauge_add(&metrics::bytes_in_flight, -static_cast<std::int64_t>(p.staging_accounted));
     p.staging_accounted = 0;
-    std::vector<std::byte>().swap(p.staging);
+    p.staging.reset();
     p.dst.clear();
   }
 
@@ -420,7 +427,7 @@ class fetch_queue {
     for (std::size_t i = 0; i < r.keys.size(); ++i) {
       const std::ptrdiff_t j = find(i);
       if (j >= 0 && ps.size() == p.keys.size() && ps[j] == chunk_status::hit &&
-          p.chunk_bytes == r.dst[i].size() && !p.staging.empty()) {
+          p.chunk_bytes == r.dst[i].size() && (p.staging || p.chunk_bytes == 0)) {
         if (p.chunk_bytes) std::memcpy(r.dst[i].data(), p.dst[j].data(), p.chunk_bytes);
         status[i] = chunk_status::hit;
         ++reused;

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <deque>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -286,4 +287,38 @@ TEST_CASE("metrics: histogram buckets and Prometheus text", "[unit]") {
   REQUIRE(text.find("kvtier_load_latency_seconds_count{rank=\"2\"} 3\n") != std::string::npos);
   const std::string plain = to_prometheus(m);
   REQUIRE(plain.find("kvtier_lookups_total 3\n") != std::string::npos);
+}
+
+TEST_CASE("memory_store: concurrent gets, puts and evictions never deliver wrong bytes", "[unit][tsan]") {
+  constexpr std::size_t n_keys = 32, size = 4096;
+  memory_store s(8 * size);  // a quarter of the keys fit: constant eviction
+  std::atomic<int> wrong{0}, hits{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      std::vector<std::byte> out(size);
+      for (int i = 0; i < 2000; ++i) {
+        const std::uint64_t k = static_cast<std::uint64_t>((i * 7 + t * 13) % n_keys);
+        if ((i + t) % 3 == 0) {
+          auto v = bytes(size, static_cast<int>(k));
+          chunk_key kk = key(k);
+          std::span<const std::byte> src[1] = {v};
+          chunk_status st[1];
+          s.put(std::span<const chunk_key>(&kk, 1), src, st, deadline_after(1s));
+        } else {
+          chunk_key kk = key(k);
+          std::span<std::byte> dst[1] = {out};
+          chunk_status st[1];
+          s.get(std::span<const chunk_key>(&kk, 1), dst, st, deadline_after(1s));
+          if (st[0] == chunk_status::hit) {
+            ++hits;
+            if (out != bytes(size, static_cast<int>(k))) ++wrong;
+          }
+        }
+      }
+    });
+  for (auto& th : ts) th.join();
+  REQUIRE(wrong == 0);
+  REQUIRE(hits > 0);
+  REQUIRE(s.size_bytes() <= 8 * size);
 }

@@ -100,7 +100,7 @@ struct queue_request {
   // --- guarded by the queue's mutex ---
   queue_where where = queue_where::queued;
   // prefetch: staging buffer and who may still read it
-  std::vector<std::byte> staging;
+  std::unique_ptr<std::byte[]> staging;   // bytes == keys * chunk_bytes, not zero-filled
   std::size_t staging_accounted = 0;      // bytes of staging still counted in flight
   bool work_finished = false;             // prefetch: result published, staging final
   bool retained = false;                  // prefetch: still in the queue's map under its id

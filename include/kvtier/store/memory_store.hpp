@@ -1,7 +1,8 @@
 // kvtier/store/memory_store.hpp: the host-memory L1 chunk store, an LRU bounded
 // in payload bytes.
 //
-// Thread-safe (one mutex; every call is a short critical section with no I/O).
+// Thread-safe: one mutex guards the index and the LRU order; the byte copies of
+// get and put run outside it, so concurrent calls copy in parallel.
 // get() copies a stored value straight into the caller's span, and only when the
 // span has exactly the stored length; otherwise the key is chunk_status::corrupt.
 // Values live in memory from `Allocator`, so an engine can hand the store pinned
@@ -13,7 +14,8 @@
 //   l1.put(keys, sources, st, kvtier::deadline_after(10ms));
 //   l1.get(keys, destinations, st, kvtier::deadline_after(10ms));
 //
-// `Allocator` is any standard allocator of std::byte (allocate(n) / deallocate(p, n));
+// `Allocator` is any standard allocator of std::byte (allocate(n) / deallocate(p, n)),
+// callable from several threads at once (copies run outside the lock);
 // an allocation failure (bad_alloc) stores nothing for that key (status error).
 #pragma once
 
@@ -77,38 +79,44 @@ class basic_memory_store {
 
   /// Copies each stored value into dst[i] if its length is dst[i].size() (hit,
   /// and the key becomes most recently used); another length is corrupt; absent is miss.
+  /// The copy runs outside the store's lock on a pinned reference to the value, so
+  /// concurrent gets copy in parallel and an eviction meanwhile frees the bytes after.
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = detail::store_precheck(keys.size(), dst.size(), status, dl)) return ec;
-    std::lock_guard lock(mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      auto it = index_.find(keys[i]);
-      if (it == index_.end()) {
-        status[i] = chunk_status::miss;
-        ++stats_.misses;
-        continue;
+      block ref;
+      {
+        std::lock_guard lock(mu_);
+        auto it = index_.find(keys[i]);
+        if (it == index_.end()) {
+          status[i] = chunk_status::miss;
+          ++stats_.misses;
+          continue;
+        }
+        entry& e = *it->second;
+        if (e.size != dst[i].size()) {
+          status[i] = chunk_status::corrupt;
+          ++stats_.corrupt;
+          continue;
+        }
+        lru_.splice(lru_.begin(), lru_, it->second);
+        ref = e.data;
+        ++stats_.hits;
       }
-      entry& e = *it->second;
-      if (e.size != dst[i].size()) {
-        status[i] = chunk_status::corrupt;
-        ++stats_.corrupt;
-        continue;
-      }
-      if (e.size) std::memcpy(dst[i].data(), e.data, e.size);
-      lru_.splice(lru_.begin(), lru_, it->second);
+      if (!dst[i].empty()) std::memcpy(dst[i].data(), ref.get(), dst[i].size());
       status[i] = chunk_status::hit;
-      ++stats_.hits;
     }
     return {};
   }
 
   /// Stores a copy of src[i] under keys[i] (replacing any older value), evicting
   /// least recently used values to make room. hit = stored; error = not stored
-  /// (larger than the whole capacity, or the allocator failed).
+  /// (larger than the whole capacity, or the allocator failed). The copy into the
+  /// new value runs outside the store's lock.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
-    std::lock_guard lock(mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) status[i] = put_one(keys[i], src[i]);
     return {};
   }
@@ -150,25 +158,46 @@ class basic_memory_store {
   allocator_type get_allocator() const { return alloc_; }
 
  private:
+  // A value's bytes from the allocator, shared by the LRU entry and any get copying
+  // from it; freed by whoever lets go last.
+  struct block_deleter {
+    Allocator alloc;
+    std::size_t size;
+    void operator()(std::byte* p) noexcept { traits::deallocate(alloc, p, size); }
+  };
+  using block = std::shared_ptr<std::byte>;
   struct entry {
     chunk_key key;
-    std::byte* data;
+    block data;  // null for an empty value
     std::size_t size;
   };
   using list_type = std::list<entry>;
 
-  // Frees the payload and unlinks the LRU node; the caller fixes index_.
+  // Unlinks the LRU node (a get still copying keeps the bytes alive); the caller fixes index_.
   typename list_type::iterator drop(typename list_type::iterator it) {
-    if (it->data) traits::deallocate(alloc_, it->data, it->size);
     used_ -= it->size;
     return lru_.erase(it);
   }
 
   chunk_status put_one(const chunk_key& key, std::span<const std::byte> value) {
     if (value.size() > capacity_) {
+      std::lock_guard lock(mu_);
       ++stats_.rejected;
       return chunk_status::error;
     }
+    block data;
+    try {  // allocate and copy before taking the lock
+      if (!value.empty()) {
+        std::byte* p = traits::allocate(alloc_, value.size());
+        data = block(p, block_deleter{alloc_, value.size()});  // frees p itself if this throws
+        std::memcpy(p, value.data(), value.size());
+      }
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      ++stats_.rejected;
+      return chunk_status::error;
+    }
+    std::lock_guard lock(mu_);
     if (auto it = index_.find(key); it != index_.end()) {  // replace: the old bytes go first
       drop(it->second);
       index_.erase(it);
@@ -178,20 +207,18 @@ class basic_memory_store {
       drop(std::prev(lru_.end()));
       ++stats_.evictions;
     }
-    std::byte* data = nullptr;
     try {
-      if (!value.empty()) data = traits::allocate(alloc_, value.size());
-      lru_.push_front(entry{key, data, value.size()});
-      index_.emplace(key, lru_.begin());
-    } catch (...) {  // bad_alloc from the allocator, the list or the map
-      if (!lru_.empty() && lru_.front().data == data && lru_.front().key == key) {
-        lru_.pop_front();  // the map insert failed after the list insert
+      lru_.push_front(entry{key, std::move(data), value.size()});
+      try {
+        index_.emplace(key, lru_.begin());
+      } catch (...) {
+        lru_.pop_front();
+        throw;
       }
-      if (data) traits::deallocate(alloc_, data, value.size());
+    } catch (...) {  // bad_alloc from the list or the map
       ++stats_.rejected;
       return chunk_status::error;
     }
-    if (!value.empty()) std::memcpy(data, value.data(), value.size());
     used_ += value.size();
     ++stats_.stores;
     return chunk_status::hit;
