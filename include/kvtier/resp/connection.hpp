@@ -300,6 +300,8 @@ class connection_base {
     out_.clear();
     if (!ec) {
       last_used_ = clock::now();
+      // Bytes beyond the last reply were never asked for: the stream cannot be trusted.
+      if (parser_.buffered() != 0) close();
       return {};
     }
     if (ec == errc::timeout)
