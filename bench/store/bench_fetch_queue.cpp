@@ -4,11 +4,13 @@
 //  1. Queue overhead per request: submit -> completion (wait) of 1-chunk loads
 //     through fetch_queue<memory_store>, against the same memory_store::get
 //     called directly. Overhead = difference per request.
-//  2. Queue overhead per chunk: the same with 64-chunk requests (per chunk).
+//  2. Queue overhead per chunk: the same with 64-chunk requests; the marginal
+//     cost of one more chunk = (overhead at 64 - overhead at 1) / 63.
 //  3. Pipelined: 64 requests in flight, then all waited; per request.
 //  4. L1 get path against plain memcpy of the same bytes (64 KiB and 12.4 MB
 //     chunks): ratio get / memcpy.
-// Every figure is the median of several repetitions. Last line: one JSON object.
+// Every figure is the median of several repetitions, baseline and candidate
+// interleaved. Last line: one JSON object.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,19 +35,23 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Medians of `reps` runs each of a() and b(), interleaved a, b, a, b, ... so that
-// drift on a shared machine hits both alike.
+// Medians of `reps` runs of each function, run round-robin (f0, f1, ..., f0, f1,
+// ...) so that drift on a shared machine hits all of them alike.
+std::vector<double> time_many(const std::vector<std::function<void()>>& fs) {
+  std::vector<std::vector<double>> t(fs.size());
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      const auto t0 = clock::now();
+      fs[i]();
+      t[i].push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    }
+  std::vector<double> out;
+  for (auto& v : t) out.push_back(median(v));
+  return out;
+}
 std::pair<double, double> time_pair(const std::function<void()>& a, const std::function<void()>& b) {
-  std::vector<double> ta, tb;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = clock::now();
-    a();
-    ta.push_back(std::chrono::duration<double>(clock::now() - t0).count());
-    t0 = clock::now();
-    b();
-    tb.push_back(std::chrono::duration<double>(clock::now() - t0).count());
-  }
-  return {median(ta), median(tb)};
+  const auto m = time_many({a, b});
+  return {m[0], m[1]};
 }
 
 struct fixture {
@@ -78,26 +84,30 @@ struct fixture {
 
 int main() {
   // ---- 1 + 2: sequential submit -> completion, against direct calls --------------
-  auto per_request = [](std::size_t chunks_per_req, int requests, double& direct_s, double& queue_s) {
-    fixture f(64, chunks_per_req);
-    fetch_queue q(f.store, {.workers = 1});
-    const auto layout = chunk_layout::contiguous(0, chunks_per_req, 16);
-    auto [d, qs] = time_pair(
-        [&] {
-          for (int i = 0; i < requests; ++i) f.direct_get(chunks_per_req);
-        },
-        [&] {
-          for (int i = 0; i < requests; ++i) {
-            auto h = q.submit(static_cast<request_id>(i), f.keys, f.dst, layout, deadline_after(10s));
-            q.wait(h, deadline_after(10s));
-          }
-        });
-    direct_s = d / requests;
-    queue_s = qs / requests;
-  };
   double d1, q1, d64, q64;
-  per_request(1, 20000, d1, q1);
-  per_request(64, 5000, d64, q64);
+  {
+    fixture f(64, 64);
+    fetch_queue q(f.store, {.workers = 1});
+    const auto layout1 = chunk_layout::contiguous(0, 1, 16), layout64 = chunk_layout::contiguous(0, 64, 16);
+    constexpr int n1 = 20000, n64 = 5000;
+    auto direct = [&](std::size_t chunks, int requests) {
+      return [&f, chunks, requests] {
+        for (int i = 0; i < requests; ++i) f.direct_get(chunks);
+      };
+    };
+    auto queued = [&](std::size_t chunks, int requests, const chunk_layout& layout) {
+      return [&q, &f, &layout, chunks, requests] {
+        for (int i = 0; i < requests; ++i) {
+          auto h = q.submit(static_cast<request_id>(i), std::span(f.keys).first(chunks),
+                            std::span(f.dst).first(chunks), layout, deadline_after(10s));
+          q.wait(h, deadline_after(10s));
+        }
+      };
+    };
+    const auto m =
+        time_many({direct(1, n1), queued(1, n1, layout1), direct(64, n64), queued(64, n64, layout64)});
+    d1 = m[0] / n1, q1 = m[1] / n1, d64 = m[2] / n64, q64 = m[3] / n64;
+  }
   const double overhead_req_us = (q1 - d1) * 1e6;
   // Per chunk: what a 64-chunk request costs over a 1-chunk one, per extra chunk.
   const double overhead_chunk_ns = ((q64 - d64) - (q1 - d1)) / 63 * 1e9;

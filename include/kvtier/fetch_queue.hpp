@@ -174,7 +174,9 @@ class fetch_queue {
 
   /// Runs `cb(result)` once the request completes: at once, in this thread, if
   /// it already has (a completion is never lost to a late registration), else in
-  /// the completing thread. One callback per request; a later one replaces it.
+  /// the completing thread (a worker, or the thread calling cancel/close). One
+  /// callback per request; a later one replaces it. Callbacks must be short and
+  /// must not call shutdown() or destroy the queue.
   void on_complete(const fetch_handle& h, std::function<void(const fetch_result&)> cb) {
     if (!h.valid()) return;
     auto& r = *h.req_;
