@@ -30,23 +30,43 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// The bytes of one benchmark world: the pristine chunks, each rank's source
+// (shared, or one per rank when a fetch fills it), destinations and staging.
+struct world_bytes {
+  world_bytes(const modulo_ownership& own, std::size_t n, std::size_t cb, bool per_rank_src)
+      : n(n),
+        cb(cb),
+        pristine(n * cb),
+        dst(own.world_size(), std::vector<std::byte>(n * cb)),
+        staging(own.world_size(), std::vector<std::byte>(gathered_staging_bytes(own, n, cb))) {
+    for (std::size_t i = 0; i < pristine.size(); ++i) pristine[i] = static_cast<std::byte>(i * 31 + 1);
+    if (per_rank_src) src.assign(own.world_size(), std::vector<std::byte>(n * cb));
+  }
+  chunk_span_buffers buffers(rank_t r) {
+    chunk_span_buffers b;
+    const std::vector<std::byte>& s = src.empty() ? pristine : src[r];
+    for (std::size_t k = 0; k < n; ++k) {
+      b.sources.push_back(std::span<const std::byte>(s).subspan(k * cb, cb));
+      b.destinations.push_back(std::span<std::byte>(dst[r]).subspan(k * cb, cb));
+    }
+    return b;
+  }
+  std::size_t n, cb;
+  std::vector<std::byte> pristine;
+  std::vector<std::vector<std::byte>> src, dst, staging;
+};
+
 // mode < 0: memcpy floor. Returns ms per load, measured on rank 0 between barriers.
 double one_rep(rank_t W, std::size_t N, std::size_t CB, int mode, int loads) {
   const modulo_ownership own(W);
-  std::vector<std::byte> src(N * CB);
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 31 + 1);
-  std::vector<std::vector<std::byte>> dst(W, std::vector<std::byte>(N * CB));
-  std::vector<std::vector<std::byte>> staging(W, std::vector<std::byte>(gathered_staging_bytes(own, N, CB)));
+  world_bytes wb(own, N, CB, false);
+  auto& staging = wb.staging;
   comm::inproc_world world(W);
   double ms = 0;
   bool ok = true;
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     const rank_t r = c.rank();
-    chunk_span_buffers b;
-    for (std::size_t k = 0; k < N; ++k) {
-      b.sources.push_back(std::span<const std::byte>(src).subspan(k * CB, CB));
-      b.destinations.push_back(std::span<std::byte>(dst[r]).subspan(k * CB, CB));
-    }
+    chunk_span_buffers b = wb.buffers(r);
     broadcast_params p{.n_chunks = N,
                        .chunk_tokens = 256,
                        .chunk_bytes = CB,
@@ -70,7 +90,7 @@ double one_rep(rank_t W, std::size_t N, std::size_t CB, int mode, int loads) {
     (void)comm::all_reduce_value(c, token, comm::reduce_op::sum, dl);
     if (r == 0) ms = duration<double, std::milli>(clock::now() - t0).count() / loads;
   });
-  if (!ok || dst[W - 1] != src) {
+  if (!ok || wb.dst[W - 1] != wb.pristine) {
     std::fprintf(stderr, "bench_chunk_broadcast: wrong result\n");
     std::exit(1);
   }
@@ -84,21 +104,14 @@ double one_rep(rank_t W, std::size_t N, std::size_t CB, int mode, int loads) {
 // every rank holding every chunk, on rank 0.
 double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, bool pipelined, int fetch_us) {
   const modulo_ownership own(W);
-  std::vector<std::byte> pristine(N * CB);
-  for (std::size_t i = 0; i < pristine.size(); ++i) pristine[i] = static_cast<std::byte>(i * 31 + 1);
-  std::vector<std::vector<std::byte>> src(W, std::vector<std::byte>(N * CB));
-  std::vector<std::vector<std::byte>> dst(W, std::vector<std::byte>(N * CB));
-  std::vector<std::vector<std::byte>> staging(W, std::vector<std::byte>(gathered_staging_bytes(own, N, CB)));
+  world_bytes wb(own, N, CB, true);
+  auto& staging = wb.staging;
   comm::inproc_world world(W);
   double ms = 0;
   bool ok = true;
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     const rank_t r = c.rank();
-    chunk_span_buffers b;
-    for (std::size_t k = 0; k < N; ++k) {
-      b.sources.push_back(std::span<const std::byte>(src[r]).subspan(k * CB, CB));
-      b.destinations.push_back(std::span<std::byte>(dst[r]).subspan(k * CB, CB));
-    }
+    chunk_span_buffers b = wb.buffers(r);
     const broadcast_params p{
         .n_chunks = N, .chunk_tokens = 256, .chunk_bytes = CB, .mode = mode, .staging = staging[r]};
     const auto dl = deadline_after(std::chrono::seconds(60));
@@ -110,7 +123,7 @@ double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, b
     std::thread fetcher([&] {
       for (std::size_t j = 0; j < mine.size(); ++j) {
         std::this_thread::sleep_for(std::chrono::microseconds(fetch_us));
-        std::memcpy(src[r].data() + mine[j] * CB, pristine.data() + mine[j] * CB, CB);
+        std::memcpy(wb.src[r].data() + mine[j] * CB, wb.pristine.data() + mine[j] * CB, CB);
         loaded.store(j + 1, std::memory_order_release);
       }
     });
@@ -136,7 +149,7 @@ double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, b
     (void)comm::all_reduce_value(c, token, comm::reduce_op::sum, dl);
     if (r == 0) ms = duration<double, std::milli>(clock::now() - t0).count();
   });
-  if (!ok || dst[W - 1] != pristine) {
+  if (!ok || wb.dst[W - 1] != wb.pristine) {
     std::fprintf(stderr, "bench_chunk_broadcast: wrong result (fetch)\n");
     std::exit(1);
   }

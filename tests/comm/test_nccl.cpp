@@ -75,5 +75,17 @@ TEST_CASE("nccl: one-rank communicator runs collectives and the load protocol", 
     REQUIRE(cudaMemcpy(back.data(), dst.data(), back.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(std::equal(host.begin(), host.begin() + 6 * cb, back.begin()));
     CHECK(std::all_of(back.begin() + 6 * cb, back.end(), [](std::byte x) { return x == std::byte{0}; }));
+
+    // Pipelined: 3 chunks loaded, then 6 with the fetch finished.
+    REQUIRE(cudaMemset(dst.data(), 0, dst.size()) == cudaSuccess);
+    pipelined_broadcast pb(c, own, b, p);
+    pb.step(3 * 256, false, deadline_after(30s));
+    pb.step(6 * 256, true, deadline_after(30s));
+    INFO(pb.result().message);
+    CHECK(pb.done());
+    CHECK(!pb.result().ec);
+    CHECK(pb.agreed_chunks() == 6u);
+    REQUIRE(cudaMemcpy(back.data(), dst.data(), back.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::equal(host.begin(), host.begin() + 6 * cb, back.begin()));
   }
 }

@@ -52,24 +52,32 @@ inline std::error_code nccl_unique_id(ncclUniqueId& id) noexcept {
                                              : make_error_code(kvtier::errc::backend_error);
 }
 
-/// Owning device allocation (cudaMalloc / cudaFree).
-class device_buffer {
+namespace detail {
+inline cudaError_t device_alloc(void** p, std::size_t n) { return cudaMalloc(p, n); }
+inline cudaError_t device_free(void* p) { return cudaFree(p); }
+inline cudaError_t pinned_alloc(void** p, std::size_t n) { return cudaMallocHost(p, n); }
+inline cudaError_t pinned_free(void* p) { return cudaFreeHost(p); }
+
+/// An owning CUDA allocation made by Alloc and released by Free.
+template <cudaError_t (*Alloc)(void**, std::size_t), cudaError_t (*Free)(void*)>
+class cuda_allocation {
  public:
-  device_buffer() = default;
-  explicit device_buffer(std::size_t bytes) {
-    if (bytes && cudaMalloc(&p_, bytes) == cudaSuccess)
+  cuda_allocation() = default;
+  explicit cuda_allocation(std::size_t bytes) {
+    if (bytes && Alloc(&p_, bytes) == cudaSuccess)
       n_ = bytes;
     else
       p_ = nullptr;
   }
-  device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
+  cuda_allocation(cuda_allocation&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  cuda_allocation& operator=(cuda_allocation&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
     return *this;
   }
-  ~device_buffer() {
-    if (p_) cudaFree(p_);
+  ~cuda_allocation() {
+    if (p_) Free(p_);
   }
   /// False when the allocation failed.
   explicit operator bool() const noexcept { return p_ != nullptr; }
@@ -81,35 +89,12 @@ class device_buffer {
   void* p_ = nullptr;
   std::size_t n_ = 0;
 };
+}  // namespace detail
 
+/// Owning device allocation (cudaMalloc / cudaFree).
+using device_buffer = detail::cuda_allocation<&detail::device_alloc, &detail::device_free>;
 /// Owning page-locked host allocation (cudaMallocHost / cudaFreeHost).
-class pinned_buffer {
- public:
-  pinned_buffer() = default;
-  explicit pinned_buffer(std::size_t bytes) {
-    if (bytes && cudaMallocHost(&p_, bytes) == cudaSuccess)
-      n_ = bytes;
-    else
-      p_ = nullptr;
-  }
-  pinned_buffer(pinned_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~pinned_buffer() {
-    if (p_) cudaFreeHost(p_);
-  }
-  explicit operator bool() const noexcept { return p_ != nullptr; }
-  std::byte* data() const noexcept { return static_cast<std::byte*>(p_); }
-  std::size_t size() const noexcept { return n_; }
-  std::span<std::byte> bytes() const noexcept { return {data(), n_}; }
-
- private:
-  void* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+using pinned_buffer = detail::cuda_allocation<&detail::pinned_alloc, &detail::pinned_free>;
 
 /// One rank's NCCL communicator; models kvtier::comm::communicator.
 class nccl_communicator {
