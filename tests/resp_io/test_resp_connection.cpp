@@ -125,6 +125,22 @@ TEMPLATE_TEST_CASE("connection: a server that never answers times out at the dea
   REQUIRE(hole.accepted() == 2);  // re-established for the second request
 }
 
+TEMPLATE_TEST_CASE("connection: a server that answers garbage is a protocol error, not a hang",
+                   "[integration]", asio_connection, uring_connection) {
+  for (const std::string garbage : {"hello world\r\n", "$99999999999\r\n", "*-5\r\n:1\r\n"}) {
+    INFO(garbage);
+    black_hole_server liar(garbage);
+    TestType conn(options_for(liar.url()));
+    batch b;
+    b.add({"GET", "k"});
+    const auto dl = deadline_after(2s);
+    const std::error_code ec = conn.execute(b, dl);
+    REQUIRE((ec == errc::protocol_error || ec == errc::too_large));
+    REQUIRE(kvtier::clock::now() < dl);  // detected from the bytes, not by the deadline
+    REQUIRE_FALSE(conn.connected());
+  }
+}
+
 TEMPLATE_TEST_CASE("connection: a large write to a server that never reads times out", "[integration]",
                    asio_connection, uring_connection) {
   black_hole_server hole;

@@ -407,10 +407,12 @@ class redis_server {
 };
 
 /// A loopback TCP server that accepts every connection and never reads or writes:
-/// connect succeeds, requests vanish, replies never come. For timeout tests.
+/// connect succeeds, requests vanish, replies never come. For timeout tests. Given a
+/// `greeting`, it writes those bytes to each connection once it is accepted (e.g. garbage
+/// for protocol-error tests) and is silent afterwards.
 class black_hole_server {
  public:
-  black_hole_server() {
+  explicit black_hole_server(std::string greeting = {}) : greeting_(std::move(greeting)) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (listen_fd_ < 0) throw std::runtime_error("black_hole_server: socket failed");
     int one = 1;
@@ -465,6 +467,12 @@ class black_hole_server {
       if (p[0].revents & POLLIN) {
         int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd >= 0) {
+          if (!greeting_.empty()) {
+            try {
+              detail::send_all(fd, greeting_);
+            } catch (const std::exception&) {
+            }
+          }
           std::lock_guard<std::mutex> lock(mu_);
           fds_.push_back(fd);
           accepted_.fetch_add(1);
@@ -473,6 +481,7 @@ class black_hole_server {
     }
   }
 
+  std::string greeting_;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::uint16_t port_ = 0;
