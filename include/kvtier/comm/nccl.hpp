@@ -216,8 +216,11 @@ class nccl_communicator {
   std::error_code group_end(kvtier::deadline dl) {
     if (group_depth_ == 0) return invalid("group_end without group_start");
     --group_depth_;
-    if (aborted_) return usable();
-    const ncclResult_t r = ncclGroupEnd();
+    const ncclResult_t r = ncclGroupEnd();  // always: it balances NCCL's per-thread group depth
+    if (aborted_) {
+      pending_host_.clear();
+      return usable();
+    }
     if (group_depth_ > 0) return nccl(r, "ncclGroupEnd");
     scratch_used_ = 0;
     return issue(r, "ncclGroupEnd", dl);
