@@ -21,6 +21,9 @@
 // request id takes the prefetched chunks from staging (one memcpy each) instead
 // of reading them from the store again.
 //
+// The request types (request_id, chunk_layout, fetch_state, fetch_result) are
+// defined in kvtier/detail/queue_request.hpp and are part of this header's API.
+//
 // Destinations must stay valid until the request is no longer pending; after
 // that the queue never touches them (a cancelled running request still completes
 // only when its store call has returned).

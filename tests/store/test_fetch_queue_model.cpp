@@ -308,7 +308,7 @@ TEST_CASE("fetch_queue: stateful model of submit/release/cancel/poll/close", "[p
         RC_ASSERT(s.q->stats().requests_in_flight == 0u);
         RC_ASSERT(s.q->stats().bytes_in_flight == 0u);
       },
-      300);
+      2000);
 }
 
 TEST_CASE("fetch_queue: async per-rank lookup equals the synchronous rank answer", "[property]") {
