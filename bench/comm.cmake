@@ -1,4 +1,5 @@
 # Collectives: in-process chunk_broadcast, per-chunk (baseline) vs grouped vs gathered,
+# one-shot vs pipelined over a simulated fetch,
 # with a memcpy floor; and the GPU check program (run by bench/gpu/check.sh) where
 # CUDA + NCCL were found.
 add_executable(bench_chunk_broadcast ${CMAKE_CURRENT_LIST_DIR}/comm/bench_chunk_broadcast.cpp)
