@@ -61,6 +61,7 @@ struct engine_options {
   std::size_t max_batch_tokens = 32768;  ///< tokens computed per step
   std::size_t max_batch_requests = 256;  ///< requests per step (vLLM's default max_num_seqs)
   double load_timeout_s = 10;            ///< modeled seconds; a load past it recomputes
+  double cost_slack_s = 0;               ///< --policy cost: also load when predicted at most this much slower
   std::size_t fetch_workers = 8;         ///< fetch_queue threads per rank (a load's T0 occupies one)
   kvtier::broadcast_mode broadcast = kvtier::broadcast_mode::gathered;  ///< 2 collectives per load
   bool progress = false;                                                ///< progress line on stderr
@@ -313,7 +314,8 @@ class engine {
       bool load = c.hit > 0;
       if (load && opt_.policy == load_policy::cost) {
         // Load iff it is predicted to finish before recompute would, counting the
-        // compute already queued ahead (min_saving_s = -backlog).
+        // compute already queued ahead (min_saving_s = -backlog), give or take the
+        // latency the operator trades for GPU time (cost_slack_s).
         double backlog = 0;
         for (std::size_t j : env.ready) backlog += tm_.compute_s(static_cast<double>(env.ctl[j].remaining));
         const double l2_part = static_cast<double>(c.hit - c.l1_hit);

@@ -58,6 +58,7 @@ timing model (modeled seconds; defaults are the reference's figures):
 engine:
   --max-batch-tokens N (32768)  --max-batch-requests N (256)  --load-timeout-s S (10, modeled)
   --broadcast per_chunk|grouped|gathered (gathered)   --fetch-workers N (8)
+  --cost-slack-ms X           --policy cost: also load when predicted at most X ms slower than recompute (0)
   --l2-fault-every N          cut every N-th L2 load short (fault injection; 0 = never)
 )";
 
@@ -176,6 +177,8 @@ options parse_replay(int argc, char** argv) {
       o.eng.max_batch_requests = parse_uint(a, val(), 1, 1 << 20);
     else if (a == "--load-timeout-s")
       o.eng.load_timeout_s = parse_double(a, val(), 1e-6, 1e7);
+    else if (a == "--cost-slack-ms")
+      o.eng.cost_slack_s = parse_double(a, val(), 0, 1e7) / 1e3;
     else if (a == "--fetch-workers")
       o.eng.fetch_workers = parse_uint(a, val(), 1, 256);
     else if (a == "--l2-fault-every")
