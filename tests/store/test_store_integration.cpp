@@ -176,6 +176,25 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
     REQUIRE(again.result.prefix_tokens == hit);
     REQUIRE(er.m.l1.hits.value() == l1_before + mine.size());  // second load: all from L1
   }
+
+  // Engine C (empty L1s again): the scheduler's lookup is a prefetch, and the load
+  // that follows takes the chunks from it instead of reading L2 a second time.
+  engine c(urls);
+  for (rank_t r = 0; r < W; ++r) {
+    auto& er = *c.ranks[r];
+    const auto mine = er.view.owned_chunks(C);
+    auto h = er.queue.prefetch(7, er.view.owned_keys(keys), B,
+                               chunk_layout::owned(er.view.owned_starts(C, T), C * T), deadline_after(5s));
+    const auto pre = er.queue.wait(h, deadline_after(10s));
+    REQUIRE(pre.state == fetch_state::done);
+    REQUIRE(pre.prefix_tokens == er.view.lookup(keys, T, deadline_after(5s)));
+    const auto l2_gets = er.l2.stats().hits;
+    auto ld = load_owned(er, keys, hit, 7);
+    REQUIRE(ld.result.prefix_tokens == hit);
+    for (std::size_t k = 0; k < mine.size(); ++k) REQUIRE(ld.bufs[k] == payload[mine[k]]);
+    REQUIRE(er.l2.stats().hits == l2_gets);  // no second read from the server
+    REQUIRE(er.m.prefetch_reused.value() == mine.size());
+  }
 }
 
 TEST_CASE("integration: keys deleted on the server between lookup and load truncate the prefix",
