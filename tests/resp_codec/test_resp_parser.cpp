@@ -270,6 +270,13 @@ TEST_CASE("parser: limits are too_large errors", "[unit]") {
   CHECK(both("*1\r\n*1\r\n:1\r\n", lim).values.size() == 1);
   CHECK(error_of("*1\r\n*1\r\n*1\r\n", lim) == errc::too_large);
   CHECK(error_of("*1\r\n|1\r\n|1\r\n", lim) == errc::too_large);  // attributes nest too
+  // A whole reply is capped too: many small nested aggregates, each under max_aggregate.
+  parser_limits few;
+  few.max_reply_elements = 4;
+  // [[1, 2], 3]: 2 inner + 2 outer = 4 elements, twice in a row (the count restarts per reply)
+  CHECK(both("*2\r\n*2\r\n:1\r\n:2\r\n:3\r\n*2\r\n*2\r\n:1\r\n:2\r\n:3\r\n", few).values.size() == 2);
+  // [[1, 2], [3]]: 2 + 1 + 2 = 5 elements
+  CHECK(error_of("*2\r\n*2\r\n:1\r\n:2\r\n*1\r\n:3\r\n", few) == errc::too_large);
   // A header line longer than the internal buffer.
   lim = {};
   lim.buffer_bytes = 64;

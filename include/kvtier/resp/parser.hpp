@@ -211,6 +211,7 @@ class parser {
     remaining_ = filled_ = part_ = part_off_ = 0;
     direct_ = false;
     slot_ = false;
+    reply_elements_ = 0;
     err_.clear();
   }
 
@@ -322,8 +323,12 @@ class parser {
       if (stack_.empty()) {
         if (slot_) dests_.pop_front();
         slot_ = false;
+        reply_elements_ = 0;
         return v;
       }
+      // Each aggregate is capped by max_aggregate; this caps a whole reply, so many small
+      // nested aggregates cannot turn a few bytes each into ~100 bytes of value each.
+      if (++reply_elements_ > limits_.max_reply_elements) return fail(errc::too_large);
       frame& f = stack_.back();
       f.agg.elements.push_back(std::move(v));
       if (--f.remaining > 0) return std::nullopt;
@@ -490,6 +495,7 @@ class parser {
   std::size_t part_ = 0;       // destination part being filled
   std::size_t part_off_ = 0;   // offset in that part
   bool direct_ = false;        // the last prepare() returned a sink slice
+  std::size_t reply_elements_ = 0;  // elements of the reply in progress, all levels
   bool slot_ = false;          // the top-level reply in progress owns dests_.front()
   std::error_code err_;
 };
