@@ -490,13 +490,13 @@ class parser {
   value cur_;  // blob in progress
   mode mode_ = mode::header;
   sink sink_ = sink::str;
-  std::size_t remaining_ = 0;  // payload bytes still to come
-  std::size_t filled_ = 0;     // payload bytes written into the sink
-  std::size_t part_ = 0;       // destination part being filled
-  std::size_t part_off_ = 0;   // offset in that part
-  bool direct_ = false;        // the last prepare() returned a sink slice
+  std::size_t remaining_ = 0;       // payload bytes still to come
+  std::size_t filled_ = 0;          // payload bytes written into the sink
+  std::size_t part_ = 0;            // destination part being filled
+  std::size_t part_off_ = 0;        // offset in that part
+  bool direct_ = false;             // the last prepare() returned a sink slice
   std::size_t reply_elements_ = 0;  // elements of the reply in progress, all levels
-  bool slot_ = false;          // the top-level reply in progress owns dests_.front()
+  bool slot_ = false;               // the top-level reply in progress owns dests_.front()
   std::error_code err_;
 };
 

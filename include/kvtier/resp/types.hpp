@@ -23,10 +23,10 @@ namespace kvtier::resp {
 
 /// Limits a parser enforces before it allocates anything for a reply.
 struct parser_limits {
-  std::size_t max_bulk = 512u << 20;     ///< longest bulk/verbatim/blob-error payload, bytes
-  std::size_t max_aggregate = 1u << 20;  ///< largest element count in one aggregate header (map: pairs)
-  std::size_t max_depth = 32;            ///< deepest nesting of aggregates (a top-level array is 1)
-  std::size_t buffer_bytes = 64u << 10;  ///< fixed internal read buffer; also the longest header line
+  std::size_t max_bulk = 512u << 20;          ///< longest bulk/verbatim/blob-error payload, bytes
+  std::size_t max_aggregate = 1u << 20;       ///< largest element count in one aggregate header (map: pairs)
+  std::size_t max_depth = 32;                 ///< deepest nesting of aggregates (a top-level array is 1)
+  std::size_t buffer_bytes = 64u << 10;       ///< fixed internal read buffer; also the longest header line
   std::size_t max_reply_elements = 1u << 20;  ///< most elements in one reply, all levels together
 };
 
