@@ -2,7 +2,7 @@
 # report (unit), and short end-to-end replays of the engine (integration), on
 # the embedded modeled store and on two real redis-server processes.
 kvtier_add_test(test_example_trace SOURCES example/test_trace.cpp LABELS unit)
-kvtier_add_test(test_example_engine SOURCES example/test_engine.cpp LABELS integration TIMEOUT 600)
+kvtier_add_test(test_example_engine SOURCES example/test_engine.cpp LABELS integration tsan TIMEOUT 600)
 set(KVTIER_EXAMPLE_TESTS test_example_trace test_example_engine)
 if(TARGET kvtier::asio AND EXISTS /usr/bin/redis-server)
   kvtier_add_test(test_example_engine_resp SOURCES example/test_engine_resp.cpp LABELS integration
