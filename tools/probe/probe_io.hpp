@@ -77,13 +77,17 @@ template <kvtier::resp::connection Connection>
 class connection_client final : public instance_client {
  public:
   connection_client(const kvtier::resp::endpoint& ep, std::chrono::milliseconds connect_timeout)
-      : conn_(kvtier::resp::connection_options{
-            .server = ep, .connect_timeout = connect_timeout, .client_name = "kvtier-probe"}) {}
+      // No CLIENT SETNAME: on a server that wants a password it would fail inside the handshake,
+      // where the server's words are lost; PING then says NOAUTH itself.
+      : ep_(ep), conn_(kvtier::resp::connection_options{.server = ep, .connect_timeout = connect_timeout}) {}
 
   std::error_code connect(kvtier::deadline dl) override {
     b_.clear();
     b_.add({"PING"});
-    if (std::error_code ec = run(dl)) return ec;
+    if (std::error_code ec = run(dl)) {
+      if (ec == kvtier::errc::server_error) detail_ = "the server refused SELECT " + std::to_string(ep_.db);
+      return ec;
+    }
     const auto& r = b_.reply(0);
     if (r.kind != kvtier::resp::type::simple_string || r.str != "PONG") return bad_reply("PING", r);
     return {};
@@ -176,6 +180,7 @@ class connection_client final : public instance_client {
     }
   }
 
+  kvtier::resp::endpoint ep_;
   Connection conn_;
   kvtier::resp::batch b_;
   std::vector<std::string_view> args_;
