@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration tests of kvtier-probe against real redis-server processes on free loopback ports.
 #   probe_test.sh PROBE MODE
-# MODE: one_server | two_servers | two_servers_uring | dead_port | black_hole | wrong_server | bad_flags | interrupt
+# MODE: one_server | two_servers | two_servers_uring | auth | dead_port | black_hole | wrong_server | bad_flags | interrupt
 # Servers (and helper listeners) are started here and stopped by PID on exit. Exit 77: skipped.
 set -uo pipefail
 probe=$1
@@ -23,11 +23,13 @@ fail() {
 need() { command -v "$1" >/dev/null || { echo "SKIP: $1 not found" >&2; exit 77; }; }
 
 # start_redis PORT: starts redis-server on 127.0.0.1:PORT; 0 once it answers PING.
+# Extra server arguments in REDIS_ARGS; redis-cli authenticates with REDISCLI_AUTH.
+REDIS_ARGS=()
 start_redis() {
   local port=$1 dir="$work/redis-$1"
   mkdir -p "$dir"
   redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-    --daemonize no --logfile "$dir/log" &
+    --daemonize no --logfile "$dir/log" "${REDIS_ARGS[@]}" &
   local pid=$!
   for _ in $(seq 100); do
     if ! kill -0 "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null; return 1; fi  # port taken
@@ -104,6 +106,20 @@ case "$mode" in
       [ "$(redis-cli -p $((BASE + i)) dbsize)" = 1 ] || fail "instance $i: probe keys left behind (dbsize != 1)"
       [ "$(redis-cli -p $((BASE + i)) get other:key)" = keep ] || fail "instance $i: a foreign key was touched"
     done
+    ;;
+  auth)
+    need redis-server; need redis-cli
+    REDIS_ARGS=(--requirepass 'pw:with@odd')
+    export REDISCLI_AUTH='pw:with@odd'
+    start_servers 1
+    run_probe --url "resp://127.0.0.1:$BASE" --instances 1 --chunk-bytes 1000 --batch 2 --rounds 1 --timeout-ms 5000
+    st=$?
+    [ "$st" -eq 1 ] || fail "without a password: exit status $st (expected 1)"
+    grep -q "instance 0 (127.0.0.1:$BASE).*NOAUTH" "$work/err" || fail "message does not pass on NOAUTH"
+    # user:password in the URL, percent-encoded (':' and '@' inside the password)
+    run_probe --url "resp://default:pw%3Awith%40odd@127.0.0.1:$BASE/2" --instances 1 --chunk-bytes 1000 \
+      --batch 2 --rounds 2 --timeout-ms 5000 || fail "with the password: exit status $?"
+    [ "$(redis-cli -p "$BASE" -n 2 dbsize)" = 0 ] || fail "probe keys left behind in db 2"
     ;;
   dead_port)
     port=$(dead_port) || fail "no free port found"
