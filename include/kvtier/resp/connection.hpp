@@ -287,7 +287,8 @@ class connection_base {
   std::error_code run(batch& b, deadline dl) {
     cur_ = &b;
     if (b.replies_.size() < b.size()) b.replies_.resize(b.size());
-    out_.assign(b.req_.buffers().begin(), b.req_.buffers().end());
+    const auto request = b.req_.buffers();
+    out_.assign(request.begin(), request.end());
     out_index_ = 0;
     for (const auto& s : b.slots_) {
       if (s.into)
