@@ -306,10 +306,11 @@ struct child_result {
   double latency_s[max_batches] = {};
 };
 
-bool read_full(int fd, void* p, std::size_t n) {
-  auto* b = static_cast<char*>(p);
+// Moves all n bytes through read() or write(), resuming after EINTR and short transfers.
+template <class Byte, class Syscall>
+bool transfer_full(Syscall io, int fd, Byte* b, std::size_t n) {
   while (n > 0) {
-    ssize_t r = ::read(fd, b, n);
+    ssize_t r = io(fd, b, n);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     b += r;
@@ -317,17 +318,9 @@ bool read_full(int fd, void* p, std::size_t n) {
   }
   return true;
 }
-
+bool read_full(int fd, void* p, std::size_t n) { return transfer_full(::read, fd, static_cast<char*>(p), n); }
 bool write_full(int fd, const void* p, std::size_t n) {
-  const auto* b = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t r = ::write(fd, b, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    b += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return true;
+  return transfer_full(::write, fd, static_cast<const char*>(p), n);
 }
 
 /// Body of one child: connect, warm up and verify, report ready, wait for go, fetch for
