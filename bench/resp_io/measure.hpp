@@ -21,17 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "probe_stats.hpp"
+
 namespace kvtier_bench {
 
-/// Linear interpolation between closest ranks (the same rule the reference used); p in [0, 1].
-inline double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  double pos = p * static_cast<double>(v.size() - 1);
-  auto lo = static_cast<std::size_t>(pos);
-  std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
+using kvtier_probe::percentile;  // tools/probe/probe_stats.hpp: the probe's rule, one copy
 
 inline double median(const std::vector<double>& v) { return percentile(v, 0.5); }
 

@@ -30,6 +30,7 @@
 #include "kvtier/resp/url.hpp"
 #include "probe_io.hpp"
 #include "probe_options.hpp"
+#include "probe_stats.hpp"
 
 namespace kp = kvtier_probe;
 
@@ -38,15 +39,7 @@ namespace {
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
-/// Linear interpolation between closest ranks; p in [0, 1].
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = p * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<std::size_t>(pos);
-  const std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
+using kvtier_probe::percentile;
 
 std::string json_escape(std::string_view s) {
   std::string out;
