@@ -19,16 +19,14 @@
 #include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/comm/inproc.hpp"
 
+#include "../support/stats.hpp"
+
 using namespace kvtier;
 using std::chrono::duration;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using kvtier_bench::median;
 
 // The bytes of one benchmark world: the pristine chunks, each rank's source
 // (shared, or one per rank when a fetch fills it), destinations and staging.

@@ -19,6 +19,8 @@
 #ifdef KVTIER_BENCH_HAS_OPENSSL
 #include <openssl/evp.h>
 
+#include "../support/stats.hpp"
+
 namespace {
 // key c = first 128 bits of SHA-256(key c-1 || chunk bytes): the same chaining as
 // the default hash, with a cryptographic hash. One reused context per thread.
@@ -54,12 +56,7 @@ using clock_type = std::chrono::steady_clock;
 struct series {
   std::vector<double> seconds_per_prompt;
   std::uint64_t sink = 0;  // keeps the keys alive for the optimiser
-  double median() {
-    std::sort(seconds_per_prompt.begin(), seconds_per_prompt.end());
-    const std::size_t n = seconds_per_prompt.size();
-    return n % 2 ? seconds_per_prompt[n / 2]
-                 : (seconds_per_prompt[n / 2 - 1] + seconds_per_prompt[n / 2]) / 2;
-  }
+  double median() const { return kvtier_bench::median(seconds_per_prompt); }
 };
 
 // Seconds for `iters` passes over the prompt.

@@ -20,6 +20,8 @@
 #include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/comm/nccl.hpp"
 
+#include "../support/stats.hpp"
+
 using namespace kvtier;
 using std::chrono::duration;
 
@@ -27,11 +29,7 @@ namespace {
 
 constexpr std::size_t chunk_bytes = 12'400'000;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using kvtier_bench::median;
 
 bool cuda_ok(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;

@@ -20,6 +20,8 @@
 
 #include "kvtier/resp/parser.hpp"
 
+#include "../support/stats.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
@@ -31,11 +33,7 @@ std::size_t arg(int argc, char** argv, const char* name, std::size_t fallback) {
   return fallback;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using kvtier_bench::median;
 
 void fail(const char* what) {
   std::fprintf(stderr, "bench_resp_parser: %s\n", what);

@@ -23,6 +23,8 @@
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/store/memory_store.hpp"
 
+#include "../support/stats.hpp"
+
 using namespace kvtier;
 using namespace std::chrono_literals;
 
@@ -30,10 +32,7 @@ namespace {
 
 constexpr int reps = 9;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kvtier_bench::median;
 
 // Medians of `reps` runs of each function, run round-robin (f0, f1, ..., f0, f1,
 // ...) so that drift on a shared machine hits all of them alike.
