@@ -14,3 +14,4 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_remote_store_threads SOURCES resp_io/test_remote_store_threads.cpp LABELS integration tsan
                   LIBS kvtier::asio kvtier::uring TIMEOUT 120)
 endif()
+kvtier_add_test(test_conn_resolve SOURCES resp_io/test_conn_resolve.cpp LABELS unit tsan)

@@ -305,3 +305,19 @@ TEMPLATE_TEST_CASE("connection: nothing listening is refused at once, then backs
   REQUIRE(kvtier::clock::now() - t0 < 100ms + 2s);
   REQUIRE(conn.stats().connect_failures == 1);
 }
+
+TEMPLATE_TEST_CASE("connection: a host name resolves within the deadline; a bad one fails by it",
+                   "[integration]", asio_connection, uring_connection) {
+  redis_server srv;
+  {
+    TestType conn(options_for("resp://localhost:" + std::to_string(srv.port())));
+    REQUIRE_FALSE(conn.ping(deadline_after(5s)));
+  }
+  TestType conn(options_for("resp://no-such-host.invalid:6379"));
+  const auto dl = deadline_after(1s);
+  const std::error_code ec = conn.ping(dl);
+  // resolve_failed from a resolver that answers; timeout from one that does not.
+  REQUIRE((ec == errc::resolve_failed || ec == errc::timeout));
+  require_returned_by(dl);
+  REQUIRE_FALSE(conn.connected());
+}

@@ -16,7 +16,6 @@
 #pragma once
 
 #include <liburing.h>
-#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -139,29 +138,16 @@ class uring_connection : public connection_base<uring_connection> {
     transport_close();
     const endpoint& ep = opts().server;
     const bool unix_socket = ep.kind == endpoint::transport::unix_socket;
-    std::vector<std::pair<sockaddr_storage, socklen_t>> addrs;
+    detail::conn_addresses addrs;
     if (unix_socket) {
-      sockaddr_storage ss{};
-      auto* un = reinterpret_cast<sockaddr_un*>(&ss);
+      detail::conn_address ca;
+      auto* un = reinterpret_cast<sockaddr_un*>(&ca.addr);
       un->sun_family = AF_UNIX;
       std::memcpy(un->sun_path, ep.path.c_str(), std::min(ep.path.size() + 1, sizeof un->sun_path - 1));
-      addrs.emplace_back(ss, static_cast<socklen_t>(sizeof(sockaddr_un)));
-    } else {
-      // Numeric addresses resolve without I/O; a host name goes through getaddrinfo (which the
-      // deadline cannot interrupt: use addresses or a local resolver for strict bounds).
-      addrinfo hints{};
-      hints.ai_socktype = SOCK_STREAM;
-      hints.ai_flags = AI_NUMERICSERV;
-      addrinfo* res = nullptr;
-      const std::string port = std::to_string(ep.port);
-      if (::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr)
-        return make_error_code(errc::resolve_failed);
-      for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-        sockaddr_storage ss{};
-        std::memcpy(&ss, a->ai_addr, a->ai_addrlen);
-        addrs.emplace_back(ss, a->ai_addrlen);
-      }
-      ::freeaddrinfo(res);
+      ca.len = static_cast<socklen_t>(sizeof(sockaddr_un));
+      addrs.push_back(ca);
+    } else if (std::error_code ec = detail::conn_resolve(ep.host, ep.port, dl, addrs)) {
+      return ec;  // a host name resolves on a helper thread, so dl bounds it
     }
     std::error_code last = make_error_code(errc::connection_refused);
     for (auto& [addr, len] : addrs) {
