@@ -269,10 +269,13 @@ class connection_base {
     stats_.bytes_read += n;
     parser_.commit(n);
     std::error_code ec;
-    while (auto v = parser_.next(ec)) {
+    // Stop at the batch's last reply: bytes after it were never asked for, stay buffered, and
+    // run() closes the connection for them (never counted as replies of this batch).
+    while (!replies_done()) {
+      auto v = parser_.next(ec);
+      if (!v) break;
       if (v->kind == type::push) continue;  // RESP3 out-of-band message: not a reply
-      if (cur_->completed_ < cur_->replies_.size()) cur_->replies_[cur_->completed_] = std::move(*v);
-      ++cur_->completed_;
+      cur_->replies_[cur_->completed_++] = std::move(*v);
     }
     return ec;
   }

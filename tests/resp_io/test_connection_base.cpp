@@ -1,0 +1,94 @@
+// Unit tests of the transport-neutral half of a RESP connection (connection_base) over a
+// scripted in-memory transport: what the "server" sends is fixed per exchange, so stream
+// faults (extra replies, junk after the last reply) are deterministic, with no socket.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kvtier/resp/connection.hpp"
+
+using namespace std::chrono_literals;
+using kvtier::deadline;
+using kvtier::deadline_after;
+using kvtier::errc;
+using kvtier::resp::batch;
+using kvtier::resp::connection_base;
+using kvtier::resp::connection_options;
+using kvtier::resp::type;
+
+namespace {
+
+// Each exchange swallows the whole request, then "receives" the next scripted reply text
+// (in pieces of at most `chunk` bytes), stopping once the batch has all its replies.
+class scripted_connection : public connection_base<scripted_connection> {
+ public:
+  explicit scripted_connection(std::vector<std::string> replies, std::size_t chunk = 1 << 20)
+      : connection_base(connection_options{}), replies_(std::move(replies)), chunk_(chunk) {}
+
+  std::size_t exchanges = 0;
+  std::size_t closes = 0;
+
+  std::error_code transport_connect(deadline) { return {}; }
+  std::error_code transport_exchange(deadline) {
+    while (write_pending()) {
+      std::size_t n = 0;
+      for (const auto& s : write_buffers()) n += s.size();
+      on_written(n);
+    }
+    const std::string text = exchanges < replies_.size() ? replies_[exchanges] : std::string();
+    ++exchanges;
+    std::size_t off = 0;
+    while (!replies_done()) {
+      if (off == text.size()) return make_error_code(errc::connection_lost);
+      const std::span<std::byte> into = read_span();
+      const std::size_t n = std::min({into.size(), text.size() - off, chunk_});
+      std::memcpy(into.data(), text.data() + off, n);
+      off += n;
+      if (std::error_code ec = on_read(n)) return ec;
+    }
+    return {};
+  }
+  void transport_close() noexcept { ++closes; }
+  bool transport_peer_closed() noexcept { return false; }
+
+ private:
+  std::vector<std::string> replies_;
+  std::size_t chunk_;
+};
+
+}  // namespace
+
+TEST_CASE("connection_base: replies beyond the batch are not counted and close the stream", "[unit]") {
+  // One command, two replies arrive in the same read: the second was never asked for.
+  scripted_connection conn({"+PONG\r\n+PONG\r\n", "+OK\r\n"});
+  batch b;
+  b.add({"PING"});
+  REQUIRE_FALSE(conn.execute(b, deadline_after(1s)));
+  REQUIRE(b.completed() == 1);
+  REQUIRE(b.replies().size() == 1);
+  REQUIRE(b.reply(0).str == "PONG");
+  REQUIRE_FALSE(conn.connected());  // the stream cannot be trusted after unrequested bytes
+
+  // The next batch starts on a fresh stream: its reply is its own, not the stray PONG.
+  b.clear();
+  b.add({"SET", "k", "v"});
+  REQUIRE_FALSE(conn.execute(b, deadline_after(1s)));
+  REQUIRE(b.completed() == 1);
+  REQUIRE(b.reply(0).kind == type::simple_string);
+  REQUIRE(b.reply(0).str == "OK");
+}
+
+TEST_CASE("connection_base: many stray replies after a short batch stay out of it", "[unit]") {
+  std::string flood = ":1\r\n";
+  for (int i = 0; i < 64; ++i) flood += ":2\r\n";
+  scripted_connection conn({flood});
+  batch b;
+  b.add({"EXISTS", "k"});
+  REQUIRE_FALSE(conn.execute(b, deadline_after(1s)));
+  REQUIRE(b.completed() == 1);
+  REQUIRE(b.reply(0).integer == 1);
+  REQUIRE_FALSE(conn.connected());
+}
