@@ -35,6 +35,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -114,7 +115,11 @@ class fetch_queue {
     auto r = make(detail_kind::load, id, keys, std::move(layout), dl);
     if (dst.size() != keys.size()) return reject(r, errc::invalid_argument);
     r->dst.assign(dst.begin(), dst.end());
-    for (auto d : dst) r->bytes += d.size();
+    for (auto d : dst) {
+      // A sum past SIZE_MAX would wrap and slip under the bytes-in-flight bound.
+      if (d.size() > std::numeric_limits<std::size_t>::max() - r->bytes) return reject(r, errc::too_large);
+      r->bytes += d.size();
+    }
     return enqueue(std::move(r));
   }
 
@@ -131,6 +136,9 @@ class fetch_queue {
                         chunk_layout layout, deadline dl) {
     auto r = make(detail_kind::prefetch, id, keys, std::move(layout), dl);
     r->chunk_bytes = chunk_bytes;
+    // A wrapped product would allocate too little staging for the spans cut from it.
+    if (!keys.empty() && chunk_bytes > std::numeric_limits<std::size_t>::max() / keys.size())
+      return reject(r, errc::too_large);
     r->bytes = chunk_bytes * keys.size();
     if (r->bytes <= opt_.max_bytes_in_flight && r->bytes > 0) {  // allocate outside the queue lock
       try {
@@ -297,7 +305,7 @@ class fetch_queue {
       std::lock_guard lock(mu_);
       if (closed_) {
         refused = errc::shutdown;
-      } else if (requests_ + 1 > opt_.max_requests || bytes_ + r->bytes > opt_.max_bytes_in_flight) {
+      } else if (requests_ + 1 > opt_.max_requests || r->bytes > opt_.max_bytes_in_flight - bytes_) {
         refused = errc::queue_full;
       } else {
         ++requests_;

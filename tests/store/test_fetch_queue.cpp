@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -341,6 +342,27 @@ TEST_CASE("fetch_queue: bad arguments are refused with a status", "[unit]") {
   auto h2 = q.lookup(1, keys_of(0, 2), chunk_layout::contiguous(0, 3, T), deadline_after(far));
   REQUIRE(q.poll(h2).ec == errc::invalid_argument);
   REQUIRE(q.poll(fetch_handle{}).ec == errc::invalid_argument);
+}
+
+TEST_CASE("fetch_queue: byte counts that would wrap past SIZE_MAX are too_large", "[unit]") {
+  memory_store s(1 << 20);  // the keys are absent: nothing is ever written through the spans
+  fetch_queue q(s);
+  const std::size_t half = std::numeric_limits<std::size_t>::max() / 2 + 1;
+  // Prefetch: chunk_bytes * keys wraps to 2; the staging would be 2 bytes under 2^63-byte spans.
+  auto p = q.prefetch(1, keys_of(0, 2), half + 1, chunk_layout::contiguous(0, 2, T), deadline_after(far));
+  auto rp = q.wait(p, deadline_after(limit));
+  REQUIRE(rp.state == fetch_state::failed);
+  REQUIRE(rp.ec == errc::too_large);
+  // Load: the destination sizes sum to 2^64, which wraps to 0.
+  std::vector<std::byte> small(1);
+  std::vector<std::span<std::byte>> dst{std::span<std::byte>(small.data(), half),
+                                        std::span<std::byte>(small.data(), half)};
+  auto l = q.submit(2, keys_of(0, 2), dst, chunk_layout::contiguous(0, 2, T), deadline_after(far));
+  auto rl = q.wait(l, deadline_after(limit));
+  REQUIRE(rl.state == fetch_state::failed);
+  REQUIRE(rl.ec == errc::too_large);
+  REQUIRE(q.stats().bytes_in_flight == 0);
+  REQUIRE(q.stats().requests_in_flight == 0);
 }
 
 TEST_CASE("fetch_queue: a load reuses a finished prefetch instead of reading again", "[unit]") {
