@@ -114,6 +114,7 @@ struct instance {
   std::vector<std::vector<std::byte>> expected;
   std::vector<std::vector<std::byte>> dst;
   bool wrote = false;                // SET was attempted: clean up here
+  kvtier::deadline dl{};             // deadline of the latest call (of the failing one, on failure)
   std::vector<double> latency_s[2];  // per batch size: [0] K, [1] the second size
   std::string failure;               // first failure, names what happened
 };
@@ -122,10 +123,11 @@ std::string describe(const instance& in) {
   return "instance " + std::to_string(in.rank) + " (" + in.ep.describe() + ")";
 }
 
+// `limit` says what the deadline was, for a timeout: "--timeout-ms 2000".
 std::string what_failed(const std::string& doing, std::error_code ec, const std::string& detail,
-                        int timeout_ms) {
+                        const std::string& limit) {
   std::string m = doing + ": " + ec.message();
-  if (ec == kvtier::errc::timeout) m += " (no answer within --timeout-ms " + std::to_string(timeout_ms) + ")";
+  if (ec == kvtier::errc::timeout) m += " (no answer within " + limit + ")";
   if (!detail.empty()) m += ": " + detail;
   return m;
 }
@@ -192,6 +194,7 @@ int main(int argc, char** argv) {
   std::atomic<bool> stop{false};
   const int total_rounds = 2 * opt.rounds;
   const auto timeout = std::chrono::milliseconds(opt.timeout_ms);
+  const std::string limit = "--timeout-ms " + std::to_string(opt.timeout_ms);
   // All instances start each round together, so a round's aggregate is what a PCP load sees:
   // every rank fetches its own batch and the load ends with the slowest one.
   std::barrier round_start(opt.instances);
@@ -205,15 +208,17 @@ int main(int argc, char** argv) {
       in.failure = describe(in) + ": " + std::move(m);
       stop.store(true);
     };
+    auto next_deadline = [&] { return in.dl = kvtier::deadline_after(timeout); };
     in.client = kp::make_instance_client(opt.transport, in.ep, timeout);
-    std::error_code ec = in.client->connect(kvtier::deadline_after(timeout));
-    if (ec) return fail(what_failed("connect and PING", ec, in.client->detail(), opt.timeout_ms));
+    std::error_code ec = in.client->connect(next_deadline());
+    if (ec) return fail(what_failed("connect and PING", ec, in.client->detail(), limit));
+    if (stop.load() || g_interrupted.load()) return;
     for (int k = 0; k < nkeys; ++k)
       in.keys.push_back(prefix + std::to_string(in.rank) + ":" + std::to_string(k));
     // A random 64-bit prefix practically never exists; checking makes "never touches other keys" exact.
     std::size_t present = 0;
-    ec = in.client->exists(in.keys, present, kvtier::deadline_after(timeout));
-    if (ec) return fail(what_failed("EXISTS", ec, in.client->detail(), opt.timeout_ms));
+    ec = in.client->exists(in.keys, present, next_deadline());
+    if (ec) return fail(what_failed("EXISTS", ec, in.client->detail(), limit));
     if (present != 0)
       return fail("probe keys under " + prefix + " already exist; run again for a new prefix");
     in.expected.assign(static_cast<std::size_t>(nkeys), std::vector<std::byte>(opt.chunk_bytes));
@@ -224,8 +229,8 @@ int main(int argc, char** argv) {
     if (stop.load() || g_interrupted.load()) return;
     in.wrote = true;
     std::vector<std::span<const std::byte>> values(in.expected.begin(), in.expected.end());
-    ec = in.client->set(in.keys, values, ttl_ms, kvtier::deadline_after(timeout));
-    if (ec) return fail(what_failed("SET", ec, in.client->detail(), opt.timeout_ms));
+    ec = in.client->set(in.keys, values, ttl_ms, next_deadline());
+    if (ec) return fail(what_failed("SET", ec, in.client->detail(), limit));
 
     std::vector<kp::get_outcome> outcome(static_cast<std::size_t>(nkeys));
     for (int round = 0; round < total_rounds; ++round) {
@@ -244,11 +249,9 @@ int main(int argc, char** argv) {
       }
       for (auto& d : dst) std::memset(d.data(), 0, d.size());
       const auto t0 = std::chrono::steady_clock::now();
-      ec = in.client->get(keys, dst, std::span(outcome).first(k), kvtier::deadline_after(timeout));
+      ec = in.client->get(keys, dst, std::span(outcome).first(k), next_deadline());
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (ec)
-        return fail(
-            what_failed("GET batch of " + std::to_string(k), ec, in.client->detail(), opt.timeout_ms));
+      if (ec) return fail(what_failed("GET batch of " + std::to_string(k), ec, in.client->detail(), limit));
       for (std::size_t i = 0; i < k; ++i) {
         if (outcome[i] != kp::get_outcome::ok)
           return fail("GET " + keys[i] + ": " + std::string(kp::to_string(outcome[i])) +
@@ -277,6 +280,18 @@ int main(int argc, char** argv) {
   for (auto& t : threads) t.join();
 
   // ---- cleanup, also after a failure or Ctrl-C -------------------------------------------------
+  // After a failure the run ends by the failing call's deadline: the cleanup gets what is left of
+  // it, but at least a short grace (a tenth of --timeout-ms, at most 200 ms) so the keys on the
+  // healthy instances still get deleted (the keys of a dead one expire within 1 h). Otherwise
+  // (Ctrl-C) it gets a full --timeout-ms.
+  const auto grace = std::min<kvtier::clock::duration>(timeout / 10, std::chrono::milliseconds(200));
+  kvtier::deadline cleanup_dl = kvtier::deadline_after(timeout);
+  std::string cleanup_limit = limit;
+  for (const auto& in : inst) {
+    if (in.failure.empty()) continue;
+    cleanup_dl = std::min(cleanup_dl, std::max(in.dl, kvtier::deadline_after(grace)));
+    cleanup_limit = "the time left after the failure";
+  }
   if (std::any_of(inst.begin(), inst.end(), [](const instance& i) { return i.wrote; }))
     prog.phase("kvtier-probe: deleting the probe's keys");
   std::vector<std::thread> cleaners;
@@ -285,17 +300,16 @@ int main(int argc, char** argv) {
     if (!in.wrote) continue;
     cleaners.emplace_back([&, p = &in] {
       instance& i = *p;
-      const auto dl = kvtier::deadline_after(timeout);
       std::error_code ec;
       if (!i.failure.empty()) {  // its connection may be dead: start a fresh one
         i.client = kp::make_instance_client(opt.transport, i.ep, timeout);
-        ec = i.client->connect(dl);
+        ec = i.client->connect(cleanup_dl);
       }
-      if (!ec) ec = i.client->del(i.keys, dl);
+      if (!ec) ec = i.client->del(i.keys, cleanup_dl);
       if (ec)
         cleanup_errors[static_cast<std::size_t>(i.rank)] =
             describe(i) + ": " +
-            what_failed("DEL of the probe's keys", ec, i.client->detail(), opt.timeout_ms) +
+            what_failed("DEL of the probe's keys", ec, i.client->detail(), cleanup_limit) +
             " (they expire within 1 h)";
     });
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Integration tests of kvtier-probe against real redis-server processes on free loopback ports.
 #   probe_test.sh PROBE MODE
-# MODE: one_server | two_servers | two_servers_uring | auth | dead_port | black_hole | wrong_server | bad_flags | interrupt
+# MODE: one_server | two_servers | two_servers_uring | auth | dead_port | black_hole | stalled_server |
+#       wrong_server | bad_flags | interrupt
 # Servers (and helper listeners) are started here and stopped by PID on exit. Exit 77: skipped.
 set -uo pipefail
 probe=$1
@@ -9,7 +10,7 @@ mode=$2
 work=$(mktemp -d /tmp/kvtier-probe-test-XXXXXX)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill "$p" 2>/dev/null; done  # CONT: stalled_server
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
   rm -rf "$work"
 }
@@ -77,6 +78,7 @@ listener() {
   LPORT=$(cat "$work/listener.port")
 }
 run_probe() { "$probe" "$@" >"$work/out" 2>"$work/err"; }
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 last_json() { tail -n 1 "$work/out"; }
 
 case "$mode" in
@@ -136,16 +138,43 @@ case "$mode" in
     need perl
     listener ""
     port=$LPORT
-    start=$(date +%s)
+    start=$(now_ms)
     run_probe --url "resp://127.0.0.1:$port" --instances 1 --chunk-bytes 1000 --batch 2 --rounds 1 \
       --timeout-ms 1000
     st=$?
-    elapsed=$(( $(date +%s) - start ))
+    elapsed=$(( $(now_ms) - start ))
     [ "$st" -eq 1 ] || fail "exit status $st (expected 1)"
     grep -q "instance 0 (127.0.0.1:$port)" "$work/err" || fail "message does not name the instance"
     grep -qi "deadline\|timed out\|timeout" "$work/err" || fail "message does not say it timed out"
     # Hang detection only (not a timing assertion): the 1 s deadline plus a generous margin.
-    [ "$elapsed" -le 15 ] || fail "took ${elapsed}s with --timeout-ms 1000"
+    [ "$elapsed" -lt 3000 ] || fail "took ${elapsed} ms with --timeout-ms 1000 (limit 3000)"
+    ;;
+  stalled_server)
+    # Instance 1 stops answering mid-run (SIGSTOP: its kernel still accepts connections, so the
+    # cleanup's reconnect hangs too). The whole failure path, the failing GET plus the cleanup,
+    # must end by one deadline: T plus the short grace, not 2 T. Hang check with a margin of
+    # 2.5 s, which a second full T (4 s) would exceed.
+    need redis-server; need redis-cli
+    start_servers 2
+    "$probe" --url "resp://127.0.0.1:{rank+$BASE}" --instances 2 --chunk-bytes 100000 --batch 4 \
+      --rounds 1000000 --timeout-ms 4000 >"$work/out" 2>"$work/err" &
+    ppid_=$!
+    for _ in $(seq 200); do
+      [ "$(redis-cli -p "$BASE" dbsize)" -gt 0 ] && [ "$(redis-cli -p $((BASE + 1)) dbsize)" -gt 0 ] && break
+      sleep 0.05
+    done
+    sleep 0.3
+    kill -STOP "${pids[1]}"
+    start=$(now_ms)
+    wait "$ppid_"
+    st=$?
+    elapsed=$(( $(now_ms) - start ))
+    kill -CONT "${pids[1]}"
+    [ "$st" -eq 1 ] || fail "exit status $st (expected 1)"
+    grep -q "instance 1 (127.0.0.1:$((BASE + 1)))" "$work/err" || fail "message does not name instance 1"
+    grep -qi "deadline\|timed out\|timeout" "$work/err" || fail "message does not say it timed out"
+    [ "$elapsed" -lt 6500 ] || fail "took ${elapsed} ms after the stall with --timeout-ms 4000 (limit 6500)"
+    [ "$(redis-cli -p "$BASE" dbsize)" = 0 ] || fail "the healthy instance's probe keys were left behind"
     ;;
   wrong_server)
     need perl
