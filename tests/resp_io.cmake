@@ -16,3 +16,7 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
 endif()
 kvtier_add_test(test_conn_resolve SOURCES resp_io/test_conn_resolve.cpp LABELS unit tsan)
 kvtier_add_test(test_connection_base SOURCES resp_io/test_connection_base.cpp LABELS unit)
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  kvtier_add_test(test_slow_resolver SOURCES resp_io/test_slow_resolver.cpp LABELS integration
+                  LIBS kvtier::asio kvtier::uring ${CMAKE_DL_LIBS} TIMEOUT 60)
+endif()

@@ -20,6 +20,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -63,7 +64,6 @@ class asio_connection : public connection_base<asio_connection> {
         ctx_.run_one();
       } else if (ctx_.run_one_until(dl) == 0 && clock::now() >= dl) {
         timed_out = true;
-        resolver_.cancel();
         close_socket();
       }
     }
@@ -105,20 +105,32 @@ class asio_connection : public connection_base<asio_connection> {
           result = e2;
         });
       } else {
-        // A host name: resolve asynchronously too, so the deadline bounds it.
-        resolver_.async_resolve(ep.host, std::to_string(ep.port),
-                                [this, &result](const asio_ec& re, tcp::resolver::results_type rs) {
-                                  if (re) {
-                                    --pending_;
-                                    result = re;
-                                    return;
-                                  }
-                                  boost::asio::async_connect(
-                                      tcp_, rs, [this, &result](const asio_ec& ce, const tcp::endpoint&) {
-                                        --pending_;
-                                        result = ce;
-                                      });
-                                });
+        // A host name: Asio's resolver runs getaddrinfo on a thread that a cancel cannot
+        // interrupt (the aborted handler waits for the lookup), so resolve by `dl` with the
+        // helper the io_uring transport uses, then connect to each address in turn.
+        detail::conn_addresses addrs;
+        if (std::error_code rec = detail::conn_resolve(ep.host, ep.port, dl, addrs)) {
+          pending_ = 0;
+          return rec;
+        }
+        endpoints_.clear();
+        for (const auto& a : addrs) {
+          tcp::endpoint te;
+          if ((a.addr.ss_family != AF_INET && a.addr.ss_family != AF_INET6) || a.len > te.capacity())
+            continue;
+          std::memcpy(te.data(), &a.addr, a.len);
+          te.resize(a.len);
+          endpoints_.push_back(te);
+        }
+        if (endpoints_.empty()) {
+          pending_ = 0;
+          return make_error_code(errc::resolve_failed);
+        }
+        boost::asio::async_connect(tcp_, endpoints_,
+                                   [this, &result](const asio_ec& ce, const tcp::endpoint&) {
+                                     --pending_;
+                                     result = ce;
+                                   });
       }
     }
     if (run_until(dl)) return make_error_code(errc::timeout);
@@ -194,7 +206,7 @@ class asio_connection : public connection_base<asio_connection> {
   boost::asio::io_context ctx_{1};
   tcp::socket tcp_{ctx_};
   local::socket unix_{ctx_};
-  tcp::resolver resolver_{ctx_};
+  std::vector<tcp::endpoint> endpoints_;  // a host name's addresses, tried in order
   std::vector<boost::asio::const_buffer> wbufs_;
   std::size_t pending_ = 0;
   std::error_code error_;
