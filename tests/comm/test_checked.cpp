@@ -96,6 +96,32 @@ TEST_CASE("checked: groups with different operations are mismatches", "[unit]") 
   }
 }
 
+TEST_CASE("checked: group ops that differ only where root and size bits overlap are still mismatches",
+          "[unit]") {
+  // broadcast(root=1, B) and broadcast(root=0, B ^ 2^20) once hashed alike (root was
+  // XORed in at bit 20 of the size), so the check passed and only the backend could
+  // notice: NCCL would have hung until the deadline. 12.4 MB chunks have bit 20 set.
+  constexpr std::size_t big = 12'400'000, other = big ^ (std::size_t{1} << 20);
+  inproc_world world(2);
+  std::vector<rank_out> out(2);
+  std::vector<std::vector<collective_call>> inner_calls(2);
+  run_ranks(world, [&](inproc_communicator& c0) {
+    checked<recording<inproc_communicator>> c(recording<inproc_communicator>(std::move(c0)));
+    const bool zero = c.rank() == 0;
+    std::vector<std::byte> a(zero ? big : other);
+    (void)c.group_start();
+    (void)c.broadcast({}, a, zero ? 1 : 0, soon());
+    out[c.rank()].ec = c.group_end(soon());
+    out[c.rank()].msg = c.last_error();
+    inner_calls[c.rank()] = c.inner().calls();
+  });
+  for (rank_t r = 0; r < 2; ++r) {
+    CHECK(out[r].ec == errc::collective_mismatch);
+    CHECK(out[r].msg.rfind("collective mismatch: rank 0 called group(1 ops)", 0) == 0);
+    CHECK(inner_calls[r].size() == 1u);  // only the check ran on the inner communicator
+  }
+}
+
 TEST_CASE("checked: chunk_broadcast through the checker issues the same collectives, each checked once",
           "[unit]") {
   const rank_t W = 4;

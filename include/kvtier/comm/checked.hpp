@@ -70,7 +70,7 @@ class checked {
     if (ops.empty()) return {};
     collective_call g = kind_call(op_kind::group, 0, ops.size());
     std::uint64_t h = 0xCBF29CE484222325ull;
-    for (const auto& o : ops) h = mix(h, encode(o.call));
+    for (const auto& o : ops) h = mix_call(h, o.call);
     if (auto ec = check(g, h, dl)) return ec;
     if (auto ec = inner_.group_start()) return ec;
     std::error_code first;
@@ -106,10 +106,13 @@ class checked {
     h *= 0x100000001B3ull;
     return h ^ (h >> 29);
   }
-  static std::uint64_t encode(const collective_call& c) noexcept {
-    return (static_cast<std::uint64_t>(c.op) << 56) ^ (static_cast<std::uint64_t>(c.type) << 48) ^
-           (static_cast<std::uint64_t>(c.reduce) << 40) ^ (static_cast<std::uint64_t>(c.root) << 20) ^
-           c.bytes;
+  // Each field is mixed in on its own: packing them into one word let the root's
+  // bits cancel against the size's (broadcast(root=1, B) == broadcast(root=0, B ^ 2^20)).
+  static std::uint64_t mix_call(std::uint64_t h, const collective_call& c) noexcept {
+    h = mix(h, (static_cast<std::uint64_t>(c.op) << 16) | (static_cast<std::uint64_t>(c.type) << 8) |
+                   static_cast<std::uint64_t>(c.reduce));
+    h = mix(h, c.root);
+    return mix(h, c.bytes);
   }
 
   std::error_code fail(std::error_code ec, std::string msg) {
