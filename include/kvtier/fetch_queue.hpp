@@ -131,7 +131,8 @@ class fetch_queue {
   /// Reads the keys (chunk_bytes each) into queue-owned staging and keeps them
   /// for a later submit() with the same id; prefix_tokens is the rank answer over
   /// what was staged, so a prefetch doubles as the lookup. A held prefetch counts
-  /// against bytes in flight until a load consumes it or release_prefetch(id).
+  /// against bytes in flight until a load consumes it or release_prefetch(id); one
+  /// that completes failed (cancelled, shut down) is dropped at once.
   fetch_handle prefetch(request_id id, std::span<const chunk_key> keys, std::size_t chunk_bytes,
                         chunk_layout layout, deadline dl) {
     auto r = make(detail_kind::prefetch, id, keys, std::move(layout), dl);
@@ -495,7 +496,7 @@ class fetch_queue {
     const claim_result c = claim(*r);
     if (c == claim_result::lost) return false;
     if (c == claim_result::won_cancelled) e = errc::cancelled;
-    settle(r);
+    settle(r, true);
     if (opt_.metrics && e == errc::cancelled) opt_.metrics->cancelled.add();
     publish(r, fail_status(*r, e));
     return true;
@@ -504,7 +505,7 @@ class fetch_queue {
   void finish(const req_ptr& r, std::vector<chunk_status> status, std::error_code ec) {
     const claim_result c = claim(*r);
     if (c == claim_result::lost) return;
-    settle(r);
+    settle(r, c == claim_result::won_cancelled);
     if (c == claim_result::won_cancelled) {
       if (opt_.metrics) opt_.metrics->cancelled.add();
       publish(r, fail_status(*r, errc::cancelled));
@@ -554,7 +555,9 @@ class fetch_queue {
 
   // After the claim: give back the slot and bytes BEFORE publishing, so a caller
   // who sees the completion can submit again without a spurious queue_full.
-  void settle(const req_ptr& r) {
+  // A failed prefetch staged nothing: it stops being held, so its staging does not
+  // stay counted in flight until a load or release_prefetch() that may never come.
+  void settle(const req_ptr& r, bool failed) {
     std::lock_guard lock(mu_);
     if (r->where == where::finished) return;
     r->where = where::finished;
@@ -565,6 +568,10 @@ class fetch_queue {
     gauge_add(&metrics::bytes_in_flight, -static_cast<std::int64_t>(own));
     if (r->kind == detail_kind::prefetch) {
       r->work_finished = true;
+      if (failed && r->retained) {
+        if (auto it = held_.find(r->id); it != held_.end() && it->second == r) held_.erase(it);
+        r->retained = false;
+      }
       maybe_release_staging(*r);
     }
     if (r->source) {

@@ -447,6 +447,38 @@ TEST_CASE("fetch_queue: release_prefetch frees staging; a cancelled prefetch is 
   REQUIRE(q.stats().bytes_in_flight == 0);
 }
 
+TEST_CASE("fetch_queue: a cancelled prefetch gives back its staging at once", "[unit][tsan]") {
+  gated_store g;
+  fetch_queue q(g, {.workers = 1});
+  std::vector<chunk_key> busy{gated_key(1, 0, 1)};
+  auto hb = q.lookup(1, busy, chunk_layout::contiguous(0, 1, T), deadline_after(far));
+  REQUIRE(g.wait_started(1));  // the only worker is taken: the prefetch stays queued
+  std::vector<chunk_key> keys{gated_key(2, 0, 0b11), gated_key(2, 1, 0b11)};
+  auto hp = q.prefetch(9, keys, B, chunk_layout::contiguous(0, 2, T), deadline_after(far));
+  REQUIRE(q.stats().bytes_in_flight == 2 * B);
+  REQUIRE(q.cancel(hp));
+  REQUIRE(q.poll(hp).ec == errc::cancelled);
+  REQUIRE(q.stats().bytes_in_flight == 0);  // was held (2 * B) until a load or release_prefetch
+  REQUIRE(q.stats().prefetches_held == 0);
+  // A cancelled running prefetch too, once its store call returns.
+  auto hp2 = q.prefetch(10, keys, B, chunk_layout::contiguous(0, 2, T), deadline_after(far));
+  g.release(1);
+  REQUIRE(g.wait_started(2));
+  REQUIRE(q.cancel(hp2));
+  g.release(2);
+  REQUIRE(q.wait(hp2, deadline_after(limit)).ec == errc::cancelled);
+  REQUIRE(q.wait(hb, deadline_after(limit)).state == fetch_state::done);
+  REQUIRE(q.stats().bytes_in_flight == 0);
+  REQUIRE(q.stats().prefetches_held == 0);
+  // A load under the cancelled prefetch's id reads everything from the store.
+  buffers out(2);
+  auto r = q.wait(q.submit(10, keys, out.spans, chunk_layout::contiguous(0, 2, T), deadline_after(far)),
+                  deadline_after(limit));
+  REQUIRE(r.prefix_tokens == 2 * T);
+  for (std::size_t c = 0; c < 2; ++c)
+    for (std::size_t j = 0; j < B; ++j) REQUIRE(out.data[c][j] == kvtier::test::gated_byte(keys[c], j));
+}
+
 TEST_CASE("fetch_queue: batched calls notice a cancel between batches", "[unit][tsan]") {
   gated_store g;
   fetch_queue q(g, {.workers = 1, .max_batch_chunks = 1});
