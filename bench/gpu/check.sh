@@ -40,8 +40,10 @@ else
   tail -n 5 "$log" || true
   mkdir -p "$build"
   bin="$build/gpu_check"
-  ncclinc=$(dirname "$(find "$cuda"/include "$cuda"/targets /usr/include -name nccl.h 2>/dev/null | head -n1)")
-  nccllib=$(dirname "$(find "$cuda"/lib64 "$cuda"/lib "$cuda"/targets /usr/lib -name 'libnccl.so*' 2>/dev/null | head -n1)")
+  # find fails on a search root that does not exist (e.g. $cuda/lib); under set -e and
+  # pipefail that would end the script here, so the lookups may fail and print nothing.
+  ncclinc=$(dirname "$( (find "$cuda"/include "$cuda"/targets /usr/include -name nccl.h 2>/dev/null || true) | head -n1)")
+  nccllib=$(dirname "$( (find "$cuda"/lib64 "$cuda"/lib "$cuda"/targets /usr/lib -name 'libnccl.so*' 2>/dev/null || true) | head -n1)")
   g++ -std=c++20 -O2 -Iinclude -I"$cuda/include" -I"$ncclinc" bench/gpu/gpu_check.cpp \
       -L"$cuda/lib64" -L"$nccllib" -Wl,-rpath,"$cuda/lib64" -Wl,-rpath,"$nccllib" -lnccl -lcudart -pthread -o "$bin"
   echo "built directly: $bin"
