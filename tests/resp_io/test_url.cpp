@@ -110,3 +110,20 @@ TEST_CASE("url: errors name what is wrong", "[unit]") {
   require_bad("resp://h:{rank+65535}", "outside 1..65535", 1);
   require_bad("resp://h:1", "negative", -1);
 }
+
+TEST_CASE("url: database range, raw '/' in a password and encoded hosts are named", "[unit]") {
+  require_bad("resp://h:1/99999999999", "database '99999999999' is out of range 0..1073741824");
+  require_bad("resp+unix:///tmp/a.sock?db=2147483648", "database '2147483648' is out of range");
+  require_bad("resp://h:1/+1", "database '+1' is not a number >= 0");
+  require_bad("resp://u:p/w@h:1", "'/' in the user or password must be percent-encoded as %2F");
+  require_bad("resp://h%41:1", "host 'h%41' contains an invalid character");
+  require_bad("resp://a]b:1", "host 'a]b' contains an invalid character");
+  auto r = parse_url("resp://u:p%2Fw@h:1/1073741824");
+  REQUIRE(r);
+  CHECK(r.value.password == "p/w");
+  CHECK(r.value.db == 1 << 30);
+  r = parse_url("resp://[::1]:{rank+6400}/1", 2);
+  REQUIRE(r);
+  CHECK(r.value.host == "::1");
+  CHECK(r.value.port == 6402);
+}

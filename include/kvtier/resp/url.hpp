@@ -98,6 +98,17 @@ inline std::optional<long long> conn_parse_int(std::string_view s, long long lo,
   return v;
 }
 
+// A database index: digits in [0, 2^30]; else the message that says what is wrong with it.
+inline std::optional<std::string> conn_parse_db(std::string_view s, int& db) {
+  constexpr long long max_db = 1 << 30;
+  const bool digits = !s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos;
+  if (!digits) return "database '" + std::string(s) + "' is not a number >= 0";
+  const auto v = conn_parse_int(s, 0, max_db);
+  if (!v) return "database '" + std::string(s) + "' is out of range 0.." + std::to_string(max_db);
+  db = static_cast<int>(*v);
+  return std::nullopt;
+}
+
 }  // namespace detail
 
 /// Replaces every "{rank}" in `tmpl` by `rank`; "{rank+N}" is left for parse_url's port.
@@ -194,10 +205,7 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
       std::string_view query = rest.substr(q + 1);
       if (query.substr(0, 3) != "db=")
         return conn_url_error(url, "unsupported query '" + std::string(query) + "' (only ?db=N)");
-      auto db = detail::conn_parse_int(query.substr(3), 0, 1 << 30);
-      if (!db)
-        return conn_url_error(url, "database '" + std::string(query.substr(3)) + "' is not a number >= 0");
-      ep.db = static_cast<int>(*db);
+      if (auto bad = detail::conn_parse_db(query.substr(3), ep.db)) return conn_url_error(url, *bad);
     }
     if (path.empty() || path.front() != '/')
       return conn_url_error(url, "Unix socket path must be absolute (resp+unix:///path/to.sock)");
@@ -212,12 +220,14 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
   if (slash != std::string_view::npos) {
     hostport = rest.substr(0, slash);
     dbpart = rest.substr(slash + 1);
+    // An '@' after the first '/' means a raw '/' inside the user or password cut the
+    // authority short (it must be written %2F).
+    if (dbpart.find('@') != std::string_view::npos)
+      return conn_url_error(url, "a '/' in the user or password must be percent-encoded as %2F");
     if (dbpart.find('?') != std::string_view::npos)
       return conn_url_error(url, "query parameters are not supported");
     if (!dbpart.empty()) {
-      auto db = detail::conn_parse_int(dbpart, 0, 1 << 30);
-      if (!db) return conn_url_error(url, "database '" + std::string(dbpart) + "' is not a number >= 0");
-      ep.db = static_cast<int>(*db);
+      if (auto bad = detail::conn_parse_db(dbpart, ep.db)) return conn_url_error(url, *bad);
     }
   }
   std::string_view host = hostport, port;
@@ -243,7 +253,8 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
     }
   }
   if (host.empty()) return conn_url_error(url, "missing host");
-  if (host.find_first_of("{}@ ") != std::string_view::npos)
+  // '%': host names are not percent-decoded (a literal name or address is expected).
+  if (host.find_first_of("{}@ %[]") != std::string_view::npos)
     return conn_url_error(url, "host '" + std::string(host) + "' contains an invalid character");
   ep.host = std::string(host);
 
