@@ -58,8 +58,13 @@ TEST_CASE("nccl: one-rank communicator runs collectives and the load protocol", 
   REQUIRE(src);
   REQUIRE(dst);
   REQUIRE(cudaMemcpy(src.data(), host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+  // cudaMemcpy from pageable memory and cudaMemset may return before the device
+  // finished them, on the legacy stream, which the communicator's non-blocking
+  // stream does not wait for: synchronise before the collectives read the buffers.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   for (auto mode : {broadcast_mode::per_chunk, broadcast_mode::grouped, broadcast_mode::gathered}) {
     REQUIRE(cudaMemset(dst.data(), 0, dst.size()) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     chunk_span_buffers b;
     for (std::size_t k = 0; k < n; ++k) {
       b.sources.push_back(std::span<const std::byte>(src.bytes()).subspan(k * cb, cb));
@@ -78,6 +83,7 @@ TEST_CASE("nccl: one-rank communicator runs collectives and the load protocol", 
 
     // Pipelined: 3 chunks loaded, then 6 with the fetch finished.
     REQUIRE(cudaMemset(dst.data(), 0, dst.size()) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     pipelined_broadcast pb(c, own, b, p);
     pb.step(3 * 256, false, deadline_after(30s));
     pb.step(6 * 256, true, deadline_after(30s));

@@ -11,7 +11,11 @@
 //
 // Memory: broadcast, all_gather and local_copy take device memory; all_reduce takes
 // host memory (it is staged through pinned host and device scratch), as the
-// communicator concept specifies.
+// communicator concept specifies. The stream is non-blocking: it does not wait for
+// work on other streams, the legacy default stream included (cudaMemset, and
+// cudaMemcpy from pageable memory, may return before the device finished them).
+// Whatever fills a send buffer must be complete, or ordered before stream() with an
+// event, when the call is made; on success every result is complete on return.
 //
 //   ncclUniqueId id;
 //   kvtier::comm::nccl_unique_id(id);                   // rank 0; share it out of band
