@@ -236,3 +236,53 @@ TEMPLATE_TEST_CASE("remote_store: a server that never answers: every key times o
   for (auto s : st) REQUIRE(s == chunk_status::timeout);
   REQUIRE(store.stats().timeouts == 2);
 }
+
+TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the stream stays in sync",
+                   "[integration]", asio_connection, uring_connection) {
+  const auto keys = keys_n(4, 11);
+  std::vector<std::vector<std::byte>> src;
+  for (std::size_t i = 0; i < keys.size(); ++i) src.push_back(pattern(1 << 20, static_cast<unsigned>(i)));
+  std::vector<chunk_status> st(keys.size());
+
+  SECTION("OOM on SET (maxmemory, noeviction)") {
+    redis_server srv({.extra_args = {"--maxmemory", "2mb", "--maxmemory-policy", "noeviction"}});
+    remote_store<TestType> store(test_ns(), options_for(srv.url()));
+    REQUIRE_FALSE(store.put(keys, cspans(src), st, deadline_after(5s)));
+    std::size_t stored = 0;
+    for (auto s : st) {
+      REQUIRE((s == chunk_status::hit || s == chunk_status::error));
+      stored += s == chunk_status::hit;
+    }
+    REQUIRE(stored < keys.size());  // 4 MiB never fit in 2 MB
+    REQUIRE(store.stats().errors == keys.size() - stored);
+    // What was stored reads back verified; what was refused is a miss; same connection.
+    std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(1 << 20));
+    std::vector<chunk_status> got(keys.size());
+    auto d = spans(dst);
+    REQUIRE_FALSE(store.get(keys, d, got, deadline_after(5s)));
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      INFO("key " << i);
+      REQUIRE(got[i] == (st[i] == chunk_status::hit ? chunk_status::hit : chunk_status::miss));
+      if (got[i] == chunk_status::hit) REQUIRE(dst[i] == src[i]);
+    }
+    REQUIRE(store.connection().stats().connects == 1);
+  }
+
+  SECTION("NOAUTH: a server that wants a password the URL does not give") {
+    redis_server srv({.extra_args = {"--requirepass", "pw"}, .harness_password = "pw"});
+    remote_store<TestType> store(test_ns(), options_for(srv.url()));
+    REQUIRE_FALSE(store.exists(keys, st, deadline_after(2s)));
+    for (auto s : st) REQUIRE(s == chunk_status::error);
+    // Redis refuses a large bulk from an unauthenticated client with an error reply and then
+    // closes the connection: the first key gets the reply, the others the lost connection.
+    const std::error_code put_ec = store.put(keys, cspans(src), st, deadline_after(5s));
+    REQUIRE((!put_ec || put_ec == errc::connection_lost));
+    for (auto s : st) REQUIRE(s == chunk_status::error);
+    std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(1 << 20));
+    auto d = spans(dst);
+    REQUIRE_FALSE(store.get(keys, d, st, deadline_after(2s)));
+    for (auto s : st) REQUIRE(s == chunk_status::error);
+    REQUIRE(store.stats().errors >= 2 * keys.size());
+    REQUIRE(store.stats().hits == 0);
+  }
+}
