@@ -7,7 +7,10 @@
 // deadline passed; on a timeout or an asynchronous NCCL error the communicator is
 // aborted with ncclCommAbort and stays poisoned (every later call returns
 // errc::backend_error; create a new one). NCCL cannot see mismatched calls: they
-// surface as errc::timeout on the ranks that wait.
+// surface as errc::timeout on the ranks that wait. A collective that fails on this
+// rank before NCCL got it (invalid arguments, a failed CUDA or NCCL call) aborts the
+// communicator too (inside a group: when the group ends): NCCL pairs calls by
+// position, so this rank's next call would otherwise pair with the peers' skipped one.
 //
 // Memory: broadcast, all_gather and local_copy take device memory; all_reduce takes
 // host memory (it is staged through pinned host and device scratch), as the
@@ -120,6 +123,8 @@ class nccl_communicator {
       device_ = o.device_;
       aborted_ = std::exchange(o.aborted_, false);
       group_depth_ = std::exchange(o.group_depth_, 0u);
+      group_error_ = std::exchange(o.group_error_, {});
+      group_message_ = std::move(o.group_message_);
       scratch_ = std::move(o.scratch_);
       host_scratch_ = std::move(o.host_scratch_);
       scratch_used_ = std::exchange(o.scratch_used_, 0);
@@ -174,7 +179,7 @@ class nccl_communicator {
                             kvtier::deadline dl) {
     if (auto ec = usable()) return ec;
     if (root >= size_ || (rank_ == root && send.size() != recv.size()))
-      return invalid("broadcast: bad root or sizes");
+      return skipped(invalid("broadcast: bad root or sizes"));
     const void* s = rank_ == root ? static_cast<const void*>(send.data()) : recv.data();
     return issue(
         ncclBroadcast(s, recv.data(), recv.size(), ncclUint8, static_cast<int>(root), comm_, stream_),
@@ -184,7 +189,8 @@ class nccl_communicator {
   std::error_code all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
                              kvtier::deadline dl) {
     if (auto ec = usable()) return ec;
-    if (recv.size() != send.size() * size_) return invalid("all_gather: recv size != size() * send size");
+    if (recv.size() != send.size() * size_)
+      return skipped(invalid("all_gather: recv size != size() * send size"));
     return issue(ncclAllGather(send.data(), recv.data(), send.size(), ncclUint8, comm_, stream_),
                  "ncclAllGather", dl);
   }
@@ -193,19 +199,19 @@ class nccl_communicator {
                              kvtier::deadline dl) {
     if (auto ec = usable()) return ec;
     const std::size_t bytes = count * dtype_size(type);
-    if (type == dtype::bytes) return invalid("all_reduce: dtype::bytes cannot be reduced");
+    if (type == dtype::bytes) return skipped(invalid("all_reduce: dtype::bytes cannot be reduced"));
     if (scratch_used_ + bytes > reduce_scratch_bytes)
-      return invalid("all_reduce: more than reduce_scratch_bytes");
+      return skipped(invalid("all_reduce: more than reduce_scratch_bytes"));
     std::byte* host = host_scratch_.data() + scratch_used_;
     std::byte* dev = scratch_.data() + scratch_used_;
     if (group_depth_ > 0) scratch_used_ += (bytes + 15) / 16 * 16;
     std::memcpy(host, send, bytes);
     if (auto ec = cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync"))
-      return ec;
+      return skipped(ec);
     const ncclResult_t r = ncclAllReduce(dev, dev, count, nccl_type(type), nccl_op(op), comm_, stream_);
     if (group_depth_ > 0) {  // results are copied back after group_end
       pending_host_.push_back({dev, host, static_cast<std::byte*>(recv), bytes});
-      return r == ncclSuccess || r == ncclInProgress ? std::error_code{} : nccl(r, "ncclAllReduce");
+      return r == ncclSuccess || r == ncclInProgress ? std::error_code{} : skipped(nccl(r, "ncclAllReduce"));
     }
     pending_host_.push_back({dev, host, static_cast<std::byte*>(recv), bytes});
     return issue(r, "ncclAllReduce", dl);
@@ -214,7 +220,8 @@ class nccl_communicator {
   std::error_code group_start() {
     if (auto ec = usable()) return ec;
     if (group_depth_++ == 0) scratch_used_ = 0;
-    return nccl(ncclGroupStart(), "ncclGroupStart");
+    if (auto ec = nccl(ncclGroupStart(), "ncclGroupStart")) return skipped(ec);
+    return {};
   }
 
   std::error_code group_end(kvtier::deadline dl) {
@@ -225,8 +232,17 @@ class nccl_communicator {
       pending_host_.clear();
       return usable();
     }
-    if (group_depth_ > 0) return nccl(r, "ncclGroupEnd");
+    if (group_depth_ > 0) {
+      if (auto ec = nccl(r, "ncclGroupEnd")) return skipped(ec);
+      return {};
+    }
     scratch_used_ = 0;
+    if (group_error_) {  // an operation of the group never reached NCCL: its peers' will not pair
+      const std::error_code ec = std::exchange(group_error_, {});
+      pending_host_.clear();
+      abort(group_message_ + "; the group was incomplete, communicator aborted");
+      return ec;
+    }
     return issue(r, "ncclGroupEnd", dl);
   }
 
@@ -237,7 +253,7 @@ class nccl_communicator {
     if (dst.empty() || dst.data() == src.data()) return {};
     if (auto ec = cuda(cudaMemcpyAsync(dst.data(), src.data(), dst.size(), cudaMemcpyDefault, stream_),
                        "cudaMemcpyAsync"))
-      return ec;
+      return skipped(ec);
     if (group_depth_ > 0) return {};  // ordered before the group's collectives; completes with them
     return wait_stream("local_copy", dl);
   }
@@ -284,7 +300,21 @@ class nccl_communicator {
           aborted_ ? "communicator was aborted after an earlier timeout or error" : "no communicator";
       return kvtier::errc::backend_error;
     }
-    return cuda(cudaSetDevice(device_), "cudaSetDevice");  // the calling thread may differ from the creator
+    // The calling thread may differ from the creator.
+    if (auto ec = cuda(cudaSetDevice(device_), "cudaSetDevice")) return skipped(ec);
+    return {};
+  }
+
+  // This rank failed an operation before NCCL got it, but its peers may issue theirs:
+  // as NCCL pairs calls by position, any later call would pair with a skipped one
+  // (other sizes, other buffers). Abort now, or inside a group once it is closed.
+  std::error_code skipped(std::error_code ec) {
+    if (group_depth_ > 0) {
+      if (!group_error_) group_error_ = ec, group_message_ = last_error_;
+    } else {
+      abort(last_error_ + "; communicator aborted (the peers may have issued this collective)");
+    }
+    return ec;
   }
   std::error_code cuda(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return {};
@@ -322,7 +352,11 @@ class nccl_communicator {
     for (unsigned i = 0;; ++i) {
       ncclResult_t state = ncclSuccess;
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-      if (r != ncclSuccess) return nccl(r, "ncclCommGetAsyncError");
+      if (r != ncclSuccess) {
+        auto ec = nccl(r, "ncclCommGetAsyncError");
+        abort(last_error_);
+        return ec;
+      }
       if (state == ncclSuccess) return {};
       if (state != ncclInProgress) {
         auto ec = nccl(state, what);
@@ -367,8 +401,8 @@ class nccl_communicator {
   // then deliver all_reduce results to their host buffers.
   std::error_code issue(ncclResult_t r, const char* what, kvtier::deadline dl) {
     if (r != ncclSuccess && r != ncclInProgress) {
-      pending_host_.clear();
-      return nccl(r, what);
+      if (group_depth_ == 0) pending_host_.clear();  // a group's are dropped when it ends
+      return skipped(nccl(r, what));
     }
     if (group_depth_ > 0) return {};
     if (auto ec = wait_enqueued(what, dl)) {
@@ -379,7 +413,7 @@ class nccl_communicator {
       if (auto ec = cuda(cudaMemcpyAsync(h.pinned, h.dev, h.bytes, cudaMemcpyDeviceToHost, stream_),
                          "cudaMemcpyAsync")) {
         pending_host_.clear();
-        return ec;
+        return skipped(ec);  // the collective ran: abort so its in-flight copies cannot race the next call
       }
     auto ec = wait_stream(what, dl);
     if (!ec)
@@ -414,6 +448,8 @@ class nccl_communicator {
   int device_ = 0;
   bool aborted_ = false;
   std::uint32_t group_depth_ = 0;
+  std::error_code group_error_;  // first local failure inside the open group
+  std::string group_message_;
   device_buffer scratch_;
   pinned_buffer host_scratch_;
   std::size_t scratch_used_ = 0;
