@@ -92,3 +92,23 @@ TEST_CASE("connection_base: many stray replies after a short batch stay out of i
   REQUIRE(b.reply(0).integer == 1);
   REQUIRE_FALSE(conn.connected());
 }
+
+TEST_CASE("connection_base: an empty command is refused before anything is sent", "[unit]") {
+  // A server answers nothing to "*0\r\n", so every later reply would be matched to the
+  // command before it. The batch is refused whole instead.
+  scripted_connection conn({"+PONG\r\n"});
+  batch b;
+  b.add(std::span<const std::string_view>{});
+  b.add({"PING"});
+  REQUIRE(conn.execute(b, deadline_after(1s)) == errc::invalid_argument);
+  REQUIRE(b.completed() == 0);
+  REQUIRE(conn.exchanges == 0);
+  std::vector<std::byte> dst(4);
+  b.clear();  // clear() forgets the empty command
+  b.add_into(std::span<const std::string_view>{}, std::span<const std::span<std::byte>>{});
+  REQUIRE(conn.execute(b, deadline_after(1s)) == errc::invalid_argument);
+  b.clear();
+  b.add({"PING"});
+  REQUIRE_FALSE(conn.execute(b, deadline_after(1s)));
+  REQUIRE(b.reply(0).str == "PONG");
+}

@@ -30,6 +30,7 @@
 //    (capped); a call whose deadline falls before the next allowed attempt fails at once with
 //    errc::not_connected instead of waiting.
 //  - Server error replies are replies, not failures: check reply(i).is_error().
+//  - A batch holding a command with no arguments is refused whole (errc::invalid_argument).
 //  - Not thread-safe: one thread at a time per connection (use one connection per worker).
 #pragma once
 
@@ -92,6 +93,7 @@ class batch {
   /// A command whose reply is parsed into a value.
   void add(std::initializer_list<std::string_view> args) { add(std::span(args.begin(), args.size())); }
   void add(std::span<const std::string_view> args) {
+    empty_command_ |= args.empty();
     req_.command(args);
     slots_.push_back(slot{});
   }
@@ -107,6 +109,7 @@ class batch {
   }
   void add_into(std::span<const std::string_view> args,
                 std::span<const std::span<std::byte>> destination_parts) {
+    empty_command_ |= args.empty();
     req_.command(args);
     slots_.push_back(slot{true, parts_.size(), destination_parts.size()});
     parts_.insert(parts_.end(), destination_parts.begin(), destination_parts.end());
@@ -139,6 +142,7 @@ class batch {
     slots_.clear();
     parts_.clear();
     completed_ = 0;
+    empty_command_ = false;
   }
 
   /// Bytes the batch puts on the wire.
@@ -158,6 +162,7 @@ class batch {
   std::vector<std::span<std::byte>> parts_;
   std::vector<value> replies_;
   std::size_t completed_ = 0;
+  bool empty_command_ = false;  // a command without arguments: execute() refuses the batch
 };
 
 /// True when `v` is a server error reply; `ec` then is errc::server_error.
@@ -229,6 +234,9 @@ class connection_base {
   std::error_code execute(batch& b, deadline dl) {
     b.completed_ = 0;
     if (b.empty()) return {};
+    // The server answers nothing to an empty command, so each later reply would be taken for
+    // the reply of the command before it: refuse the batch before sending any of it.
+    if (b.empty_command_) return make_error_code(errc::invalid_argument);
     if (expired(dl)) return make_error_code(errc::timeout);
     if (std::error_code ec = ensure_ready(dl)) return ec;
     ++stats_.batches;
