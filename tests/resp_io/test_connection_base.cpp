@@ -25,14 +25,19 @@ namespace {
 // (in pieces of at most `chunk` bytes), stopping once the batch has all its replies.
 class scripted_connection : public connection_base<scripted_connection> {
  public:
-  explicit scripted_connection(std::vector<std::string> replies, std::size_t chunk = 1 << 20)
-      : connection_base(connection_options{}), replies_(std::move(replies)), chunk_(chunk) {}
+  explicit scripted_connection(std::vector<std::string> replies, std::size_t chunk = 1 << 20,
+                               connection_options opt = {})
+      : connection_base(std::move(opt)), replies_(std::move(replies)), chunk_(chunk) {}
 
   std::size_t exchanges = 0;
   std::size_t closes = 0;
 
-  std::error_code transport_connect(deadline) { return {}; }
+  std::error_code transport_connect(deadline) {
+    open_ = true;
+    return {};
+  }
   std::error_code transport_exchange(deadline) {
+    if (!open_) return make_error_code(errc::connection_lost);  // like a closed socket
     while (write_pending()) {
       std::size_t n = 0;
       for (const auto& s : write_buffers()) n += s.size();
@@ -51,12 +56,16 @@ class scripted_connection : public connection_base<scripted_connection> {
     }
     return {};
   }
-  void transport_close() noexcept { ++closes; }
+  void transport_close() noexcept {
+    ++closes;
+    open_ = false;
+  }
   bool transport_peer_closed() noexcept { return false; }
 
  private:
   std::vector<std::string> replies_;
   std::size_t chunk_;
+  bool open_ = false;
 };
 
 }  // namespace
@@ -111,4 +120,23 @@ TEST_CASE("connection_base: an empty command is refused before anything is sent"
   b.add({"PING"});
   REQUIRE_FALSE(conn.execute(b, deadline_after(1s)));
   REQUIRE(b.reply(0).str == "PONG");
+}
+
+TEST_CASE("connection_base: bytes after the handshake's replies fail that connect attempt", "[unit]") {
+  connection_options opt;
+  opt.server.db = 1;  // SELECT 1: a handshake round trip
+  opt.reconnect_backoff_min = 1ms;
+  // The handshake gets one stray reply more than it asked for: the stream is closed, so the
+  // attempt failed (it used to count as connected and send the batch into a closed socket).
+  scripted_connection conn({"+OK\r\n+OK\r\n", "+OK\r\n", "+PONG\r\n"}, 1 << 20, opt);
+  batch b;
+  b.add({"PING"});
+  REQUIRE(conn.execute(b, deadline_after(1s)) == errc::protocol_error);
+  REQUIRE(conn.stats().connects == 0);
+  REQUIRE(conn.stats().connect_failures == 1);
+  REQUIRE_FALSE(conn.connected());
+  REQUIRE_FALSE(conn.execute(b, deadline_after(1s)));  // after the backoff: a clean handshake
+  REQUIRE(b.reply(0).str == "PONG");
+  REQUIRE(conn.connected());
+  REQUIRE(conn.stats().connects == 1);
 }

@@ -354,6 +354,8 @@ class connection_base {
       connected_ = true;
       parser_.reset();
       ec = handshake(cdl);
+      // run() closed the stream for bytes after the handshake's replies: this attempt failed.
+      if (!ec && !connected_) ec = make_error_code(errc::protocol_error);
     }
     if (ec) {
       ++stats_.connect_failures;
