@@ -479,6 +479,64 @@ TEST_CASE("fetch_queue: a cancelled prefetch gives back its staging at once", "[
     for (std::size_t j = 0; j < B; ++j) REQUIRE(out.data[c][j] == kvtier::test::gated_byte(keys[c], j));
 }
 
+TEST_CASE("fetch_queue: callbacks may call back into the queue", "[unit][tsan]") {
+  // Callbacks run in a worker, in the thread calling cancel(), and in the one
+  // calling close(); none holds a queue lock there. Catch2 is not thread-safe,
+  // so the callbacks only record what they saw.
+  gated_store g;
+  fetch_queue q(g, {.workers = 1});
+  const auto layout = chunk_layout::contiguous(0, 1, T);
+  auto keys = [](std::uint64_t tag) { return std::vector<chunk_key>{gated_key(tag, 0, 1)}; };
+  struct seen {
+    std::atomic<int> calls{0}, nested{0};
+    std::atomic<bool> cancel_ok{true};
+    fetch_handle follow;  // written before `calls` is incremented (release), read after
+  };
+  seen s1, s3, s5;
+  auto cb = [&q, &keys, layout](seen& s, fetch_handle self, std::uint64_t follow_tag) {
+    return [&q, &keys, layout, &s, self, follow_tag](const fetch_result&) {
+      s.cancel_ok = q.cancel(self);                                    // already completed: false
+      q.on_complete(self, [&s](const fetch_result&) { s.nested++; });  // runs at once, here
+      s.follow = q.lookup(follow_tag, keys(follow_tag), layout, deadline_after(far));
+      s.calls.fetch_add(1, std::memory_order_release);
+    };
+  };
+  auto h1 = q.lookup(1, keys(1), layout, deadline_after(far));
+  REQUIRE(g.wait_started(1));
+  q.on_complete(h1, cb(s1, h1, 2));                             // completes in the worker
+  auto h3 = q.lookup(3, keys(3), layout, deadline_after(far));  // queued behind h1
+  q.on_complete(h3, cb(s3, h3, 4));
+  REQUIRE(q.cancel(h3));  // callback runs here, in cancel()
+  REQUIRE(s3.calls.load(std::memory_order_acquire) == 1);
+  REQUIRE(s3.nested == 1);
+  REQUIRE_FALSE(s3.cancel_ok);
+  g.release(1);
+  const auto stop = deadline_after(limit);
+  while (s1.calls.load(std::memory_order_acquire) == 0 && !expired(stop)) std::this_thread::sleep_for(1ms);
+  REQUIRE(s1.calls.load(std::memory_order_acquire) == 1);
+  REQUIRE(s1.nested == 1);
+  REQUIRE_FALSE(s1.cancel_ok);
+  g.release(2);
+  g.release(4);
+  REQUIRE(q.wait(s1.follow, deadline_after(limit)).state == fetch_state::done);
+  REQUIRE(q.wait(s3.follow, deadline_after(limit)).state == fetch_state::done);
+  // close(): a queued request's callback runs in close(); its own submit is refused.
+  auto h6 = q.lookup(6, keys(6), layout, deadline_after(far));
+  REQUIRE(g.wait_started(6));
+  auto h5 = q.lookup(5, keys(5), layout, deadline_after(far));
+  q.on_complete(h5, cb(s5, h5, 7));
+  q.close();
+  REQUIRE(s5.calls.load(std::memory_order_acquire) == 1);
+  REQUIRE(q.poll(h5).ec == errc::shutdown);
+  REQUIRE(q.poll(s5.follow).ec == errc::shutdown);
+  g.release(6);
+  REQUIRE(q.wait(h6, deadline_after(limit)).state == fetch_state::done);
+  q.shutdown();
+  REQUIRE(s1.calls == 1);
+  REQUIRE(s3.calls == 1);
+  REQUIRE(s5.calls == 1);
+}
+
 TEST_CASE("fetch_queue: batched calls notice a cancel between batches", "[unit][tsan]") {
   gated_store g;
   fetch_queue q(g, {.workers = 1, .max_batch_chunks = 1});
