@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -321,4 +322,78 @@ TEST_CASE("memory_store: concurrent gets, puts and evictions never deliver wrong
   REQUIRE(wrong == 0);
   REQUIRE(hits > 0);
   REQUIRE(s.size_bytes() <= 8 * size);
+}
+
+namespace {
+// The chunk_store contract's argument rules, for any store over memory backends:
+// a size mismatch is invalid_argument with no status written and nothing stored;
+// a passed deadline marks every key timeout and stores nothing.
+template <class S>
+void check_argument_contract(S& s, const std::function<std::size_t()>& stored) {
+  const std::vector<chunk_key> keys{key(1), key(2)};
+  auto v = bytes(8, 1);
+  std::vector<std::byte> o1(8), o2(8);
+  const std::vector<std::span<const std::byte>> src2{v, v}, src1{v};
+  const std::vector<std::span<std::byte>> dst2{o1, o2}, dst1{o1};
+  const auto sentinel = chunk_status::cancelled;  // no store call writes it
+  for (std::size_t n : {std::size_t{1}, std::size_t{3}}) {
+    std::vector<chunk_status> st(n, sentinel);
+    REQUIRE(s.exists(keys, st, deadline_after(1s)) == errc::invalid_argument);
+    REQUIRE(s.get(keys, dst2, st, deadline_after(1s)) == errc::invalid_argument);
+    REQUIRE(s.put(keys, src2, st, deadline_after(1s)) == errc::invalid_argument);
+    REQUIRE(st == std::vector<chunk_status>(n, sentinel));
+  }
+  std::vector<chunk_status> st(2, sentinel);
+  REQUIRE(s.get(keys, dst1, st, deadline_after(1s)) == errc::invalid_argument);
+  REQUIRE(s.put(keys, src1, st, deadline_after(1s)) == errc::invalid_argument);
+  REQUIRE(st == std::vector<chunk_status>(2, sentinel));
+  REQUIRE(stored() == 0);
+  const auto past = clock::now() - 1ms;
+  const std::vector<chunk_status> timeouts(2, chunk_status::timeout);
+  REQUIRE(s.put(keys, src2, st, past) == errc::timeout);
+  REQUIRE(st == timeouts);
+  REQUIRE(stored() == 0);
+  std::fill(st.begin(), st.end(), sentinel);
+  REQUIRE(s.exists(keys, st, past) == errc::timeout);
+  REQUIRE(st == timeouts);
+  std::fill(st.begin(), st.end(), sentinel);
+  REQUIRE(s.get(keys, dst2, st, past) == errc::timeout);
+  REQUIRE(st == timeouts);
+}
+}  // namespace
+
+TEST_CASE("store contract: size mismatch touches no key; a passed deadline times out every key", "[unit]") {
+  memory_store l1(1 << 20), l2(1 << 20);
+  SECTION("memory_store") {
+    check_argument_contract(l1, [&] { return l1.entry_count(); });
+  }
+  SECTION("tiered_store") {
+    tiered_store t(l1, l2);
+    check_argument_contract(t, [&] { return l1.entry_count() + l2.entry_count(); });
+  }
+  SECTION("sharded_store") {
+    constexpr std::size_t W = 2, C = 4;
+    sharded_store view(l1, modulo_ownership(W), 1);  // owns chunks 1 and 3
+    std::vector<chunk_key> keys;
+    for (std::size_t c = 0; c < C; ++c) keys.push_back(key(c));
+    auto v = bytes(8, 2);
+    std::vector<std::byte> out(8);
+    const std::vector<std::span<const std::byte>> src(C, v), src_short(C - 1, v);
+    const std::vector<std::span<std::byte>> dst(C, out), dst_short(C - 1, out);
+    for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{4}}) {  // owned count is 2
+      std::vector<chunk_status> st(n, chunk_status::cancelled);
+      REQUIRE(view.exists_owned(keys, st, deadline_after(1s)) == errc::invalid_argument);
+      REQUIRE(view.get_owned(keys, dst, st, deadline_after(1s)) == errc::invalid_argument);
+      REQUIRE(view.put_owned(keys, src, st, deadline_after(1s)) == errc::invalid_argument);
+      REQUIRE(st == std::vector<chunk_status>(n, chunk_status::cancelled));
+    }
+    std::vector<chunk_status> st(2, chunk_status::cancelled);
+    REQUIRE(view.get_owned(keys, dst_short, st, deadline_after(1s)) == errc::invalid_argument);
+    REQUIRE(view.put_owned(keys, src_short, st, deadline_after(1s)) == errc::invalid_argument);
+    REQUIRE(st == std::vector<chunk_status>(2, chunk_status::cancelled));
+    REQUIRE(l1.entry_count() == 0);
+    REQUIRE(view.put_owned(keys, src, st, clock::now() - 1ms) == errc::timeout);
+    REQUIRE(st == std::vector<chunk_status>(2, chunk_status::timeout));
+    REQUIRE(l1.entry_count() == 0);
+  }
 }
