@@ -104,7 +104,7 @@ struct tier_metrics {
 
 /// All the figures of one rank's cache tier.
 struct metrics {
-  tier_metrics l1, l2;  ///< recorded by tiered_store (and by fetch_queue for a single store, as l1)
+  tier_metrics l1, l2;  ///< recorded by tiered_store (fetch_queue records only the request-level figures)
 
   counter lookups;           ///< lookup / prefetch requests completed
   counter loads;             ///< load requests completed
