@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -188,7 +189,9 @@ class fetch_queue {
   /// it already has (a completion is never lost to a late registration), else in
   /// the completing thread (a worker, or the thread calling cancel/close). One
   /// callback per request; a later one replaces it. Callbacks must be short and
-  /// must not call shutdown() or destroy the queue.
+  /// must not call shutdown() or destroy the queue. They should not throw: an
+  /// exception reaches the thread that ran the callback (on a worker it ends the
+  /// program); close() still completes every other queued request first.
   void on_complete(const fetch_handle& h, std::function<void(const fetch_result&)> cb) {
     if (!h.valid()) return;
     auto& r = *h.req_;
@@ -249,7 +252,16 @@ class fetch_queue {
       held_.clear();
     }
     cv_.notify_all();
-    for (auto& r : drained) finish_failed(r, errc::shutdown);
+    // A throwing callback must not leave the rest of the drained requests pending forever.
+    std::exception_ptr thrown;
+    for (auto& r : drained) {
+      try {
+        finish_failed(r, errc::shutdown);
+      } catch (...) {
+        if (!thrown) thrown = std::current_exception();
+      }
+    }
+    if (thrown) std::rethrow_exception(thrown);
   }
 
   /// close(), then waits for the running requests and joins the workers.

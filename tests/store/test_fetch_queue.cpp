@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <limits>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -535,6 +536,28 @@ TEST_CASE("fetch_queue: callbacks may call back into the queue", "[unit][tsan]")
   REQUIRE(s1.calls == 1);
   REQUIRE(s3.calls == 1);
   REQUIRE(s5.calls == 1);
+}
+
+TEST_CASE("fetch_queue: close() completes every queued request even if a callback throws", "[unit][tsan]") {
+  gated_store g;
+  fetch_queue q(g, {.workers = 1});
+  const auto layout = chunk_layout::contiguous(0, 1, T);
+  auto keys = [](std::uint64_t tag) { return std::vector<chunk_key>{gated_key(tag, 0, 1)}; };
+  auto busy = q.lookup(1, keys(1), layout, deadline_after(far));
+  REQUIRE(g.wait_started(1));  // the only worker is taken: the next two stay queued
+  auto h2 = q.lookup(2, keys(2), layout, deadline_after(far));
+  auto h3 = q.lookup(3, keys(3), layout, deadline_after(far));
+  q.on_complete(h2, [](const fetch_result&) { throw std::runtime_error("callback"); });
+  int calls3 = 0;
+  q.on_complete(h3, [&](const fetch_result&) { ++calls3; });
+  REQUIRE_THROWS_AS(q.close(), std::runtime_error);  // reaches the thread that ran it
+  REQUIRE(q.poll(h2).ec == errc::shutdown);
+  REQUIRE(q.poll(h3).ec == errc::shutdown);  // was left pending forever
+  REQUIRE(calls3 == 1);
+  g.release(1);
+  REQUIRE(q.wait(busy, deadline_after(limit)).state == fetch_state::done);
+  q.shutdown();
+  REQUIRE(q.stats().requests_in_flight == 0);
 }
 
 TEST_CASE("fetch_queue: batched calls notice a cancel between batches", "[unit][tsan]") {
