@@ -136,12 +136,18 @@ std::vector<std::size_t> owner_counts(const P& owners, std::size_t n) {
   return counts;
 }
 
-/// Staging bytes the gathered mode needs on every rank for up to n_chunks chunks.
+/// Staging bytes the gathered mode needs on every rank for up to n_chunks chunks;
+/// SIZE_MAX when that does not fit in a size_t (no staging buffer is then large enough).
 template <ownership_policy P>
 std::size_t gathered_staging_bytes(const P& owners, std::size_t n_chunks, std::size_t chunk_bytes) {
   const auto counts = owner_counts(owners, n_chunks);
   const std::size_t most = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
-  return static_cast<std::size_t>(owners.world_size()) * most * chunk_bytes;
+  const auto world = static_cast<std::size_t>(owners.world_size());
+  // Saturate: a wrapped product would let any staging buffer pass the size check.
+  if (most != 0 && chunk_bytes > SIZE_MAX / most) return SIZE_MAX;
+  const std::size_t slice = most * chunk_bytes;
+  if (slice != 0 && world > SIZE_MAX / slice) return SIZE_MAX;
+  return world * slice;
 }
 
 /// Collectives chunk_broadcast issues (on success) for `agreed_chunks` chunks.

@@ -158,6 +158,30 @@ TEST_CASE("chunk_broadcast: inconsistent arguments fail on every rank at the agr
   }
 }
 
+TEST_CASE("gathered_staging_bytes saturates instead of wrapping, so the staging check holds", "[unit]") {
+  // W * (largest owner share) * chunk_bytes = 4 * 1 * 2^62 = 2^64 once wrapped to 0:
+  // every staging buffer, even an empty one, passed the size check.
+  const modulo_ownership own(4);
+  const std::size_t huge = std::size_t{1} << 62;
+  CHECK(gathered_staging_bytes(own, 4, huge) == SIZE_MAX);
+  CHECK(gathered_staging_bytes(own, 64, std::size_t{1} << 59) == SIZE_MAX);  // 4 * 16 * 2^59
+  CHECK(gathered_staging_bytes(own, 8, 100) == 4u * 2 * 100);
+  std::vector<broadcast_result> res(4);
+  comm::inproc_world world(4);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    chunk_span_buffers none;
+    const broadcast_params p{.n_chunks = 4,
+                             .chunk_tokens = 256,
+                             .chunk_bytes = huge,
+                             .mode = broadcast_mode::gathered};  // empty staging
+    res[c.rank()] = chunk_broadcast(c, own, 0, none, p, deadline_after(20s));
+  });
+  for (const auto& r : res) {
+    CHECK(r.ec == errc::invalid_argument);
+    CHECK(r.message.find("staging") != std::string::npos);
+  }
+}
+
 TEST_CASE("chunk_broadcast: a rank that never joins makes the others return by their deadline", "[unit]") {
   const modulo_ownership own(3);
   const std::vector<std::size_t> all(3, 8);
