@@ -25,9 +25,11 @@
 // After an error the world is NOT poisoned: the failed round is consumed by every
 // rank's k-th call, so round k+1 starts afresh, and ranks that keep issuing the
 // same collectives keep working. (A rank that never makes its k-th call leaves the
-// others failing by their deadlines, never hanging.) Once all W ranks arrived the
-// copies are bounded memcpys, so a round that completed its rendezvous always
-// finishes; deadlines bound only the wait for peers.
+// others failing by their deadlines, never hanging; but its next call then lands in
+// round k, one behind its peers', and calls of the same shape are not told apart:
+// a rank that skipped a collective must not go on using this world.) Once all W
+// ranks arrived the copies are bounded memcpys, so a round that completed its
+// rendezvous always finishes; deadlines bound only the wait for peers.
 //
 // Thread safety: one communicator per rank, used by one thread at a time; the
 // world must outlive its communicators.
