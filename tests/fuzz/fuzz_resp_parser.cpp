@@ -6,7 +6,10 @@
 //     destinations, gives the same replies and the same error (destination replies compared by
 //     the bytes that landed in the destination);
 //  2. no read loop gets stuck (prepare() empty after next());
-//  3. every parsed reply serializes and parses back to itself.
+//  3. every parsed reply serializes and parses back to itself;
+//  4. with destination gates (header byte 7, bit 0): a gate runs exactly once per reply of the
+//     destination's length, before any byte reaches a later part; a refused reply is flagged
+//     and leaves the later parts untouched.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +47,27 @@ struct rng {
   }
 };
 
+struct dest_info {
+  bool active = false;
+  std::string bytes;
+  std::size_t reply = 0;  // index in whole.values
+  std::size_t first = 0;  // size of the first part
+  int gate_calls = 0;
+  bool gate_accepted = false;
+  bool later_untouched_at_gate = true;
+};
+
+// Accepts a first part that is empty or starts with an even byte; records what it saw.
+bool fuzz_gate(void* context, std::span<const std::byte> first) noexcept {
+  auto& d = *static_cast<dest_info*>(context);
+  ++d.gate_calls;
+  d.later_untouched_at_gate &=
+      first.size() == d.first && std::all_of(d.bytes.begin() + static_cast<std::ptrdiff_t>(d.first),
+                                             d.bytes.end(), [](char c) { return c == '\xa5'; });
+  d.gate_accepted = first.empty() || (std::to_integer<unsigned>(first[0]) & 1u) == 0;
+  return d.gate_accepted;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -59,6 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   lim.max_aggregate = (hdr[1] & 4) ? 4 : (1u << 20);
   lim.max_depth = (hdr[1] & 8) ? 3 : 32;
   const bool with_dest = (hdr[1] & 16) == 0;
+  const bool with_gate = (hdr[7] & 1) != 0;
   rng r{(std::uint64_t{hdr[2]} << 24 | std::uint64_t{hdr[3]} << 16 | std::uint64_t{hdr[4]} << 8 | hdr[5]) *
             2654435761u +
         1};
@@ -73,12 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::size_t> pieces(1 + r.next() % 64);
   for (auto& p : pieces) p = 1 + r.next() % max_piece;
   parser split_parser(lim);
-  struct dest_info {
-    bool active = false;
-    std::string bytes;
-    std::size_t reply = 0;  // index in whole.values
-  };
-  std::vector<dest_info> dests;
+  std::vector<dest_info> dests;  // not resized after the gates take addresses of its elements
   if (with_dest) {
     for (std::size_t i = 0; i < whole.values.size(); ++i) {
       const value& v = whole.values[i];
@@ -108,7 +128,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       parts.push_back(all.subspan(0, a));
       parts.push_back(all.subspan(a, b - a));
       parts.push_back(all.subspan(b));
-      split_parser.expect_destination(parts);
+      d.first = a;
+      split_parser.expect_destination(parts,
+                                      with_gate ? destination_gate{&fuzz_gate, &d} : destination_gate{});
     }
   }
   const parsed split = feed(split_parser, stream, pieces);
@@ -123,15 +145,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (with_dest && w.kind != type::push) d = &dests[next_dest++];
     if (d && d->active && w.kind == type::bulk_string) {
       check(s.kind == type::bulk_string && s.str.empty() && s.length == w.length, "destination reply shape");
-      if (d->bytes.size() == w.str.size()) {
+      if (d->bytes.size() == w.str.size() && with_gate) {
+        check(d->gate_calls == 1 && d->later_untouched_at_gate, "gate ran once, before the later parts");
+        check(d->bytes.compare(0, d->first, w.str, 0, d->first) == 0, "first part filled before the gate");
+        if (d->gate_accepted) {
+          check(s.into_destination && !s.refused_by_gate && d->bytes == w.str, "accepted: payload in place");
+        } else {
+          check(!s.into_destination && s.refused_by_gate, "refused reply flagged");
+          check(std::all_of(d->bytes.begin() + static_cast<std::ptrdiff_t>(d->first), d->bytes.end(),
+                            [](char c) { return c == '\xa5'; }),
+                "refused: later parts untouched");
+        }
+      } else if (d->bytes.size() == w.str.size()) {
         check(s.into_destination && d->bytes == w.str, "payload in the destination");
       } else {
-        check(!s.into_destination, "wrong-length destination not used");
+        check(!s.into_destination && !s.refused_by_gate && d->gate_calls == 0,
+              "wrong-length destination not used");
       }
     } else {
       check(s == w, "same reply for every split");
     }
     if (d && !(d->active && w.kind == type::bulk_string && d->bytes.size() == w.str.size())) {
+      check(d->gate_calls == 0, "no gate for a reply that does not fill the destination");
       check(std::all_of(d->bytes.begin(), d->bytes.end(), [](char c) { return c == '\xa5'; }),
             "unused destination untouched");
     }

@@ -514,3 +514,123 @@ TEST_CASE("parser: a destination registered while a reply is arriving is for the
   CHECK(dst == "cd");
   CHECK(p.pending_destinations() == 0);
 }
+
+namespace {
+
+// A gate that accepts a first part reading "GOOD" and records what it saw when it ran.
+struct gate_probe {
+  int calls = 0;
+  std::string seen;                    // the first part, as passed to the gate
+  const std::string* later = nullptr;  // a later part: must still hold its sentinel at gate time
+  bool later_untouched = true;
+};
+
+bool good_gate(void* context, std::span<const std::byte> first) noexcept {
+  auto& g = *static_cast<gate_probe*>(context);
+  ++g.calls;
+  g.seen.assign(reinterpret_cast<const char*>(first.data()), first.size());
+  if (g.later) g.later_untouched &= g.later->find_first_not_of('#') == std::string::npos;
+  return g.seen == "GOOD";
+}
+
+}  // namespace
+
+TEST_CASE("parser: a destination gate decides after the first part, before any byte reaches a later part",
+          "[unit]") {
+  // Small and large payloads (the large one passes the 32-byte buffer and is read directly);
+  // every input whole (header and payload in one read) and in pieces down to 1 byte.
+  for (std::size_t body_size : {7, 3000}) {
+    std::string good_body(body_size, 'p'), evil_body(body_size, 'f');
+    for (std::size_t i = 0; i < body_size; ++i) good_body[i] = static_cast<char>('a' + i % 26);
+    const std::string len = std::to_string(4 + body_size);
+    const std::string input = "$" + len + "\r\nGOOD" + good_body + "\r\n+next\r\n$" + len + "\r\nEVIL" +
+                              evil_body + "\r\n+after\r\n";
+    for (std::size_t buffer : {32, 64 << 10}) {
+      for (std::size_t piece : {0, 1, 2, 3, 5, 7, 64, 100000}) {
+        INFO("body " << body_size << " buffer " << buffer << " piece " << piece);
+        std::string hdr1(4, '#'), body1(body_size, '#'), hdr2(4, '#'), body2(body_size, '#'), empty;
+        std::span<std::byte> parts1[] = {bytes_of(hdr1), bytes_of(empty), bytes_of(body1)};
+        std::span<std::byte> parts2[] = {bytes_of(hdr2), bytes_of(body2)};
+        gate_probe g1, g2;
+        g1.later = &body1;
+        g2.later = &body2;
+        parser_limits lim;
+        lim.buffer_bytes = buffer;
+        parser p(lim);
+        p.expect_destination(parts1, destination_gate{&good_gate, &g1});
+        p.expect_no_destination();
+        p.expect_destination(parts2, destination_gate{&good_gate, &g2});
+        p.expect_no_destination();
+        const std::size_t pieces[] = {piece};
+        parsed r = feed(p, input,
+                        piece == 0 ? std::span<const std::size_t>() : std::span<const std::size_t>(pieces));
+        REQUIRE_FALSE(r.ec);
+        REQUIRE_FALSE(r.stuck);
+        REQUIRE(r.values.size() == 4);
+        // Accepted: every part filled.
+        CHECK(g1.calls == 1);
+        CHECK(g1.seen == "GOOD");
+        CHECK(g1.later_untouched);
+        CHECK(r.values[0].into_destination);
+        CHECK_FALSE(r.values[0].refused_by_gate);
+        CHECK(r.values[0].length == 4 + body_size);
+        CHECK(hdr1 == "GOOD");
+        CHECK(body1 == good_body);
+        CHECK(r.values[1].str == "next");
+        // Refused: the later part still holds its sentinel; the stream stays in sync.
+        CHECK(g2.calls == 1);
+        CHECK(g2.seen == "EVIL");
+        CHECK(g2.later_untouched);
+        CHECK(r.values[2].kind == type::bulk_string);
+        CHECK_FALSE(r.values[2].into_destination);
+        CHECK(r.values[2].refused_by_gate);
+        CHECK(r.values[2].length == 4 + body_size);
+        CHECK(r.values[2].str.empty());
+        CHECK(hdr2 == "EVIL");
+        CHECK(body2 == std::string(body_size, '#'));
+        CHECK(r.values[3].str == "after");
+        CHECK(p.pending_destinations() == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("parser: a gate on an empty first part runs before any payload byte arrives", "[unit]") {
+  for (std::size_t piece : {1, 100}) {
+    std::string empty, body(5, '#');
+    std::span<std::byte> parts[] = {bytes_of(empty), bytes_of(body)};
+    gate_probe g;
+    g.later = &body;
+    parser p;
+    p.expect_destination(parts, destination_gate{&good_gate, &g});
+    const std::size_t pieces[] = {piece};
+    parsed r = feed(p, "$5\r\nhello\r\n:1\r\n", pieces);
+    REQUIRE_FALSE(r.ec);
+    REQUIRE(r.values.size() == 2);
+    CHECK(g.calls == 1);
+    CHECK(g.seen.empty());
+    CHECK(g.later_untouched);
+    CHECK(r.values[0].refused_by_gate);
+    CHECK_FALSE(r.values[0].into_destination);
+    CHECK(body == "#####");
+    CHECK(r.values[1].integer == 1);
+  }
+}
+
+TEST_CASE("parser: a gate is not consulted for a reply of another length, a null or an error", "[unit]") {
+  std::string hdr(4, '#'), body(3, '#');
+  std::span<std::byte> parts[] = {bytes_of(hdr), bytes_of(body)};
+  gate_probe g;
+  parser p;
+  for (int i = 0; i < 3; ++i) p.expect_destination(parts, destination_gate{&good_gate, &g});
+  parsed r = feed(p, "$8\r\nGOODabcd\r\n$-1\r\n-ERR x\r\n", one_byte);
+  REQUIRE_FALSE(r.ec);
+  REQUIRE(r.values.size() == 3);
+  CHECK(g.calls == 0);
+  CHECK_FALSE(r.values[0].into_destination);
+  CHECK_FALSE(r.values[0].refused_by_gate);
+  CHECK(r.values[1].is_null());
+  CHECK(r.values[2].is_error());
+  CHECK(hdr == "####");
+  CHECK(body == "###");
+}

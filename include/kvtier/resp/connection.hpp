@@ -101,17 +101,20 @@ class batch {
   /// A command whose bulk-string reply (GET) is read straight into `destination_parts` (their
   /// total size is the expected length). See reply(): into_destination tells whether it did.
   void add_into(std::initializer_list<std::string_view> args,
-                std::span<const std::span<std::byte>> destination_parts) {
-    add_into(std::span(args.begin(), args.size()), destination_parts);
+                std::span<const std::span<std::byte>> destination_parts, destination_gate gate = {}) {
+    add_into(std::span(args.begin(), args.size()), destination_parts, gate);
   }
   void add_into(std::initializer_list<std::string_view> args, std::span<std::byte> destination) {
     add_into(std::span(args.begin(), args.size()), std::span<const std::span<std::byte>>(&destination, 1));
   }
+  /// With a `gate` (see parser::expect_destination): once the first part is filled the gate
+  /// decides whether the payload continues into the later parts; a refused reply comes back
+  /// with into_destination = false and refused_by_gate = true, later parts untouched.
   void add_into(std::span<const std::string_view> args,
-                std::span<const std::span<std::byte>> destination_parts) {
+                std::span<const std::span<std::byte>> destination_parts, destination_gate gate = {}) {
     empty_command_ |= args.empty();
     req_.command(args);
-    slots_.push_back(slot{true, parts_.size(), destination_parts.size()});
+    slots_.push_back(slot{true, parts_.size(), destination_parts.size(), gate});
     parts_.insert(parts_.end(), destination_parts.begin(), destination_parts.end());
   }
 
@@ -155,6 +158,7 @@ class batch {
   struct slot {
     bool into = false;
     std::size_t first = 0, count = 0;  // range in parts_
+    destination_gate gate;
   };
 
   request_builder req_;
@@ -303,7 +307,8 @@ class connection_base {
     out_index_ = 0;
     for (const auto& s : b.slots_) {
       if (s.into)
-        parser_.expect_destination(std::span<const std::span<std::byte>>(b.parts_).subspan(s.first, s.count));
+        parser_.expect_destination(std::span<const std::span<std::byte>>(b.parts_).subspan(s.first, s.count),
+                                   s.gate);
       else
         parser_.expect_no_destination();
     }

@@ -8,6 +8,9 @@
 // Large bulk strings never pass through a growing buffer:
 //  - a reply registered with expect_destination() whose bulk length equals the destination's size
 //    has its payload read straight into the caller's span (prepare() returns a slice of it);
+//  - a destination may carry a gate (destination_gate): once its first part (e.g. a value
+//    header) is completely filled, the gate decides whether the rest of the payload goes into
+//    the later parts or is discarded; no byte reaches a later part before the gate said yes;
 //  - otherwise the payload goes into value::str, allocated once at its known length after the
 //    limits are checked (prepare() returns a slice of that string once the buffer is drained).
 // Limits (bulk length, aggregate count, nesting depth, header-line length) are checked before
@@ -129,16 +132,25 @@ class parser {
   /// into_destination = false, length = its real length, str empty. Any other reply (null for a
   /// missing key, an error, an array, ...) consumes the destination untouched; a bulk string
   /// nested in an aggregate never goes to a destination.
-  void expect_destination(std::span<const std::span<std::byte>> parts) {
+  ///
+  /// With a `gate`, a bulk of exactly the total length is written into the first part; as soon
+  /// as that part is completely filled (at once if it is empty) and before any byte goes to a
+  /// later part (bytes already buffered included), gate.fn(gate.context, first part) runs once.
+  /// true: the payload continues into the later parts as above. false: the rest of the payload
+  /// is read through the internal buffer and discarded (later parts untouched, stream in sync)
+  /// and the reply comes back with into_destination = false, refused_by_gate = true,
+  /// length = its real length, str empty. The first part then holds the bytes the gate saw.
+  void expect_destination(std::span<const std::span<std::byte>> parts, destination_gate gate = {}) {
     destination d;
     d.parts.assign(parts.begin(), parts.end());
     for (const auto& p : parts) d.total += p.size();
     d.active = true;
+    d.gate = gate;
     dests_.push_back(std::move(d));
   }
   /// Single-span form of expect_destination().
-  void expect_destination(std::span<std::byte> dst) {
-    expect_destination(std::span<const std::span<std::byte>>(&dst, 1));
+  void expect_destination(std::span<std::byte> dst, destination_gate gate = {}) {
+    expect_destination(std::span<const std::span<std::byte>>(&dst, 1), gate);
   }
   /// The next reply has no destination (keeps the destination queue aligned with the requests).
   void expect_no_destination() { dests_.push_back(destination{}); }
@@ -210,6 +222,7 @@ class parser {
     sink_ = sink::str;
     remaining_ = filled_ = part_ = part_off_ = 0;
     direct_ = false;
+    gated_ = false;
     slot_ = false;
     reply_elements_ = 0;
     err_.clear();
@@ -222,6 +235,7 @@ class parser {
     std::vector<std::span<std::byte>> parts;
     std::size_t total = 0;
     bool active = false;  // false: expect_no_destination()
+    destination_gate gate;
   };
   struct frame {
     value agg;
@@ -252,6 +266,7 @@ class parser {
     if (sink_ != sink::dest) return;
     part_off_ += n;
     skip_full_parts();
+    run_gate();
   }
   void skip_full_parts() {
     auto& parts = dests_.front().parts;
@@ -259,6 +274,24 @@ class parser {
       ++part_;
       part_off_ = 0;
     }
+  }
+
+  // Once the destination's first part is full, asks its gate (once per reply) whether the rest
+  // may follow; a refusal turns the sink into discard before any byte reaches a later part.
+  // sink_span() never extends past the first part, so neither a direct read nor a copy from
+  // the buffer can get ahead of this check.
+  void run_gate() {
+    if (gated_ || sink_ != sink::dest) return;
+    const destination& d = dests_.front();
+    const std::size_t first = d.parts.empty() ? 0 : d.parts[0].size();
+    if (filled_ < first) return;
+    gated_ = true;
+    if (!d.gate) return;
+    const std::span<const std::byte> head = d.parts.empty() ? std::span<const std::byte>() : d.parts[0];
+    if (d.gate.fn(d.gate.context, head)) return;
+    sink_ = sink::discard;
+    cur_.into_destination = false;
+    cur_.refused_by_gate = true;
   }
 
   // Copies buffered payload bytes into the sink.
@@ -371,10 +404,12 @@ class parser {
     } else if (sink_ == sink::dest) {
       cur_.into_destination = true;
       part_ = part_off_ = 0;
+      gated_ = false;
       skip_full_parts();
     }
     remaining_ = n;
     filled_ = 0;
+    run_gate();  // an empty first part: the gate decides before any byte arrives
     mode_ = mode::payload;
     return std::nullopt;
   }
@@ -495,6 +530,7 @@ class parser {
   std::size_t part_ = 0;            // destination part being filled
   std::size_t part_off_ = 0;        // offset in that part
   bool direct_ = false;             // the last prepare() returned a sink slice
+  bool gated_ = false;              // the destination's gate has run for the reply in progress
   std::size_t reply_elements_ = 0;  // elements of the reply in progress, all levels
   bool slot_ = false;               // the top-level reply in progress owns dests_.front()
   std::error_code err_;

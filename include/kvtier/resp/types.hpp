@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,20 @@ struct parser_limits {
   std::size_t max_depth = 32;                 ///< deepest nesting of aggregates (a top-level array is 1)
   std::size_t buffer_bytes = 64u << 10;       ///< fixed internal read buffer; also the longest header line
   std::size_t max_reply_elements = 1u << 20;  ///< most elements in one reply, all levels together
+};
+
+/// Decides, once the first part of a destination is completely filled, whether the rest of the
+/// payload may go into the destination's later parts (true) or is discarded (false). Called by
+/// the parser with `context` and the filled first part, before any byte reaches a later part.
+/// Must not throw (noexcept: a captureless lambda declared noexcept converts to it).
+using destination_gate_fn = bool (*)(void* context, std::span<const std::byte> first_part) noexcept;
+
+/// An optional gate for one destination: a plain function pointer plus a caller-owned context,
+/// so registering one allocates nothing. fn == nullptr: no gate.
+struct destination_gate {
+  destination_gate_fn fn = nullptr;
+  void* context = nullptr;
+  explicit operator bool() const noexcept { return fn != nullptr; }
 };
 
 /// The RESP type of a value.
@@ -100,6 +115,9 @@ struct value {
   bool boolean = false;
   std::vector<value> elements;    ///< array/set/push; map: k0,v0,k1,v1...; attribute stripped
   bool into_destination = false;  ///< bulk payload was written into the caller's destination
+  /// The destination's gate refused the payload after the first part was filled: the rest was
+  /// discarded (later parts untouched) and into_destination is false.
+  bool refused_by_gate = false;
   /// Strings: payload length in bytes (also when it went to a destination, or was discarded
   /// because the destination had another length). Aggregates: elements.size(). Others: 0.
   std::size_t length = 0;
@@ -111,7 +129,8 @@ struct value {
   friend bool operator==(const value& a, const value& b) {
     const bool dbl_eq = a.dbl == b.dbl || (std::isnan(a.dbl) && std::isnan(b.dbl));
     return a.kind == b.kind && a.str == b.str && a.integer == b.integer && dbl_eq && a.boolean == b.boolean &&
-           a.into_destination == b.into_destination && a.length == b.length && a.elements == b.elements;
+           a.into_destination == b.into_destination && a.refused_by_gate == b.refused_by_gate &&
+           a.length == b.length && a.elements == b.elements;
   }
 };
 
