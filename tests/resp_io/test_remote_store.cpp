@@ -3,6 +3,7 @@
 // death and restart, a server that never answers, and 12.4 MB chunks bit-exact.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -160,6 +161,52 @@ TEMPLATE_TEST_CASE("remote_store: wrong-length, corrupted and foreign values are
   REQUIRE_FALSE(store.get(std::span(&keys[5], 1), d5, one, deadline_after(2s)));
   REQUIRE(one[0] == chunk_status::hit);
   REQUIRE(dst[5] == payload);
+}
+
+TEMPLATE_TEST_CASE("remote_store: a foreign value of the right length never reaches the caller's buffer",
+                   "[integration]", asio_connection, uring_connection) {
+  redis_server srv;
+  const auto ns = test_ns();
+  remote_store<TestType> store(ns, options_for(srv.url()));
+  auto name = [&](const chunk_key& k) { return kvtier::remote_key_text(ns, k); };
+  const std::byte sentinel{0xEE};
+  // A small value (arrives with its header in one read, through the parser's buffer) and one
+  // larger than the parser's 64 KiB buffer (its payload would be read straight into dst).
+  for (std::size_t size : {std::size_t{1000}, std::size_t{300000}}) {
+    INFO("payload " << size);
+    const chunk_key a{0x5150, size}, b{0x5151, size}, c{0x5152, size};
+    const auto payload = pattern(size, 9);
+    std::vector<chunk_status> st(1);
+    std::vector<std::span<const std::byte>> src{std::span<const std::byte>(payload)};
+    REQUIRE_FALSE(store.put(std::span(&a, 1), src, st, deadline_after(5s)));
+    REQUIRE(st[0] == chunk_status::hit);
+    // b: the raw bytes of a's value, copied server-side (valid frame, a's key in the header)
+    REQUIRE(srv.call({"COPY", name(a), name(b)}) == "1");
+    // c: a valid frame for key c, written under another namespace's fingerprint
+    const auto h = kvtier::encode_value_header(test_ns("other").fingerprint(), c, payload);
+    REQUIRE(srv.call({"SET", name(c), as_string(h) + as_string(payload)}) == "OK");
+
+    const auto before = store.stats();
+    const std::vector<chunk_key> keys{b, c};
+    std::vector<std::vector<std::byte>> dst(2, std::vector<std::byte>(size, sentinel));
+    auto d = spans(dst);
+    std::vector<chunk_status> st2(2);
+    REQUIRE_FALSE(store.get(keys, d, st2, deadline_after(5s)));
+    for (std::size_t i = 0; i < 2; ++i) {
+      INFO("key " << i);
+      CHECK(st2[i] == chunk_status::corrupt);
+      CHECK(std::count(dst[i].begin(), dst[i].end(), sentinel) == static_cast<std::ptrdiff_t>(size));
+    }
+    const auto after = store.stats();
+    CHECK(after.bad_header - before.bad_header == 2);
+    CHECK(after.hits == before.hits);
+
+    // The stream stayed in sync: a's own value still reads back.
+    std::vector<std::span<std::byte>> d0{std::span<std::byte>(dst[0])};
+    REQUIRE_FALSE(store.get(std::span(&a, 1), d0, st, deadline_after(5s)));
+    CHECK(st[0] == chunk_status::hit);
+    CHECK(dst[0] == payload);
+  }
 }
 
 TEMPLATE_TEST_CASE("remote_store: 12.4 MB chunks round-trip bit-exact", "[integration]", asio_connection,

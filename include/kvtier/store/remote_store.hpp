@@ -5,9 +5,18 @@
 //   exists: EXISTS per key;  get: GET per key, each value read straight into the caller's span;
 //   put: SET per key, header + caller payload written scatter-gather without a copy.
 // Every value is framed by a value_header (kvtier/store/value_header.hpp). A get reads the
-// header into a small buffer and the payload into the caller's span; a stored value of another
-// length never touches the caller's bytes as a hit, and header or checksum mismatches are
-// chunk_status::corrupt. Both are counted (stats()).
+// header into a small buffer and the payload into the caller's span, and checks the header
+// before a single payload byte reaches that span:
+//  - a stored value of another total length is discarded in the parser (span untouched);
+//  - a value of the right length whose header fails check_value_header() (bad magic, version
+//    or header checksum, another namespace, another chunk key, another payload length) is
+//    refused by a parser gate that runs as soon as the 56 header bytes are in, before the
+//    payload is copied or read into the span; the payload is discarded (span untouched);
+//  - only the payload checksum needs the payload itself: a value with a valid header whose
+//    payload bytes were altered (a bit flip inside the payload) is detected after its bytes
+//    were read into the span. The span then holds those bytes, but the key's status is
+//    chunk_status::corrupt, never hit: a caller must not use a span whose status is not hit.
+// All are chunk_status::corrupt and counted (stats()).
 //
 // Pipelined GETs rather than MGET: only a top-level bulk reply can be read into a destination
 // without a second copy (MGET's values are elements of one array reply).
@@ -105,11 +114,14 @@ class remote_store {
     batch_.clear();
     headers_.resize(keys.size());
     parts_.resize(2 * keys.size());
+    gates_.resize(keys.size());  // sized before any address is taken: the pointers stay valid
     for (std::size_t i = 0; i < keys.size(); ++i) {
       parts_[2 * i] = std::span<std::byte>(headers_[i]);
       parts_[2 * i + 1] = dst[i];
+      gates_[i] = gate_context{fingerprint_, keys[i], dst[i].size()};
       const std::string name = remote_key_text(ns_, keys[i]);
-      batch_.add_into({"GET", name}, std::span<const std::span<std::byte>>(parts_).subspan(2 * i, 2));
+      batch_.add_into({"GET", name}, std::span<const std::span<std::byte>>(parts_).subspan(2 * i, 2),
+                      resp::destination_gate{&header_gate, &gates_[i]});
     }
     const std::error_code ec = conn_.execute(batch_, dl);
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -230,6 +242,19 @@ class remote_store {
     bump(ec == errc::timeout ? stats_.timeouts : stats_.errors);
   }
 
+  // What the parser's gate checks for one GET: the header, before the payload reaches dst.
+  struct gate_context {
+    std::uint64_t fingerprint = 0;
+    chunk_key key{};
+    std::size_t length = 0;
+  };
+  static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
+    const auto& g = *static_cast<const gate_context*>(context);
+    return header.size() == value_header::size &&
+           check_value_header(header.first<value_header::size>(), g.fingerprint, g.key, g.length) ==
+               header_check::ok;
+  }
+
   // Status of one GET reply whose bytes went to header + dst (or did not).
   chunk_status judge(const resp::value& r, const chunk_key& key, const value_header_bytes& header,
                      std::span<std::byte> dst) {
@@ -241,10 +266,16 @@ class remote_store {
       bump(stats_.errors);  // WRONGTYPE and the like
       return chunk_status::error;
     }
+    if (r.refused_by_gate) {  // the header failed: nothing was written to dst
+      const header_check hc = check_value_header(header, fingerprint_, key, dst.size());
+      bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
+      return chunk_status::corrupt;
+    }
     if (!r.into_destination) {  // stored length != header + dst: nothing was written to dst
       bump(stats_.wrong_length);
       return chunk_status::corrupt;
     }
+    // The gate passed this header already; checked again so a hit never rests on the parser alone.
     const header_check hc = check_value_header(header, fingerprint_, key, dst.size());
     if (hc == header_check::wrong_length) {
       bump(stats_.wrong_length);
@@ -254,7 +285,7 @@ class remote_store {
       bump(stats_.bad_header);
       return chunk_status::corrupt;
     }
-    if (!payload_matches(header, dst)) {
+    if (!payload_matches(header, dst)) {  // the one check that needs the bytes in dst
       bump(stats_.bad_checksum);
       return chunk_status::corrupt;
     }
@@ -272,6 +303,7 @@ class remote_store {
   resp::batch batch_;
   std::vector<value_header_bytes> headers_;
   std::vector<std::span<std::byte>> parts_;
+  std::vector<gate_context> gates_;
   std::vector<std::span<const std::byte>> out_parts_;
   counters stats_;
 };

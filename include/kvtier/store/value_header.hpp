@@ -14,12 +14,23 @@
 //       40    8  XXH3-64 of the payload
 //       48    8  XXH3-64 of bytes [0, 48) (the header's own checksum)
 //
+// check_value_header() needs only the 56 header bytes, so a reader can run it before any
+// payload byte reaches the caller's buffer (remote_store does, through a parser gate): a value
+// of another namespace, chunk key or length, or with a damaged header, is refused without
+// touching that buffer. payload_matches() is the one check that needs the payload itself: a
+// bit flip inside the payload (header intact) is found only after the payload bytes were read
+// into the buffer; the reader must then report the value corrupt (never a hit), and the buffer's
+// contents are not to be used.
+//
 //   auto hdr = kvtier::encode_value_header(ns.fingerprint(), key, payload);   // std::array
 //   // store hdr followed by payload (two scatter-gather parts, no concatenation)
-//   // reading: header into a small buffer, payload straight into the caller's span, then
-//   if (kvtier::check_value_header(hdr_bytes, ns.fingerprint(), key, dst.size()) == kvtier::header_check::ok
-//   &&
-//       kvtier::payload_matches(hdr_bytes, dst)) { /* dst is the stored chunk */ }
+//   // reading: header into a small buffer, check it, only then payload into the caller's span
+//   using kvtier::header_check;
+//   if (kvtier::check_value_header(hdr_bytes, ns.fingerprint(), key, dst.size()) != header_check::ok)
+//     return corrupt;                                  // dst untouched
+//   read_payload_into(dst);
+//   if (!kvtier::payload_matches(hdr_bytes, dst)) return corrupt;  // dst holds bad bytes: unused
+//   /* dst is the stored chunk */
 #pragma once
 
 #include <array>
