@@ -244,6 +244,14 @@ class engine {
     std::deque<std::size_t> waiting, ready;
     std::vector<std::size_t> lookups, loads;
     std::uint64_t collectives = 0;
+    // Offered load so far, from agreed arrivals and trace data only (so every rank sees the
+    // same value): compute seconds of every arrived prompt over the arrival span.
+    double offered_work_s = 0, first_arrival_s = 0, last_arrival_s = 0;
+    std::size_t arrivals = 0;
+    double offered_utilisation() const {
+      const double span = last_arrival_s - first_arrival_s;
+      return arrivals >= 2 && span > 0 ? offered_work_s / span : 0.0;
+    }
   };
 
   kvtier::deadline coll_dl() const { return kvtier::clock::now() + std::chrono::seconds(300); }
@@ -314,13 +322,15 @@ class engine {
       bool load = c.hit > 0;
       if (load && opt_.policy == load_policy::cost) {
         // Load iff it is predicted to finish before recompute would, counting the
-        // compute already queued ahead (min_saving_s = -backlog), give or take the
-        // latency the operator trades for GPU time (cost_slack_s).
-        double backlog = 0;
+        // compute already queued ahead and the delay recomputing would impose on the
+        // requests behind it at the offered utilisation (min_saving_s = -(backlog +
+        // externality)), give or take the latency the operator trades for GPU time.
+        double backlog = opt_.cost_slack_s;
         for (std::size_t j : env.ready) backlog += tm_.compute_s(static_cast<double>(env.ctl[j].remaining));
         const double l2_part = static_cast<double>(c.hit - c.l1_hit);
-        load = env.estimator->decide(tm_.node(), l2_part > 0 ? l2_part : static_cast<double>(c.hit), -backlog)
-                   .load;
+        const double tokens = l2_part > 0 ? l2_part : static_cast<double>(c.hit);
+        backlog += kvtier::recompute_externality_s(tm_.compute_s(tokens), env.offered_utilisation());
+        load = env.estimator->decide(tm_.node(), tokens, -backlog).load;
         if (!load) c.status = "policy_recompute";
       }
       c.loading = load;
@@ -516,6 +526,9 @@ class engine {
       for (; arrived < v[0]; ++arrived) {
         const std::size_t i = arrived;
         ctl_state& c = env.ctl[i];
+        if (env.arrivals++ == 0) env.first_arrival_s = reqs_[i].src->t;
+        env.last_arrival_s = reqs_[i].src->t;
+        env.offered_work_s += tm_.compute_s(static_cast<double>(reqs_[i].src->tokens.size()));
         if (!cache || reqs_[i].n_chunks() == 0) {
           c.remaining = reqs_[i].src->tokens.size();
           c.status = cache ? "miss" : "recompute";

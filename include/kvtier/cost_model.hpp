@@ -100,6 +100,22 @@ constexpr double utilisation(double arrivals_per_s, double gb_per_request,
   return arrivals_per_s * gb_per_request / bandwidth_gb_per_s;
 }
 
+/// The queueing delay that recomputing `work_s` seconds of prefill imposes on the
+/// requests behind it, in an engine whose offered utilisation (were every request
+/// recomputed) is `utilisation`: work_s * rho / (1 - rho). Adding x seconds of work
+/// stretches the busy period by x / (1 - rho), and about lambda * x / (1 - rho)
+/// requests arrive in the stretch, each delayed by x: for a job of typical size
+/// (lambda * x ~ rho) that totals x * rho / (1 - rho). +infinity at rho >= 1, where
+/// the queue has no steady state. A loaded prefix adds no compute, so this is the
+/// capacity value of a hit that a per-request latency comparison misses:
+///
+///   // rho = 0.38 (1.21 req/s of 16k-token prompts at R = 52.2k tokens/s):
+///   recompute_externality_s(0.314, 0.38) ~= 0.19   // 0.31 s own + 0.19 s imposed on others
+constexpr double recompute_externality_s(double work_s, double utilisation) noexcept {
+  if (!(utilisation < 1.0)) return std::numeric_limits<double>::infinity();
+  return utilisation > 0 ? work_s * utilisation / (1.0 - utilisation) : 0.0;
+}
+
 /// The load-or-recompute decision for one request's cached prefix.
 struct load_decision {
   bool load = false;            ///< true: load the prefix; false: recompute it

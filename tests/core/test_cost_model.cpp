@@ -81,6 +81,21 @@ TEST_CASE("cost model: load-or-recompute decision", "[unit]") {
   CHECK_FALSE(kvtier::decide_load(glm, {.fixed_cost_s = 0, .bandwidth_gb_per_s = 100}, 0).load);
 }
 
+TEST_CASE("cost model: the delay a recompute imposes on the queue behind it", "[unit]") {
+  CHECK(kvtier::recompute_externality_s(0.314, 0.0) == 0.0);
+  CHECK(kvtier::recompute_externality_s(0.314, 0.5) == Approx(0.314));
+  CHECK(kvtier::recompute_externality_s(0.314, 0.38) == Approx(0.314 * 0.38 / 0.62));
+  CHECK(std::isinf(kvtier::recompute_externality_s(0.314, 1.0)));
+  CHECK(std::isinf(kvtier::recompute_externality_s(0.314, 1.7)));
+  // A 16k-token hit over 8 instances: 0.40 s to load against 0.31 s to recompute. On an idle
+  // engine recomputing wins; at the hit-heavy stream's rho ~ 0.38 the load wins once the
+  // delay recomputing imposes on later requests is counted.
+  const kvtier::load_path eight{.fixed_cost_s = 0.326, .bandwidth_gb_per_s = fast_gb_per_s};
+  const double n = 16384, own = kvtier::recompute_time_s(glm, n);
+  CHECK_FALSE(kvtier::decide_load(glm, eight, n).load);
+  CHECK(kvtier::decide_load(glm, eight, n, -kvtier::recompute_externality_s(own, 0.38)).load);
+}
+
 TEST_CASE("cost model: least-squares fit of (T0, B)", "[unit]") {
   SECTION("recovers an exact line") {
     std::vector<kvtier::load_sample> pts;
