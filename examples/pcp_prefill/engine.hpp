@@ -371,7 +371,8 @@ class engine {
     kvtier::broadcast_params p{.n_chunks = hc,
                                .chunk_tokens = tm_.chunk_tokens,
                                .chunk_bytes = tm_.chunk_bytes(),
-                               .mode = opt_.broadcast};
+                               .mode = opt_.broadcast,
+                               .request_id = i};
     if (opt_.broadcast == kvtier::broadcast_mode::gathered) {
       const std::size_t need = kvtier::gathered_staging_bytes(own_, hc, tm_.chunk_bytes());
       if (env.staging.size() < need) env.staging.resize(need);

@@ -103,6 +103,11 @@ struct broadcast_params {
   /// gathered mode only: this rank's staging buffer in backend memory, at least
   /// gathered_staging_bytes(owners, n_chunks, chunk_bytes) bytes.
   std::span<std::byte> staging{};
+  /// Which load this is (e.g. the engine's request number). Folded into the
+  /// agreement's fingerprint: a rank that fell one load behind its peers (it
+  /// skipped a call) fails the agreement on every rank instead of pairing its
+  /// broadcasts with another request's.
+  std::uint64_t request_id = 0;
 };
 
 struct broadcast_result {
@@ -204,6 +209,7 @@ template <ownership_policy P>
 std::uint64_t fingerprint(const P& owners, const broadcast_params& p) {
   std::uint64_t fp =
       fp_mix(fp_mix(fp_mix(p.n_chunks, p.chunk_tokens), p.chunk_bytes), static_cast<std::uint64_t>(p.mode));
+  fp = fp_mix(fp, p.request_id);
   for (char ch : owners.geometry()) fp = fp_mix(fp, static_cast<unsigned char>(ch));
   return fp;
 }

@@ -147,6 +147,19 @@ TEST_CASE("chunk_broadcast: inconsistent arguments fail on every rank at the agr
     }
     for (const auto& c : out.calls) CHECK(c == out.calls[0]);
   }
+  SECTION("one rank is a load behind (another request id), same shapes") {
+    auto out =
+        run(own, 8, 4, broadcast_mode::per_chunk, all, [](rank_t r, broadcast_params& p, std::uint64_t&) {
+          p.request_id = r == 3 ? 41 : 42;
+          return true;
+        });
+    for (rank_t r = 0; r < 4; ++r) {
+      CHECK(out.results[r].ec == errc::invalid_argument);
+      CHECK(out.results[r].agreed_tokens == 0u);
+      for (std::byte b : out.dst[r]) REQUIRE(b == std::byte{0xEE});  // nothing written
+    }
+    for (const auto& c : out.calls) CHECK(c == out.calls[0]);
+  }
   SECTION("one rank's staging buffer is too small") {
     auto out =
         run(own, 8, 4, broadcast_mode::gathered, all, [](rank_t r, broadcast_params& p, std::uint64_t&) {
