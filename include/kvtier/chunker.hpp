@@ -130,9 +130,7 @@ struct key_namespace {
   std::uint64_t fingerprint() const noexcept { return root().hi; }
 
   /// 16 hex digits of fingerprint(); the namespace part of remote key names.
-  std::string text() const {
-    return chunk_key{fingerprint(), 0}.to_hex().substr(0, 16);
-  }
+  std::string text() const { return chunk_key{fingerprint(), 0}.to_hex().substr(0, 16); }
 
   /// "kvtier\0\1" read as a big-endian integer: fixed forever, documented above.
   static constexpr std::uint64_t root_seed = 0x6b76746965720001ull;

@@ -41,25 +41,44 @@ class errc_category final : public std::error_category {
   const char* name() const noexcept override { return "kvtier"; }
   std::string message(int value) const override {
     switch (static_cast<errc>(value)) {
-      case errc::timeout: return "deadline exceeded";
-      case errc::connection_lost: return "connection lost";
-      case errc::connection_refused: return "connection refused";
-      case errc::resolve_failed: return "host name did not resolve";
-      case errc::not_connected: return "not connected";
-      case errc::protocol_error: return "RESP protocol error";
-      case errc::server_error: return "server replied with an error";
-      case errc::unexpected_reply: return "reply of unexpected type or shape";
-      case errc::too_large: return "length, count or depth over the configured limit";
-      case errc::corrupt_value: return "stored value failed its integrity check";
-      case errc::wrong_length: return "stored value has the wrong length";
-      case errc::auth_failed: return "authentication failed";
-      case errc::cancelled: return "cancelled";
-      case errc::shutdown: return "shut down";
-      case errc::queue_full: return "too many requests or bytes in flight";
-      case errc::bad_url: return "malformed server URL";
-      case errc::invalid_argument: return "invalid argument";
-      case errc::collective_mismatch: return "ranks issued mismatched collectives";
-      case errc::backend_error: return "backend (NCCL/CUDA/OS) error";
+      case errc::timeout:
+        return "deadline exceeded";
+      case errc::connection_lost:
+        return "connection lost";
+      case errc::connection_refused:
+        return "connection refused";
+      case errc::resolve_failed:
+        return "host name did not resolve";
+      case errc::not_connected:
+        return "not connected";
+      case errc::protocol_error:
+        return "RESP protocol error";
+      case errc::server_error:
+        return "server replied with an error";
+      case errc::unexpected_reply:
+        return "reply of unexpected type or shape";
+      case errc::too_large:
+        return "length, count or depth over the configured limit";
+      case errc::corrupt_value:
+        return "stored value failed its integrity check";
+      case errc::wrong_length:
+        return "stored value has the wrong length";
+      case errc::auth_failed:
+        return "authentication failed";
+      case errc::cancelled:
+        return "cancelled";
+      case errc::shutdown:
+        return "shut down";
+      case errc::queue_full:
+        return "too many requests or bytes in flight";
+      case errc::bad_url:
+        return "malformed server URL";
+      case errc::invalid_argument:
+        return "invalid argument";
+      case errc::collective_mismatch:
+        return "ranks issued mismatched collectives";
+      case errc::backend_error:
+        return "backend (NCCL/CUDA/OS) error";
     }
     return "unknown kvtier error " + std::to_string(value);
   }
@@ -72,9 +91,7 @@ inline const std::error_category& error_category() noexcept {
   return category;
 }
 
-inline std::error_code make_error_code(errc e) noexcept {
-  return {static_cast<int>(e), error_category()};
-}
+inline std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), error_category()}; }
 
 }  // namespace kvtier
 

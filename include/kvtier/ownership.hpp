@@ -108,7 +108,8 @@ std::vector<std::uint64_t> owned_starts(const P& policy, rank_t r, std::size_t n
                                         std::size_t chunk_tokens) {
   std::vector<std::uint64_t> out;
   for (std::size_t c = 0; c < n_chunks; ++c)
-    if (static_cast<rank_t>(policy.owner(c)) == r) out.push_back(static_cast<std::uint64_t>(c) * chunk_tokens);
+    if (static_cast<rank_t>(policy.owner(c)) == r)
+      out.push_back(static_cast<std::uint64_t>(c) * chunk_tokens);
   return out;
 }
 

@@ -46,12 +46,18 @@ enum class chunk_status : std::uint8_t {
 
 constexpr std::string_view to_string(chunk_status s) noexcept {
   switch (s) {
-    case chunk_status::hit: return "hit";
-    case chunk_status::miss: return "miss";
-    case chunk_status::corrupt: return "corrupt";
-    case chunk_status::timeout: return "timeout";
-    case chunk_status::error: return "error";
-    case chunk_status::cancelled: return "cancelled";
+    case chunk_status::hit:
+      return "hit";
+    case chunk_status::miss:
+      return "miss";
+    case chunk_status::corrupt:
+      return "corrupt";
+    case chunk_status::timeout:
+      return "timeout";
+    case chunk_status::error:
+      return "error";
+    case chunk_status::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }
