@@ -8,6 +8,7 @@
 #include "engine.hpp"
 #include "model_stores.hpp"
 #include "report.hpp"
+#include "small_trace.hpp"
 #include "timing_model.hpp"
 #include "trace.hpp"
 
@@ -31,21 +32,8 @@ struct rig {
     tm.l2_instances = instances;
     tm.payload_scale = 1.0 / 65536;
     // 16 prompts of 2-3k tokens at 2 requests/s, sharing a system prompt.
-    reqs = generate_trace({.kind = trace_kind::hit_heavy,
-                           .requests = 16,
-                           .rate_per_s = 2,
-                           .min_tokens = 2000,
-                           .median_tokens = 2600,
-                           .max_tokens = 3200,
-                           .mean_tokens = 2600,
-                           .sd_tokens = 300,
-                           .system_tokens = 512,
-                           .group = 2,
-                           .seed = 7});
-    kvtier::key_namespace ns{.model = "test",
-                             .kv_format = "synthetic",
-                             .chunk_tokens = tm.chunk_tokens,
-                             .ownership = kvtier::modulo_ownership(world).geometry()};
+    reqs = test::small_hit_heavy_trace(16, 2, 7);
+    const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, world);
     chunk = std::make_unique<kvtier::chunker<>>(ns);
     prepared = prepare(reqs, *chunk);
     for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(tm, clk, 64 << 20));

@@ -6,6 +6,7 @@
 #include "engine.hpp"
 #include "report.hpp"
 #include "resp_l2.hpp"
+#include "small_trace.hpp"
 #include "support/redis_server.hpp"
 
 using namespace pcp;
@@ -26,21 +27,8 @@ struct real_rig {
   real_rig() {
     tm.time_scale = 0.01;
     tm.payload_scale = 1.0 / 4096;
-    reqs = generate_trace({.kind = trace_kind::hit_heavy,
-                           .requests = 10,
-                           .rate_per_s = 5,
-                           .min_tokens = 2000,
-                           .median_tokens = 2600,
-                           .max_tokens = 3200,
-                           .mean_tokens = 2600,
-                           .sd_tokens = 300,
-                           .system_tokens = 512,
-                           .group = 2,
-                           .seed = 11});
-    kvtier::key_namespace ns{.model = "test",
-                             .kv_format = "synthetic",
-                             .chunk_tokens = tm.chunk_tokens,
-                             .ownership = kvtier::modulo_ownership(world).geometry()};
+    reqs = test::small_hit_heavy_trace(10, 5, 11);
+    const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, world);
     chunk = std::make_unique<kvtier::chunker<>>(ns);
     prepared = prepare(reqs, *chunk);
     for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(tm, clk, 64 << 20));
