@@ -65,17 +65,22 @@ inline summary summarize(const run_result& r) {
   return s;
 }
 
+/// The JSON line's time and fraction fields, in order; `errors` (an integer) follows them.
+/// One list, so the writer and the reader cannot drift apart.
+inline constexpr std::pair<const char*, double summary::*> summary_fields[] = {
+    {"ttft_p50_s", &summary::ttft_p50_s},
+    {"ttft_p90_s", &summary::ttft_p90_s},
+    {"ttft_p99_s", &summary::ttft_p99_s},
+    {"ttft_mean_s", &summary::ttft_mean_s},
+    {"hit_token_fraction", &summary::hit_token_fraction},
+    {"busy_fraction", &summary::busy_fraction},
+    {"max_io_stall_s", &summary::max_io_stall_s},
+};
+
 inline std::string summary_json(const summary& s) {
-  return json_object_writer()
-      .field("ttft_p50_s", s.ttft_p50_s)
-      .field("ttft_p90_s", s.ttft_p90_s)
-      .field("ttft_p99_s", s.ttft_p99_s)
-      .field("ttft_mean_s", s.ttft_mean_s)
-      .field("hit_token_fraction", s.hit_token_fraction)
-      .field("busy_fraction", s.busy_fraction)
-      .field("max_io_stall_s", s.max_io_stall_s)
-      .field("errors", s.errors)
-      .str();
+  json_object_writer w;
+  for (const auto& [key, member] : summary_fields) w.field(key, s.*member);
+  return w.field("errors", s.errors).str();
 }
 
 /// Reads a summary back from its JSON line; false if a field is missing.
@@ -91,12 +96,10 @@ inline bool parse_summary(std::string_view line, summary& s, std::string& err) {
     out = x->num;
     return true;
   };
+  for (const auto& [key, member] : summary_fields)
+    if (!num(key, s.*member)) return false;
   double errors = 0;
-  if (!num("ttft_p50_s", s.ttft_p50_s) || !num("ttft_p90_s", s.ttft_p90_s) ||
-      !num("ttft_p99_s", s.ttft_p99_s) || !num("ttft_mean_s", s.ttft_mean_s) ||
-      !num("hit_token_fraction", s.hit_token_fraction) || !num("busy_fraction", s.busy_fraction) ||
-      !num("max_io_stall_s", s.max_io_stall_s) || !num("errors", errors))
-    return false;
+  if (!num("errors", errors)) return false;
   s.errors = static_cast<std::uint64_t>(errors);
   return true;
 }
