@@ -6,9 +6,9 @@
 #include <memory>
 
 #include "engine.hpp"
+#include "engine_rig.hpp"
 #include "model_stores.hpp"
 #include "report.hpp"
-#include "small_trace.hpp"
 #include "timing_model.hpp"
 #include "trace.hpp"
 
@@ -45,20 +45,9 @@ struct rig {
 
   run_result run(engine_options opt) {
     opt.world = world;
-    std::vector<modeled_l1*> a;
-    std::vector<modeled_l2*> b;
-    for (auto& x : l1) a.push_back(x.get());
-    for (auto& x : l2) b.push_back(x.get());
-    engine<modeled_l2> e(prepared, tm, clk, opt, a, b);
-    return e.run();
+    return test::replay<modeled_l2>(prepared, tm, clk, opt, l1, l2);
   }
-  void prime() {
-    engine_options o;
-    o.mode = load_mode::recompute;
-    o.timed = false;
-    REQUIRE(run(o).fatal.empty());
-    for (auto& x : l1) x->data().clear();
-  }
+  void prime() { test::prime(*this); }
 };
 
 void check_complete(const rig& g, const run_result& r) {

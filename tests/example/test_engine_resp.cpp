@@ -4,9 +4,9 @@
 #include <memory>
 
 #include "engine.hpp"
+#include "engine_rig.hpp"
 #include "report.hpp"
 #include "resp_l2.hpp"
-#include "small_trace.hpp"
 #include "support/redis_server.hpp"
 
 using namespace pcp;
@@ -42,20 +42,9 @@ struct real_rig {
     opt.world = world;
     opt.fetch_workers = 2;
     opt.load_timeout_s = 100;  // 1 s of real time at this scale
-    std::vector<modeled_l1*> a;
-    std::vector<resp_pool*> b;
-    for (auto& x : l1) a.push_back(x.get());
-    for (auto& x : pools) b.push_back(x.get());
-    engine<resp_pool> e(prepared, tm, clk, opt, a, b);
-    return e.run();
+    return test::replay<resp_pool>(prepared, tm, clk, opt, l1, pools);
   }
-  void prime() {
-    engine_options o;
-    o.mode = load_mode::recompute;
-    o.timed = false;
-    REQUIRE(run(o).fatal.empty());
-    for (auto& x : l1) x->data().clear();
-  }
+  void prime() { test::prime(*this); }
 };
 
 }  // namespace
