@@ -1,6 +1,11 @@
 # Core components: chunker, ownership, lookup (with its proof), cost model, and
 # the two packaging consumers.
 kvtier_add_test(test_chunker SOURCES core/test_chunker.cpp LABELS unit)
+kvtier_add_test(test_chunker_material SOURCES core/test_chunker_material.cpp LABELS unit)
+if(TARGET kvtier::openssl AND TARGET test_chunker_material)
+  target_link_libraries(test_chunker_material PRIVATE kvtier::openssl)
+  target_compile_definitions(test_chunker_material PRIVATE KVTIER_TEST_HAS_OPENSSL=1)
+endif()
 kvtier_add_test(test_ownership SOURCES core/test_ownership.cpp LABELS unit)
 kvtier_add_test(test_lookup SOURCES core/test_lookup.cpp LABELS unit)
 kvtier_add_test(test_lookup_proof SOURCES core/test_lookup_proof.cpp LABELS property)

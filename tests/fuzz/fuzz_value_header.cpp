@@ -3,8 +3,8 @@
 // a pipelined batch of GETs with values built from the input, delivered in pieces of a chosen
 // size, so the header gate runs at every split of the 56 header bytes.
 //
-// Input: byte 0 picks the number of GETs (1..4), byte 1 the read piece size, byte 2 the
-// namespace; then per GET a 4-byte record [mode, dst_len, a, b] followed by its bytes:
+// Input: byte 0 picks the number of GETs (1..4) and the parser's buffer size, byte 1 the read
+// piece size, byte 2 the namespace; then per GET a 4-byte record [mode, dst_len, a, b] followed by its bytes:
 //   mode % 6 == 0: raw value: the next `a` bytes are stored verbatim;
 //            == 1: a valid value of the next dst_len payload bytes, then byte a ^= b;
 //            == 2: valid but for another key (the next GET's), byte a ^= b;
@@ -136,7 +136,9 @@ constexpr std::size_t piece_sizes[] = {1, 2, 3, 7, 17, 55, 56, 57, 64, 4096};
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   reader in{data, size};
-  const std::size_t gets = 1 + in.byte() % 4;
+  const std::uint8_t b0 = in.byte();
+  const std::size_t gets = 1 + b0 % 4;
+  constexpr std::size_t buffers[] = {32, 64, 100, 4096};  // 32: the header line barely fits
   g_script.piece = piece_sizes[in.byte() % std::size(piece_sizes)];
   const kvtier::key_namespace ns{.model = "fuzz-" + std::to_string(in.byte())};
   const std::uint64_t fp = ns.fingerprint();
@@ -194,6 +196,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   kvtier::resp::connection_options opt;
   opt.health_check_idle = std::chrono::milliseconds(0);
+  opt.limits.buffer_bytes = buffers[(b0 >> 2) % std::size(buffers)];
   kvtier::remote_store<memory_connection> store(ns, opt);
   std::vector<std::span<std::byte>> spans(dst.begin(), dst.end());
   std::vector<chunk_status> status(gets, chunk_status::hit);
