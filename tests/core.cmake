@@ -25,11 +25,14 @@ endif()
 # Packaging: find_package from an install of this build tree, and add_subdirectory
 # of this source tree. Each configures and builds a tiny project (Release build only).
 if(KVTIER_SANITIZE STREQUAL "" AND KVTIER_INSTALL)
+  # Each consumer links every optional part this build has (kvtier::asio, ...).
+  string(REPLACE ";" "," _kvtier_parts_csv "${KVTIER_EXPORTED_PARTS}")
   foreach(mode find_package add_subdirectory)
     add_test(NAME test_consumer_${mode}
              COMMAND ${CMAKE_COMMAND} -DMODE=${mode} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
                      -DBUILD_DIR=${PROJECT_BINARY_DIR} -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_${mode}
                      "-DGENERATOR=${CMAKE_GENERATOR}" -DCXX=${CMAKE_CXX_COMPILER} -DBUILD_TYPE=$<CONFIG>
+                     "-DPARTS=${_kvtier_parts_csv}"
                      -P ${CMAKE_CURRENT_SOURCE_DIR}/consumers/run_consumer.cmake)
     set_tests_properties(test_consumer_${mode} PROPERTIES LABELS integration TIMEOUT 600)
   endforeach()
