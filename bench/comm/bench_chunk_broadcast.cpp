@@ -177,11 +177,13 @@ int main(int argc, char** argv) {
   const rank_t W = 8;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const char* names[] = {"per_chunk", "grouped", "gathered"};
-  std::string json = "{\"bench\":\"chunk_broadcast_inproc\",\"W\":8,\"rank_threads\":8,\"cores\":" +
-                     std::to_string(cores) + ",\"reps\":" + std::to_string(reps) + ",\"results\":[";
-  std::printf("in-process chunk_broadcast, W=%u as %u rank threads on %u core(s), median of %d interleaved reps "
-              "x %d loads (ms per load)\n",
-              W, W, cores, reps, loads);
+  std::string json =
+      "{\"bench\":\"chunk_broadcast_inproc\",\"W\":8,\"rank_threads\":8,\"cores\":" + std::to_string(cores) +
+      ",\"reps\":" + std::to_string(reps) + ",\"results\":[";
+  std::printf(
+      "in-process chunk_broadcast, W=%u as %u rank threads on %u core(s), median of %d interleaved reps "
+      "x %d loads (ms per load)\n",
+      W, W, cores, reps, loads);
   bool first = true;
   const modulo_ownership own(W);
   // (chunk bytes, chunks): 12.4 MB is the real chunk (256 tokens x 48.4 KB); 16 of them bound memory.
@@ -206,8 +208,8 @@ int main(int argc, char** argv) {
                   "%s{\"chunk_bytes\":%zu,\"chunks\":%zu,\"loads_per_rep\":%d,\"memcpy_floor_ms\":%.4f,"
                   "\"%s_ms\":%.4f,\"%s_ms\":%.4f,\"%s_ms\":%.4f,\"grouped_speedup\":%.3f,"
                   "\"gathered_speedup\":%.3f,\"fastest\":\"%s\"}",
-                  first ? "" : ",", cb, N, n_loads, med[0], names[0], med[1], names[1], med[2], names[2], med[3],
-                  med[1] / med[2], med[1] / med[3], names[best]);
+                  first ? "" : ",", cb, N, n_loads, med[0], names[0], med[1], names[1], med[2], names[2],
+                  med[3], med[1] / med[2], med[1] / med[3], names[best]);
     json += buf;
     first = false;
   }

@@ -7,8 +7,8 @@
 // the core on a shared machine). The last line is one JSON object.
 //
 //   bench_chunker [--tokens N] [--chunk T] [--reps R]
-#include <algorithm>
 #include <time.h>
+#include <algorithm>
 
 #include <cstdint>
 #include <cstdio>
@@ -63,13 +63,15 @@ void calibrate(variant& v) {
 
 std::size_t arg(int argc, char** argv, const char* name, std::size_t fallback) {
   for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return static_cast<std::size_t>(std::strtoull(argv[i + 1], nullptr, 10));
+    if (std::strcmp(argv[i], name) == 0)
+      return static_cast<std::size_t>(std::strtoull(argv[i + 1], nullptr, 10));
   return fallback;
 }
 
 template <class Hash>
-std::function<std::uint64_t()> chain(const kvtier::chunker<Hash>& ch, std::span<const kvtier::token_id> tokens,
-                                     const kvtier::key_material& m, std::vector<kvtier::chunk_key>& out) {
+std::function<std::uint64_t()> chain(const kvtier::chunker<Hash>& ch,
+                                     std::span<const kvtier::token_id> tokens, const kvtier::key_material& m,
+                                     std::vector<kvtier::chunk_key>& out) {
   return [&ch, tokens, m, &out] {
     out.clear();
     ch.keys(tokens, m, out);
@@ -95,13 +97,15 @@ int main(int argc, char** argv) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     t = static_cast<kvtier::token_id>(x % 151552);
   }
-  const kvtier::key_namespace ns{.model = "bench", .kv_format = "fp8", .chunk_tokens = static_cast<std::uint32_t>(chunk)};
+  const kvtier::key_namespace ns{
+      .model = "bench", .kv_format = "fp8", .chunk_tokens = static_cast<std::uint32_t>(chunk)};
   // Four images of 576 placeholder tokens each, spread over the prompt.
   std::vector<kvtier::media_item> images;
   for (std::uint64_t i = 0; i < 4; ++i)
     images.push_back({.offset = i * (n_tokens / 4), .length = 576, .content_hash = {i + 1, ~i}});
   const kvtier::key_material none{};
-  const kvtier::key_material material{.adapter = "sql-lora-v2", .tenant_salt = "tenant-0042", .media = images};
+  const kvtier::key_material material{
+      .adapter = "sql-lora-v2", .tenant_salt = "tenant-0042", .media = images};
   std::vector<kvtier::chunk_key> out;
   out.reserve(n_tokens / chunk + 1);
   const auto bytes = std::as_bytes(std::span<const kvtier::token_id>(tokens));
@@ -110,7 +114,8 @@ int main(int argc, char** argv) {
   std::vector<variant> v;
   v.push_back({"xxh3-128 chain", "xxh3_chain", chain(xxh, tokens, none, out)});
   v.push_back({"xxh3-128 chain + material", "xxh3_material", chain(xxh, tokens, material, out)});
-  v.push_back({"xxh3-128 one pass (floor)", "xxh3_floor", [&] { return XXH3_128bits(bytes.data(), bytes.size()).low64; }});
+  v.push_back({"xxh3-128 one pass (floor)", "xxh3_floor",
+               [&] { return XXH3_128bits(bytes.data(), bytes.size()).low64; }});
 #ifdef KVTIER_BENCH_HAS_OPENSSL
   const kvtier::chunker<kvtier::sha256_128> sha(ns);
   v.push_back({"sha256-128 chain", "sha256_chain", chain(sha, tokens, none, out)});
@@ -130,8 +135,10 @@ int main(int argc, char** argv) {
 
   const double token_bytes = static_cast<double>(bytes.size());
   const std::size_t chunks = n_tokens / chunk;
-  std::printf("prompt: %zu tokens (%zu full chunks of %zu), %zu repetitions interleaved, medians of thread CPU time\n", n_tokens,
-              chunks, chunk, reps);
+  std::printf(
+      "prompt: %zu tokens (%zu full chunks of %zu), %zu repetitions interleaved, medians of thread CPU "
+      "time\n",
+      n_tokens, chunks, chunk, reps);
   std::string js = "{\"bench\":\"chunker\",\"tokens\":" + std::to_string(n_tokens) +
                    ",\"chunk_tokens\":" + std::to_string(chunk) + ",\"repetitions\":" + std::to_string(reps);
   for (auto& e : v) {
@@ -144,17 +151,19 @@ int main(int argc, char** argv) {
   }
   auto ratio = [&](std::size_t a, std::size_t b) { return v[a].median() / v[b].median(); };
   char buf[512];
-  std::snprintf(buf, sizeof buf, ",\"material_overhead_xxh3\":%.3f,\"xxh3_chain_over_floor\":%.2f", ratio(1, 0),
-                ratio(0, 2));
+  std::snprintf(buf, sizeof buf, ",\"material_overhead_xxh3\":%.3f,\"xxh3_chain_over_floor\":%.2f",
+                ratio(1, 0), ratio(0, 2));
   js += buf;
-  std::printf("key material (adapter + salt + 4 images) costs %.1f%% with xxh3-128\n", (ratio(1, 0) - 1) * 100);
+  std::printf("key material (adapter + salt + 4 images) costs %.1f%% with xxh3-128\n",
+              (ratio(1, 0) - 1) * 100);
 #ifdef KVTIER_BENCH_HAS_OPENSSL
   std::printf("sha256-128 chain / xxh3-128 chain: %.1fx slower (%.2f us more per chunk)\n", ratio(3, 0),
               (v[3].median() - v[0].median()) * 1e6 / static_cast<double>(chunks));
   std::printf("sha256-128 chain / one SHA-256 pass over the prompt: %.2fx\n", ratio(3, 5));
-  std::snprintf(buf, sizeof buf,
-                ",\"ratio_sha256_over_xxh3\":%.2f,\"material_overhead_sha256\":%.3f,\"sha256_chain_over_floor\":%.2f",
-                ratio(3, 0), ratio(4, 3), ratio(3, 5));
+  std::snprintf(
+      buf, sizeof buf,
+      ",\"ratio_sha256_over_xxh3\":%.2f,\"material_overhead_sha256\":%.3f,\"sha256_chain_over_floor\":%.2f",
+      ratio(3, 0), ratio(4, 3), ratio(3, 5));
   js += buf;
 #else
   std::printf("sha256 variants skipped: built without OpenSSL\n");

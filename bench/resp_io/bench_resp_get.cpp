@@ -581,8 +581,8 @@ int main(int argc, char** argv) try {
       "CPU, faults and peak RSS are the client process's own; max and p99 over all repetitions' "
       "batches (p99 only from %zu batches up: raise --seconds or --reps)\n",
       p99_min_batches);
-  std::printf("%-24s %8s %9s %9s %9s %8s %10s %12s %12s %11s\n", "client", "GB/s", "p50 ms", "max ms", "p99 ms",
-              "batches", "CPU-s/GB", "faults/4KiB", "peakRSS KiB", "srv CPU/GB");
+  std::printf("%-24s %8s %9s %9s %9s %8s %10s %12s %12s %11s\n", "client", "GB/s", "p50 ms", "max ms",
+              "p99 ms", "batches", "CPU-s/GB", "faults/4KiB", "peakRSS KiB", "srv CPU/GB");
   std::ostringstream json;
   json << "{\"bench\":\"resp_get\",\"value_bytes\":" << cfg.value_bytes << ",\"batch\":" << cfg.batch
        << ",\"reps\":" << cfg.reps << ",\"cpus\":" << cpus << ",\"loadavg_1m\":" << fmt("%.2f", load1)
@@ -595,15 +595,14 @@ int main(int argc, char** argv) try {
     const double max_ms = kb::percentile(s.all_latency_s, 1.0) * 1e3;
     const bool has_p99 = n_lat >= p99_min_batches;
     const double p99_ms = kb::percentile(s.all_latency_s, 0.99) * 1e3;
-    std::printf("%-24s %8.3f %9.1f %9.1f %9s %8zu %10.3f %12.5f %12.0f %11.3f\n", name.c_str(), kb::median(s.gbps),
-                kb::median(s.p50_ms), max_ms, has_p99 ? fmt("%.1f", p99_ms).c_str() : "-", n_lat,
-                kb::median(s.cpu_s_per_gb), kb::median(s.faults_per_4k), kb::median(s.rss_kib),
+    std::printf("%-24s %8.3f %9.1f %9.1f %9s %8zu %10.3f %12.5f %12.0f %11.3f\n", name.c_str(),
+                kb::median(s.gbps), kb::median(s.p50_ms), max_ms, has_p99 ? fmt("%.1f", p99_ms).c_str() : "-",
+                n_lat, kb::median(s.cpu_s_per_gb), kb::median(s.faults_per_4k), kb::median(s.rss_kib),
                 kb::median(s.server_cpu_s_per_gb));
     json << (first_client ? "" : ",") << "\"" << name << "\":{\"gbps\":" << fmt("%.4f", kb::median(s.gbps))
          << ",\"p50_ms\":" << fmt("%.2f", kb::median(s.p50_ms)) << ",\"max_ms\":" << fmt("%.2f", max_ms)
          << ",\"p99_ms\":" << (has_p99 ? fmt("%.2f", p99_ms) : std::string("null"))
-         << ",\"batches\":" << n_lat
-         << ",\"cpu_s_per_gb\":" << fmt("%.4f", kb::median(s.cpu_s_per_gb))
+         << ",\"batches\":" << n_lat << ",\"cpu_s_per_gb\":" << fmt("%.4f", kb::median(s.cpu_s_per_gb))
          << ",\"minor_faults_per_4k\":" << fmt("%.5f", kb::median(s.faults_per_4k))
          << ",\"peak_rss_delta_kib\":" << fmt("%.0f", kb::median(s.rss_kib))
          << ",\"server_cpu_s_per_gb\":" << fmt("%.4f", kb::median(s.server_cpu_s_per_gb)) << "}";
@@ -631,7 +630,8 @@ int main(int argc, char** argv) try {
   // ---- headline: each kvtier client against the best hiredis variant of this run -------------
   std::string best_h;
   for (const auto& [h, mh] : clients)
-    if (h.rfind("hiredis", 0) == 0 && (best_h.empty() || kb::median(stats[h].gbps) > kb::median(stats[best_h].gbps)))
+    if (h.rfind("hiredis", 0) == 0 &&
+        (best_h.empty() || kb::median(stats[h].gbps) > kb::median(stats[best_h].gbps)))
       best_h = h;
   if (!best_h.empty()) {
     json << ",\"best_hiredis\":\"" << best_h << "\",\"vs_best_hiredis\":{";

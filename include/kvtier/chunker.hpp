@@ -296,7 +296,8 @@ class chunker {
     record.clear();
     for (const media_item& it : sorted)
       if (it.offset < end && it.offset + it.length > begin)
-        for (std::uint64_t w : {std::uint64_t{it.offset - begin}, it.length, it.content_hash.hi, it.content_hash.lo})
+        for (std::uint64_t w :
+             {std::uint64_t{it.offset - begin}, it.length, it.content_hash.hi, it.content_hash.lo})
           detail::append_le(record, w);
     if (record.empty()) return prev;
     record += 'M';

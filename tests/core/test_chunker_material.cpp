@@ -58,13 +58,14 @@ TEST_CASE("chunker material: adapter and tenant salt separate every key", "[unit
     for (const auto* b : {&base, &lora_a, &lora_b, &tenant_1, &tenant_2})
       if (a != b) CHECK(disjoint(*a, *b));
   // Fields are length-prefixed: moving bytes between adapter and salt changes the keys.
-  CHECK(disjoint(ch.keys(t, {.adapter = "ab", .tenant_salt = "c"}), ch.keys(t, {.adapter = "a", .tenant_salt = "bc"})));
+  CHECK(disjoint(ch.keys(t, {.adapter = "ab", .tenant_salt = "c"}),
+                 ch.keys(t, {.adapter = "a", .tenant_salt = "bc"})));
   CHECK(disjoint(ch.keys(t, {.adapter = "x"}), ch.keys(t, {.tenant_salt = "x"})));
 }
 
 TEST_CASE("chunker material: a media item changes its chunks and every later one", "[unit]") {
   const kvtier::chunker<> ch(ns, kvtier::tail_policy::hash_partial);
-  const auto t = iota_tokens(16 * 6 + 5);  // 6 full chunks and a tail
+  const auto t = iota_tokens(16 * 6 + 5);                                    // 6 full chunks and a tail
   const media_item cat{.offset = 40, .length = 10, .content_hash = {1, 2}};  // chunks 2 and 3
   const media_item dog{.offset = 40, .length = 10, .content_hash = {1, 3}};
   const auto plain = ch.keys(t);

@@ -100,7 +100,8 @@ std::string reference_value(std::uint64_t ns, const chunk_key& k, std::string_vi
 }
 std::uint64_t get_le(std::string_view s, std::size_t at, int n) {
   std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  for (int i = 0; i < n; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
   return v;
 }
 header_check reference_check(std::string_view h, std::uint64_t ns, const chunk_key& k, std::size_t len) {
@@ -179,9 +180,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       w.value = reference_value(f, k, payload);
       w.value[a % w.value.size()] ^= static_cast<char>(b);
     }
-    w.hit = w.value.size() == kvtier::value_header::size + len &&
-            w.value == reference_value(fp, keys[i], std::string_view(w.value).substr(kvtier::value_header::size));
-    w.payload = w.value.size() >= kvtier::value_header::size ? w.value.substr(kvtier::value_header::size) : "";
+    w.hit =
+        w.value.size() == kvtier::value_header::size + len &&
+        w.value == reference_value(fp, keys[i], std::string_view(w.value).substr(kvtier::value_header::size));
+    w.payload =
+        w.value.size() >= kvtier::value_header::size ? w.value.substr(kvtier::value_header::size) : "";
     g_script.replies += "$" + std::to_string(w.value.size()) + "\r\n" + w.value + "\r\n";
 
     // Oracle 3: the header check alone, against the field-by-field reference.
@@ -206,7 +209,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t i = 0; i < gets; ++i) {
     const expect& w = want[i];
     const std::string_view got(reinterpret_cast<const char*>(dst[i].data()), dst[i].size());
-    const bool untouched = std::all_of(dst[i].begin(), dst[i].end(), [](std::byte c) { return c == std::byte{0xa5}; });
+    const bool untouched =
+        std::all_of(dst[i].begin(), dst[i].end(), [](std::byte c) { return c == std::byte{0xa5}; });
     if (!w.stored) {
       check(status[i] != chunk_status::hit && untouched, "a null or error reply was a hit or wrote the span");
       continue;
@@ -219,10 +223,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     check(status[i] == chunk_status::corrupt, "a stored, refused value is not corrupt");
     // Oracle 2: only a value of the right length with a header that passes may touch the span.
-    const bool header_ok =
-        w.value.size() == kvtier::value_header::size + dst[i].size() &&
-        reference_check(std::string_view(w.value).substr(0, kvtier::value_header::size), fp, keys[i],
-                        dst[i].size()) == header_check::ok;
+    const bool header_ok = w.value.size() == kvtier::value_header::size + dst[i].size() &&
+                           reference_check(std::string_view(w.value).substr(0, kvtier::value_header::size),
+                                           fp, keys[i], dst[i].size()) == header_check::ok;
     if (!header_ok) check(untouched, "a refused header or a wrong length wrote the span");
   }
   return 0;

@@ -142,7 +142,7 @@ TEST_CASE("url: the scheme is checked first, and {rank} as the whole port is ref
   require_bad("resp://h:{rank}", "{rank} as the whole port", 0);
   require_bad("resp://h:{rank}/2", "write {rank+N}", 3);
   require_bad("resp://h:{rank}", "{rank} as the whole port");  // no rank given: the same answer
-  auto r = parse_url("resp://h:63{rank}9", 1);                // part of a port is fine
+  auto r = parse_url("resp://h:63{rank}9", 1);                 // part of a port is fine
   REQUIRE(r);
   CHECK(r.value.port == 6319);
 }
@@ -169,9 +169,7 @@ TEST_CASE("url: passwords are never printed", "[unit]") {
 TEST_CASE("url: a password from a file or the environment", "[unit]") {
   using kvtier::resp::apply_password;
   const std::string file = "test_url_password_" + std::to_string(::getpid());
-  {
-    std::ofstream(file) << "from-file\nsecond line ignored\n";
-  }
+  { std::ofstream(file) << "from-file\nsecond line ignored\n"; }
   auto r = parse_url("resp://h:1");
   REQUIRE(r);
   CHECK(apply_password(r.value, {.file = file}).empty());

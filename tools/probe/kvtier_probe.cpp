@@ -114,10 +114,10 @@ struct instance {
   std::vector<std::string> keys;
   std::vector<std::vector<std::byte>> expected;
   std::vector<std::vector<std::byte>> dst;
-  bool wrote = false;                // SET was attempted: clean up here
-  kvtier::deadline dl{};             // deadline of the latest call (of the failing one, on failure)
+  bool wrote = false;                          // SET was attempted: clean up here
+  kvtier::deadline dl{};                       // deadline of the latest call (of the failing one, on failure)
   std::vector<std::vector<double>> latency_s;  // per batch size of the ladder ([0]: K)
-  std::string failure;               // first failure, names what happened
+  std::string failure;                         // first failure, names what happened
 };
 
 std::string describe(const instance& in) {
@@ -161,8 +161,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     // The password may come from --password-file or KVTIER_PASSWORD instead of argv.
-    if (std::string err = kvtier::resp::apply_password(parsed.value, {.file = opt.password_file}); !err.empty()) {
-      std::fprintf(stderr, "kvtier-probe: --url %s: %s\n", kvtier::resp::redact_url(opt.url).c_str(), err.c_str());
+    if (std::string err = kvtier::resp::apply_password(parsed.value, {.file = opt.password_file});
+        !err.empty()) {
+      std::fprintf(stderr, "kvtier-probe: --url %s: %s\n", kvtier::resp::redact_url(opt.url).c_str(),
+                   err.c_str());
       return 2;
     }
     inst[static_cast<std::size_t>(r)].rank = r;
@@ -406,12 +408,13 @@ int main(int argc, char** argv) {
      << ",\"p99_ms\":" << num(p99_ms, 2);
   if (fit) {
     char line[512];
-    std::snprintf(line, sizeof line,
-                  "  fit over batches of %s (least squares, %zu batches): T0 = %.2f ms per batch "
-                  "[95%%: %.2f .. %.2f], B = %.3f GB/s per instance [95%%: %.3f .. %s]\n",
-                  ladder_text.c_str(), fit->samples, fit->path.fixed_cost_s * 1e3, fit->t0_interval_s[0] * 1e3,
-                  fit->t0_interval_s[1] * 1e3, fit->path.bandwidth_gb_per_s, fit->b_interval_gbps[0],
-                  std::isfinite(fit->b_interval_gbps[1]) ? num(fit->b_interval_gbps[1], 3).c_str() : "unbounded");
+    std::snprintf(
+        line, sizeof line,
+        "  fit over batches of %s (least squares, %zu batches): T0 = %.2f ms per batch "
+        "[95%%: %.2f .. %.2f], B = %.3f GB/s per instance [95%%: %.3f .. %s]\n",
+        ladder_text.c_str(), fit->samples, fit->path.fixed_cost_s * 1e3, fit->t0_interval_s[0] * 1e3,
+        fit->t0_interval_s[1] * 1e3, fit->path.bandwidth_gb_per_s, fit->b_interval_gbps[0],
+        std::isfinite(fit->b_interval_gbps[1]) ? num(fit->b_interval_gbps[1], 3).c_str() : "unbounded");
     out << line;
     if (fit->clamped) {
       std::snprintf(line, sizeof line,
@@ -431,24 +434,27 @@ int main(int argc, char** argv) {
     if (fit->max_abs_error > 0.1)
       out << "  (the fit misses a batch size by more than 10%: latency is not linear in batch bytes here; "
              "trust the verdict below only as far as that)\n";
-    js << ",\"fit\":{\"t0_s\":" << num(fit->path.fixed_cost_s, 6) << ",\"t0_fitted_s\":" << num(fit->fitted_t0_s, 6)
+    js << ",\"fit\":{\"t0_s\":" << num(fit->path.fixed_cost_s, 6)
+       << ",\"t0_fitted_s\":" << num(fit->fitted_t0_s, 6)
        << ",\"t0_clamped\":" << (fit->clamped ? "true" : "false") << ",\"t0_interval_s\":["
        << num(fit->t0_interval_s[0], 6) << "," << num(fit->t0_interval_s[1], 6)
        << "],\"b_gbps\":" << num(fit->path.bandwidth_gb_per_s) << ",\"b_interval_gbps\":["
-       << num(fit->b_interval_gbps[0]) << "," << num(fit->b_interval_gbps[1]) << "],\"rms_residual_ms\":"
-       << num(fit->rms_residual_s * 1e3, 3) << ",\"max_abs_error\":" << num(fit->max_abs_error, 3)
-       << ",\"batch_sizes\":[";
+       << num(fit->b_interval_gbps[0]) << "," << num(fit->b_interval_gbps[1])
+       << "],\"rms_residual_ms\":" << num(fit->rms_residual_s * 1e3, 3)
+       << ",\"max_abs_error\":" << num(fit->max_abs_error, 3) << ",\"batch_sizes\":[";
     for (std::size_t i = 0; i < fit->sizes.size(); ++i) js << (i ? "," : "") << fit->sizes[i].batch;
     js << "],\"per_size\":[";
     for (std::size_t i = 0; i < fit->sizes.size(); ++i)
-      js << (i ? "," : "") << "{\"batch\":" << fit->sizes[i].batch << ",\"median_ms\":"
-         << num(fit->sizes[i].median_s * 1e3, 3) << ",\"predicted_ms\":" << num(fit->sizes[i].predicted_s * 1e3, 3)
+      js << (i ? "," : "") << "{\"batch\":" << fit->sizes[i].batch
+         << ",\"median_ms\":" << num(fit->sizes[i].median_s * 1e3, 3)
+         << ",\"predicted_ms\":" << num(fit->sizes[i].predicted_s * 1e3, 3)
          << ",\"error\":" << num(fit->sizes[i].error, 3) << "}";
     js << "]}";
   } else {
     out << "  fit over batches of " << ladder_text
-        << (samples.size() < 3 ? ": too few batches to fit (3 or more needed; use more --rounds)\n"
-                               : ": no positive slope (latency did not grow with batch size; more rounds may help)\n");
+        << (samples.size() < 3
+                ? ": too few batches to fit (3 or more needed; use more --rounds)\n"
+                : ": no positive slope (latency did not grow with batch size; more rounds may help)\n");
     js << ",\"fit\":null";
   }
   if (opt.bytes_per_token > 0) {

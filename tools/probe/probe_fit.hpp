@@ -40,15 +40,15 @@ struct size_check {
 };
 
 struct fit_report {
-  kvtier::load_path path;           ///< T0 >= 0 always
-  double fitted_t0_s = 0;           ///< T0 as least squares gave it (may be < 0)
-  bool clamped = false;             ///< fitted T0 < 0: T0 = 0, B refitted through the origin
-  double t0_interval_s[2] = {0, 0};  ///< 95% interval of T0, clamped at 0
+  kvtier::load_path path;              ///< T0 >= 0 always
+  double fitted_t0_s = 0;              ///< T0 as least squares gave it (may be < 0)
+  bool clamped = false;                ///< fitted T0 < 0: T0 = 0, B refitted through the origin
+  double t0_interval_s[2] = {0, 0};    ///< 95% interval of T0, clamped at 0
   double b_interval_gbps[2] = {0, 0};  ///< 95% interval of B (upper may be +inf)
-  double rms_residual_s = 0;        ///< root mean square of measured - predicted, all samples
+  double rms_residual_s = 0;           ///< root mean square of measured - predicted, all samples
   std::size_t samples = 0;
-  std::vector<size_check> sizes;    ///< in the order the sizes first appear
-  double max_abs_error = 0;         ///< largest |error| over the sizes
+  std::vector<size_check> sizes;  ///< in the order the sizes first appear
+  double max_abs_error = 0;       ///< largest |error| over the sizes
 };
 
 namespace detail {

@@ -79,9 +79,9 @@ TEST_CASE("probe fit: a tier that is not linear in batch bytes shows it", "[unit
 }
 
 TEST_CASE("probe fit: no fit from too few batches or without a positive slope", "[unit]") {
-  CHECK_FALSE(fit_batches(line(0.005, 1.0, {2, 1}, 1, 0)));            // two samples
-  CHECK_FALSE(fit_batches(line(0.005, 1.0, {4}, 5, 1e-4)));            // one size
-  CHECK_FALSE(fit_batches(line(0.005, -1.0, {4, 2, 1}, 3, 0)));        // faster with more bytes
+  CHECK_FALSE(fit_batches(line(0.005, 1.0, {2, 1}, 1, 0)));      // two samples
+  CHECK_FALSE(fit_batches(line(0.005, 1.0, {4}, 5, 1e-4)));      // one size
+  CHECK_FALSE(fit_batches(line(0.005, -1.0, {4, 2, 1}, 3, 0)));  // faster with more bytes
 }
 
 TEST_CASE("probe fit: the batch-size ladder", "[unit]") {

@@ -124,8 +124,8 @@ inline std::string conn_redact(std::string_view url) {
   const std::string_view rest = url.substr(start);
   // The userinfo ends at the last '@' (a TCP URL has none after its authority; a raw '/' in
   // a password would otherwise hide it), or at the "@/" before a Unix socket's path.
-  const std::size_t at = url.substr(0, start).find("unix") != std::string_view::npos ? rest.find("@/")
-                                                                                      : rest.rfind('@');
+  const std::size_t at =
+      url.substr(0, start).find("unix") != std::string_view::npos ? rest.find("@/") : rest.rfind('@');
   if (at == std::string_view::npos) return std::string(url);
   const std::string_view info = rest.substr(0, at);
   const std::size_t colon = info.find(':');
@@ -175,11 +175,13 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
                                          "' (expected resp or resp+unix)");
   }
   // "{rank}" as the whole port would make the port the rank itself (0 for rank 0).
-  for (std::size_t p = url.find(":{rank}"); is_tcp && p != std::string_view::npos; p = url.find(":{rank}", p + 1)) {
+  for (std::size_t p = url.find(":{rank}"); is_tcp && p != std::string_view::npos;
+       p = url.find(":{rank}", p + 1)) {
     const std::size_t after = p + 7;
     if (after == url.size() || url[after] == '/')
-      return conn_url_error(url, "{rank} as the whole port would make the port the rank (0 for rank 0); "
-                                 "write {rank+N} for port N + rank");
+      return conn_url_error(url,
+                            "{rank} as the whole port would make the port the rank (0 for rank 0); "
+                            "write {rank+N} for port N + rank");
   }
   if (rank && *rank < 0) return conn_url_error(url, "rank " + std::to_string(*rank) + " is negative");
   const std::string text = rank ? substitute_rank(url, *rank) : std::string(url);
@@ -344,7 +346,8 @@ inline std::string apply_password(endpoint& ep, const password_source& src) {
     std::ifstream in(src.file, std::ios::binary);
     std::string line;
     if (!in || !std::getline(in, line))
-      return "cannot read a password from '" + src.file + "'" + (in ? "" : ": " + std::string(std::strerror(errno)));
+      return "cannot read a password from '" + src.file + "'" +
+             (in ? "" : ": " + std::string(std::strerror(errno)));
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) return "the password file '" + src.file + "' starts with an empty line";
     ep.password = std::move(line);

@@ -7,5 +7,6 @@ static_assert(kvtier::comm::communicator<kvtier::comm::nccl_communicator>);
 
 std::string use_nccl() {
   int version = 0;
-  return ncclGetVersion(&version) == ncclSuccess ? "ok (NCCL " + std::to_string(version) + ")" : "ncclGetVersion failed";
+  return ncclGetVersion(&version) == ncclSuccess ? "ok (NCCL " + std::to_string(version) + ")"
+                                                 : "ncclGetVersion failed";
 }
