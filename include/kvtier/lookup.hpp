@@ -120,11 +120,11 @@ std::vector<std::uint64_t> owned_cumulative_lengths(const P& policy, rank_t r, s
 /// same rank; the property tests check that. An empty vector (malformed input)
 /// gives 0, the safe "nothing cached" answer.
 ///
-/// Example: contiguous_hits({256, 768, 1024}, {true, false}) == 768
-///          contiguous_hits({256, 768, 1024}, {false, false}) == 256
-///          contiguous_hits({1024}, {}) == 1024
+/// Example: rank_answer_cumulative({256, 768, 1024}, {true, false}) == 768
+///          rank_answer_cumulative({256, 768, 1024}, {false, false}) == 256
+///          rank_answer_cumulative({1024}, {}) == 1024
 template <class Present>
-requires presence_view<Present> std::uint64_t contiguous_hits(std::span<const std::uint64_t> cumulative,
+requires presence_view<Present> std::uint64_t rank_answer_cumulative(std::span<const std::uint64_t> cumulative,
                                                               const Present& present) {
   if (cumulative.empty()) return 0;
   return cumulative[contiguous_hit_count(present, cumulative.size() - 1)];

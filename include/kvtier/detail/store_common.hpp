@@ -9,7 +9,7 @@
 
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
-#include "kvtier/store/chunk_store.hpp"
+#include "kvtier/chunk_status.hpp"
 
 namespace kvtier::detail {
 
