@@ -69,7 +69,8 @@ double one_rep(rank_t W, std::size_t N, std::size_t CB, int mode, int loads) {
                        .chunk_tokens = 256,
                        .chunk_bytes = CB,
                        .mode = static_cast<broadcast_mode>(std::max(mode, 0)),
-                       .staging = staging[r], .request_id = 1};
+                       .staging = staging[r],
+                       .request_id = 1};
     const auto dl = deadline_after(std::chrono::seconds(60));
     std::uint32_t token = 0;
     (void)comm::all_reduce_value(c, token, comm::reduce_op::sum, dl);  // start together
@@ -110,8 +111,12 @@ double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, b
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     const rank_t r = c.rank();
     chunk_span_buffers b = wb.buffers(r);
-    const broadcast_params p{
-        .n_chunks = N, .chunk_tokens = 256, .chunk_bytes = CB, .mode = mode, .staging = staging[r], .request_id = 1};
+    const broadcast_params p{.n_chunks = N,
+                             .chunk_tokens = 256,
+                             .chunk_bytes = CB,
+                             .mode = mode,
+                             .staging = staging[r],
+                             .request_id = 1};
     const auto dl = deadline_after(std::chrono::seconds(60));
     const auto mine = owned_chunks(own, r, N);
     std::atomic<std::size_t> loaded{0};

@@ -266,8 +266,9 @@ class engine {
   void all_reduce_min(rank_env& env, std::vector<std::uint64_t>& v) {
     if (v.empty()) return;
     ++env.collectives;
-    if (auto ec = kvtier::comm::all_reduce(*env.comm, std::span<const std::uint64_t>(v), std::span<std::uint64_t>(v),
-                                           kvtier::comm::reduce_op::min, coll_dl()))
+    if (auto ec =
+            kvtier::comm::all_reduce(*env.comm, std::span<const std::uint64_t>(v),
+                                     std::span<std::uint64_t>(v), kvtier::comm::reduce_op::min, coll_dl()))
       throw std::runtime_error("all_reduce failed: " + ec.message() + ": " + env.comm->last_error());
   }
 
@@ -303,7 +304,8 @@ class engine {
       a = async_res->answer_tokens;  // a failed lookup reports the first owned start: nothing cached
     } else {
       // A failed lookup only shrinks the answer (its error is counted by the store).
-      a = timed_io(env, [&] { return env.view->lookup(keys, tm_.chunk_tokens, keyed_tokens, dl).answer_tokens; });
+      a = timed_io(env,
+                   [&] { return env.view->lookup(keys, tm_.chunk_tokens, keyed_tokens, dl).answer_tokens; });
     }
     const std::uint64_t a1 =
         env.l1_view->lookup(keys, tm_.chunk_tokens, keyed_tokens, dl).answer_tokens;  // host memory, no I/O

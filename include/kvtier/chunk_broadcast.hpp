@@ -135,7 +135,7 @@ struct broadcast_result {
 /// (a rank that owns none reports the full length, never 0).
 template <ownership_policy P>
 std::uint64_t rank_answer_loaded(const P& owners, rank_t rank, std::size_t n_chunks,
-                                   std::uint64_t chunk_tokens, std::size_t loaded_owned) {
+                                 std::uint64_t chunk_tokens, std::size_t loaded_owned) {
   std::size_t k = 0;
   for (std::size_t c = 0; c < n_chunks; ++c) {
     if (static_cast<rank_t>(owners.owner(c)) != rank) continue;

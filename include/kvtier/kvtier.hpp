@@ -22,8 +22,8 @@
 #include "kvtier/metrics.hpp"
 #include "kvtier/store/chunk_store.hpp"
 #include "kvtier/store/memory_store.hpp"
-#include "kvtier/store/remote_store.hpp"
 #include "kvtier/store/rank_view.hpp"
+#include "kvtier/store/remote_store.hpp"
 #include "kvtier/store/tiered_store.hpp"
 #include "kvtier/store/value_header.hpp"
 

@@ -47,8 +47,12 @@ world_run run(const P& own, std::size_t n, std::size_t chunk_bytes, broadcast_mo
       b.sources.push_back(std::span<const std::byte>(out.src).subspan(k * chunk_bytes, chunk_bytes));
       b.destinations.push_back(std::span<std::byte>(out.dst[r]).subspan(k * chunk_bytes, chunk_bytes));
     }
-    broadcast_params p{
-        .n_chunks = n, .chunk_tokens = 256, .chunk_bytes = chunk_bytes, .mode = mode, .staging = staging[r], .request_id = 1};
+    broadcast_params p{.n_chunks = n,
+                       .chunk_tokens = 256,
+                       .chunk_bytes = chunk_bytes,
+                       .mode = mode,
+                       .staging = staging[r],
+                       .request_id = 1};
     std::uint64_t loaded = rank_answer_loaded(own, r, n, 256, loaded_owned[r]);
     if (!tweak(r, p, loaded)) return;  // this rank never joins
     out.results[r] = chunk_broadcast(c, own, loaded, b, p, dl);
@@ -187,7 +191,8 @@ TEST_CASE("gathered_staging_bytes saturates instead of wrapping, so the staging 
     const broadcast_params p{.n_chunks = 4,
                              .chunk_tokens = 256,
                              .chunk_bytes = huge,
-                             .mode = broadcast_mode::gathered, .request_id = 1};  // empty staging
+                             .mode = broadcast_mode::gathered,
+                             .request_id = 1};  // empty staging
     res[c.rank()] = chunk_broadcast(c, own, 0, none, p, deadline_after(20s));
   });
   for (const auto& r : res) {
@@ -237,9 +242,13 @@ TEST_CASE("pipelined_broadcast: stages follow the fetch; every rank ends on the 
         b.sources.push_back(std::span<const std::byte>(src).subspan(k * CB, CB));
         b.destinations.push_back(std::span<std::byte>(dst[r]).subspan(k * CB, CB));
       }
-      pipelined_broadcast pb(
-          c, own, b,
-          {.n_chunks = N, .chunk_tokens = 256, .chunk_bytes = CB, .mode = mode, .staging = staging[r], .request_id = 1});
+      pipelined_broadcast pb(c, own, b,
+                             {.n_chunks = N,
+                              .chunk_tokens = 256,
+                              .chunk_bytes = CB,
+                              .mode = mode,
+                              .staging = staging[r],
+                              .request_id = 1});
       const std::size_t final_loaded = r == 5 ? 5 : 8;
       for (std::size_t s = 1; !pb.done() && s <= 10; ++s) {
         const std::size_t have = std::min<std::size_t>(2 * s, final_loaded);
@@ -266,7 +275,11 @@ TEST_CASE("pipelined_broadcast: stages follow the fetch; every rank ends on the 
 // broadcast_params::request_id has no default: a parameter set that omits it does
 // not compile (it used to default to 0, silently turning the one-load-behind guard off).
 template <class P>
-concept omits_request_id_ok = requires { P{.n_chunks = 1, .chunk_tokens = 16, .chunk_bytes = 8}; };
+concept omits_request_id_ok = requires {
+  P{.n_chunks = 1, .chunk_tokens = 16, .chunk_bytes = 8};
+};
 static_assert(!omits_request_id_ok<broadcast_params>);
 static_assert(!std::is_default_constructible_v<load_id>);
-static_assert(requires { broadcast_params{.n_chunks = 1, .chunk_tokens = 16, .chunk_bytes = 8, .request_id = 7}; });
+static_assert(requires {
+  broadcast_params{.n_chunks = 1, .chunk_tokens = 16, .chunk_bytes = 8, .request_id = 7};
+});

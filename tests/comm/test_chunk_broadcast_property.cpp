@@ -99,7 +99,8 @@ void check_case(const P& own, const case_params& k) {
                        .chunk_tokens = k.chunk_tokens,
                        .chunk_bytes = CB,
                        .mode = k.mode,
-                       .staging = staging[r], .request_id = 1};
+                       .staging = staging[r],
+                       .request_id = 1};
     const auto dl = deadline_after(std::chrono::seconds(30));
     if (!k.pipelined) {
       const auto loaded_tokens = rank_answer_loaded(own, r, N, k.chunk_tokens, loaded_owned[r]);

@@ -83,7 +83,8 @@ void check_policy(const Policy& policy, const scenario& s) {
   std::vector<std::uint64_t> answers(w);
   for (kvtier::rank_t r = 0; r < w; ++r) {
     answers[r] = kvtier::rank_answer(starts[r], present[r], end);
-    const auto storage = kvtier::rank_answer_cumulative(kvtier::cumulative_lengths(starts[r], end), present[r]);
+    const auto storage =
+        kvtier::rank_answer_cumulative(kvtier::cumulative_lengths(starts[r], end), present[r]);
     RC_ASSERT(storage == answers[r]);
     // No rank answers before its first owned chunk (a rank with no hits is not 0).
     RC_ASSERT((starts[r].empty() ? answers[r] == end : answers[r] >= starts[r].front()));

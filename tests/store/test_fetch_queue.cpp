@@ -1,21 +1,21 @@
 // fetch_queue: unit and regression tests (completion before the waiter
 // registers, a missing key completes as a miss at once, eviction between lookup
 // and load, cancel/shutdown/back-pressure, prefetch reuse).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <limits>
-#include <optional>
-#include <stdexcept>
-#include <thread>
-#include <vector>
-#include <condition_variable>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <stdexcept>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <utility>
-#include <algorithm>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -176,8 +176,9 @@ TEST_CASE("fetch_queue: eviction between lookup and load truncates the prefix at
   fill(s, {0, 1, 2, 3});
   fetch_queue q(s);
   const auto keys = keys_of(0, 4);
-  auto lk = q.wait(q.lookup(1, keys, chunk_layout::contiguous(0, 4, T), deadline_after(far)),
-                   deadline_after(limit)).value();
+  auto lk =
+      q.wait(q.lookup(1, keys, chunk_layout::contiguous(0, 4, T), deadline_after(far)), deadline_after(limit))
+          .value();
   REQUIRE(lk.state == fetch_state::done);
   REQUIRE(lk.answer_tokens == 4 * T);
 
@@ -190,7 +191,8 @@ TEST_CASE("fetch_queue: eviction between lookup and load truncates the prefix at
 
   buffers out(4);
   auto r = q.wait(q.submit(1, keys, out.spans, chunk_layout::contiguous(0, 4, T), deadline_after(far)),
-                  deadline_after(limit)).value();
+                  deadline_after(limit))
+               .value();
   REQUIRE(r.state == fetch_state::done);
   REQUIRE(r.status == std::vector<chunk_status>{chunk_status::hit, chunk_status::miss, chunk_status::hit,
                                                 chunk_status::hit});
@@ -205,13 +207,15 @@ TEST_CASE("fetch_queue: eviction with a tiered store whose L1 is too small", "[u
   tiered_store t(l1, l2);
   fetch_queue q(t);
   const auto keys = keys_of(0, 4);
-  auto lk = q.wait(q.lookup(1, keys, chunk_layout::contiguous(0, 4, T), deadline_after(far)),
-                   deadline_after(limit)).value();
+  auto lk =
+      q.wait(q.lookup(1, keys, chunk_layout::contiguous(0, 4, T), deadline_after(far)), deadline_after(limit))
+          .value();
   REQUIRE(lk.answer_tokens == 4 * T);
   l2.erase(key(2));  // evicted from L2 after the lookup; L1 cannot hold it either
   buffers out(4);
   auto r = q.wait(q.submit(1, keys, out.spans, chunk_layout::contiguous(0, 4, T), deadline_after(far)),
-                  deadline_after(limit)).value();
+                  deadline_after(limit))
+               .value();
   REQUIRE(r.answer_tokens == 2 * T);
   REQUIRE(out.data[0] == value(0));
   REQUIRE(out.data[1] == value(1));
@@ -383,7 +387,8 @@ TEST_CASE("fetch_queue: a load reuses a finished prefetch instead of reading aga
   fetch_queue q(cs, {.metrics = &m});
   const auto keys = keys_of(0, 5);  // chunk 4 is absent
   auto p = q.wait(q.prefetch(42, keys, B, chunk_layout::contiguous(0, 5, T), deadline_after(far)),
-                  deadline_after(limit)).value();
+                  deadline_after(limit))
+               .value();
   REQUIRE(p.state == fetch_state::done);
   REQUIRE(p.answer_tokens == 4 * T);  // the prefetch doubles as the lookup
   REQUIRE(q.stats().prefetches_held == 1);
@@ -392,7 +397,8 @@ TEST_CASE("fetch_queue: a load reuses a finished prefetch instead of reading aga
 
   buffers out(5);
   auto r = q.wait(q.submit(42, keys, out.spans, chunk_layout::contiguous(0, 5, T), deadline_after(far)),
-                  deadline_after(limit)).value();
+                  deadline_after(limit))
+               .value();
   REQUIRE(r.state == fetch_state::done);
   REQUIRE(r.answer_tokens == 4 * T);
   for (std::uint64_t i = 0; i < 4; ++i) REQUIRE(out.data[i] == value(i));
@@ -404,7 +410,8 @@ TEST_CASE("fetch_queue: a load reuses a finished prefetch instead of reading aga
   // A load with another id reads from the store.
   auto r2 = q.wait(q.submit(43, keys_of(0, 2), std::span(out.spans).first(2),
                             chunk_layout::contiguous(0, 2, T), deadline_after(far)),
-                   deadline_after(limit)).value();
+                   deadline_after(limit))
+                .value();
   REQUIRE(r2.answer_tokens == 2 * T);
   REQUIRE(cs.get_keys == 8);
 }
@@ -435,7 +442,8 @@ TEST_CASE("fetch_queue: release_prefetch frees staging; a cancelled prefetch is 
   fill(s, {0, 1});
   fetch_queue q(s);
   auto p = q.wait(q.prefetch(1, keys_of(0, 2), B, chunk_layout::contiguous(0, 2, T), deadline_after(far)),
-                  deadline_after(limit)).value();
+                  deadline_after(limit))
+               .value();
   REQUIRE(p.state == fetch_state::done);
   REQUIRE(q.stats().bytes_in_flight == 2 * B);
   q.release_prefetch(1);
@@ -451,7 +459,8 @@ TEST_CASE("fetch_queue: release_prefetch frees staging; a cancelled prefetch is 
   buffers out(2);
   auto r =
       q.wait(q.submit(2, keys_of(0, 2), out.spans, chunk_layout::contiguous(0, 2, T), deadline_after(far)),
-             deadline_after(limit)).value();
+             deadline_after(limit))
+          .value();
   REQUIRE(r.answer_tokens == 2 * T);
   REQUIRE(out.data[1] == value(1));
   REQUIRE(q.stats().bytes_in_flight == 0);
@@ -483,7 +492,8 @@ TEST_CASE("fetch_queue: a cancelled prefetch gives back its staging at once", "[
   // A load under the cancelled prefetch's id reads everything from the store.
   buffers out(2);
   auto r = q.wait(q.submit(10, keys, out.spans, chunk_layout::contiguous(0, 2, T), deadline_after(far)),
-                  deadline_after(limit)).value();
+                  deadline_after(limit))
+               .value();
   REQUIRE(r.answer_tokens == 2 * T);
   for (std::size_t c = 0; c < 2; ++c)
     for (std::size_t j = 0; j < B; ++j) REQUIRE(out.data[c][j] == kvtier::test::gated_byte(keys[c], j));
@@ -653,7 +663,8 @@ TEST_CASE("fetch_queue: a pending request has no result (poll/wait return empty)
 // The buffer rule after cancel(): the caller owns the destinations again only once
 // the request has completed. A broken cancel that completed at once would let the
 // store's late write land in buffers the caller is already recomputing into.
-TEST_CASE("fetch_queue: after cancel the buffers are the caller's only once completed; no late write", "[unit]") {
+TEST_CASE("fetch_queue: after cancel the buffers are the caller's only once completed; no late write",
+          "[unit]") {
   late_writer_store s;
   fetch_queue q(s, {.workers = 1});
   buffers out(2);
@@ -666,7 +677,7 @@ TEST_CASE("fetch_queue: after cancel the buffers are the caller's only once comp
   REQUIRE(r.has_value());
   REQUIRE(r->state == fetch_state::failed);
   REQUIRE(r->ec == errc::cancelled);
-  REQUIRE(r->answer_tokens == 0);     // the first start: nothing loaded
+  REQUIRE(r->answer_tokens == 0);      // the first start: nothing loaded
   REQUIRE(s.finished_writing.load());  // every store write happened before the completion was visible
   for (auto& b : out.data) std::fill(b.begin(), b.end(), std::byte{0x11});  // the caller recomputes
   q.shutdown();  // workers joined: nothing can write any more
@@ -678,8 +689,8 @@ TEST_CASE("fetch_queue: no_deadline means no limit in wait and in the request", 
   gated_store g;
   fetch_queue q(g, {.workers = 1});
   buffers out(1);
-  auto h = q.submit(1, std::vector{gated_key(1, 0, 1)}, out.spans, chunk_layout::contiguous(0, 1, T),
-                    no_deadline);
+  auto h =
+      q.submit(1, std::vector{gated_key(1, 0, 1)}, out.spans, chunk_layout::contiguous(0, 1, T), no_deadline);
   REQUIRE(g.wait_started(1));
   std::thread releaser([&] {
     std::this_thread::sleep_for(20ms);
@@ -708,10 +719,9 @@ TEST_CASE("fetch_queue: bad_alloc in enqueue leaks no slot; the request complete
   memory_store s(1 << 20);
   fill(s, {0});
   std::atomic<bool> fail_next{true};
-  fetch_queue q(s, {.workers = 1,
-                    .max_requests = 1,
-                    .fault_injector = [&](fetch_queue_fault at) {
-                      if (at == fetch_queue_fault::enqueue && fail_next.exchange(false)) throw std::bad_alloc();
+  fetch_queue q(s, {.workers = 1, .max_requests = 1, .fault_injector = [&](fetch_queue_fault at) {
+                      if (at == fetch_queue_fault::enqueue && fail_next.exchange(false))
+                        throw std::bad_alloc();
                     }});
   buffers out(1);
   auto h = q.submit(1, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far));
@@ -724,8 +734,9 @@ TEST_CASE("fetch_queue: bad_alloc in enqueue leaks no slot; the request complete
   REQUIRE(st.bytes_in_flight == 0);
   REQUIRE(st.queued == 0);
   // ... so with max_requests = 1 the next submission still gets in.
-  const auto r2 = q.wait(q.submit(2, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far)),
-                         deadline_after(limit));
+  const auto r2 =
+      q.wait(q.submit(2, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far)),
+             deadline_after(limit));
   REQUIRE(r2.has_value());
   REQUIRE(r2->state == fetch_state::done);
 }
@@ -735,17 +746,20 @@ TEST_CASE("fetch_queue: bad_alloc in a worker fails the request, not the process
   fill(s, {0});
   std::atomic<bool> fail_next{true};
   fetch_queue q(s, {.workers = 1, .fault_injector = [&](fetch_queue_fault at) {
-                      if (at == fetch_queue_fault::worker_alloc && fail_next.exchange(false)) throw std::bad_alloc();
+                      if (at == fetch_queue_fault::worker_alloc && fail_next.exchange(false))
+                        throw std::bad_alloc();
                     }});
   buffers out(1);
-  const auto r = q.wait(q.submit(1, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far)),
-                        deadline_after(limit));
+  const auto r =
+      q.wait(q.submit(1, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far)),
+             deadline_after(limit));
   REQUIRE(r.has_value());
   REQUIRE(r->state == fetch_state::failed);
   REQUIRE(r->ec == errc::backend_error);
   REQUIRE(q.stats().requests_in_flight == 0);
-  const auto r2 = q.wait(q.submit(2, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far)),
-                         deadline_after(limit));
+  const auto r2 =
+      q.wait(q.submit(2, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far)),
+             deadline_after(limit));
   REQUIRE(r2.has_value());
   REQUIRE(r2->state == fetch_state::done);  // the worker survived
 }
@@ -753,10 +767,11 @@ TEST_CASE("fetch_queue: bad_alloc in a worker fails the request, not the process
 TEST_CASE("fetch_queue: a failed thread start throws from the constructor, never terminates", "[unit]") {
   memory_store s(1 << 20);
   int starts = 0;
-  fetch_queue_options opt{.workers = 3, .fault_injector = [&](fetch_queue_fault at) {
-                            if (at == fetch_queue_fault::start_thread && ++starts == 3)
-                              throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
-                          }};
+  fetch_queue_options opt{
+      .workers = 3, .fault_injector = [&](fetch_queue_fault at) {
+        if (at == fetch_queue_fault::start_thread && ++starts == 3)
+          throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+      }};
   // Two workers are running when the third fails: they must be joined, not destroyed joinable.
   REQUIRE_THROWS_AS(fetch_queue<memory_store>(s, opt), std::system_error);
   REQUIRE(starts == 3);

@@ -21,8 +21,8 @@
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/resp/url.hpp"
 #include "kvtier/store/memory_store.hpp"
-#include "kvtier/store/remote_store.hpp"
 #include "kvtier/store/rank_view.hpp"
+#include "kvtier/store/remote_store.hpp"
 #include "kvtier/store/tiered_store.hpp"
 #include "support/redis_server.hpp"
 
@@ -89,7 +89,7 @@ rank_load load_owned(engine_rank& er, const std::vector<chunk_key>& keys, std::u
   std::vector<std::span<std::byte>> dst(out.bufs.begin(), out.bufs.end());
   auto h = er.queue.submit(id, owned, dst, chunk_layout::owned(er.view.owned_starts(below, T), hit),
                            deadline_after(5s));
-  out.result = er.queue.wait(h, deadline_after(10s));
+  out.result = er.queue.wait(h, deadline_after(10s)).value();
   return out;
 }
 
@@ -151,10 +151,10 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
   std::vector<std::uint64_t> answers;
   for (rank_t r = 0; r < W; ++r) {
     auto& er = *b.ranks[r];
-    const std::uint64_t sync = er.view.lookup(keys, T, deadline_after(5s));
+    const std::uint64_t sync = er.view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens;
     auto h = er.queue.lookup(1, er.view.owned_keys(keys),
                              chunk_layout::owned(er.view.owned_starts(C, T), C * T), deadline_after(5s));
-    const auto async = er.queue.wait(h, deadline_after(10s));
+    const auto async = er.queue.wait(h, deadline_after(10s)).value();
     REQUIRE(async.state == fetch_state::done);
     REQUIRE(async.answer_tokens == sync);
     answers.push_back(sync);
@@ -185,9 +185,9 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
     const auto mine = er.view.owned_chunks(C);
     auto h = er.queue.prefetch(7, er.view.owned_keys(keys), B,
                                chunk_layout::owned(er.view.owned_starts(C, T), C * T), deadline_after(5s));
-    const auto pre = er.queue.wait(h, deadline_after(10s));
+    const auto pre = er.queue.wait(h, deadline_after(10s)).value();
     REQUIRE(pre.state == fetch_state::done);
-    REQUIRE(pre.answer_tokens == er.view.lookup(keys, T, deadline_after(5s)));
+    REQUIRE(pre.answer_tokens == er.view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens);
     const auto l2_gets = er.l2.stats().hits;
     auto ld = load_owned(er, keys, hit, 7);
     REQUIRE(ld.result.answer_tokens == hit);
@@ -215,7 +215,8 @@ TEST_CASE("integration: keys deleted on the server between lookup and load trunc
     REQUIRE_FALSE(l2_view.put_owned(keys, src, st, deadline_after(5s)));
   }
   std::vector<std::uint64_t> answers;
-  for (rank_t r = 0; r < W; ++r) answers.push_back(e.ranks[r]->view.lookup(keys, T, deadline_after(5s)));
+  for (rank_t r = 0; r < W; ++r)
+    answers.push_back(e.ranks[r]->view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens);
   const std::uint64_t hit = min_over_ranks(answers);
   REQUIRE(hit == C * T);
 

@@ -355,8 +355,9 @@ TEST_CASE("rank_view: a hashed partial tail never yields an answer past the prom
   REQUIRE(min_over_ranks(answers) == prompt);
 
   // The drop policy (no tail key) still works: 300 tokens, 1 key, answer 256.
-  REQUIRE(view.lookup(std::span<const chunk_key>(keys).first(1), T, prompt, deadline_after(1s)).answer_tokens ==
-          256);
+  REQUIRE(
+      view.lookup(std::span<const chunk_key>(keys).first(1), T, prompt, deadline_after(1s)).answer_tokens ==
+      256);
   // A token count that does not match the keys is refused by name, with no store call.
   const rank_lookup bad = view.lookup(keys, T, 768, deadline_after(1s));  // 3 keys long
   REQUIRE(bad.ec == errc::invalid_argument);

@@ -131,8 +131,8 @@ class rank_view {
   ///
   /// Example: 300 tokens, 256-token chunks, hash_partial (2 keys), all present:
   /// answer_tokens == 300 (not 512), so prompt_tokens - answer_tokens never wraps.
-  rank_lookup lookup(std::span<const chunk_key> prompt_keys, std::size_t chunk_tokens, std::uint64_t prompt_tokens,
-                     deadline dl) {
+  rank_lookup lookup(std::span<const chunk_key> prompt_keys, std::size_t chunk_tokens,
+                     std::uint64_t prompt_tokens, deadline dl) {
     const std::uint64_t n = prompt_keys.size(), t = chunk_tokens;
     if (t == 0 || (n > 0 && prompt_tokens <= (n - 1) * t) || prompt_tokens >= (n + 1) * t)
       return {0, make_error_code(errc::invalid_argument)};

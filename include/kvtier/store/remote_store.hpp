@@ -72,7 +72,10 @@ template <resp::connection Connection>
 class remote_store {
  public:
   remote_store(key_namespace ns, resp::connection_options opt)
-      : ns_(std::move(ns)), fingerprint_(ns_.fingerprint()), key_prefix_(remote_key_prefix(ns_)), conn_(std::move(opt)) {}
+      : ns_(std::move(ns)),
+        fingerprint_(ns_.fingerprint()),
+        key_prefix_(remote_key_prefix(ns_)),
+        conn_(std::move(opt)) {}
 
   remote_store(const remote_store&) = delete;
   remote_store& operator=(const remote_store&) = delete;

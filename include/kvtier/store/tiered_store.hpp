@@ -93,11 +93,14 @@ class tiered_store {
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
-    if (opt_.writes == write_policy::l1_only) return put_tier(l1_, opt_.metrics ? &opt_.metrics->l1 : nullptr, keys, src, status, dl);
-    if (opt_.writes == write_policy::l2_only) return put_tier(l2_, opt_.metrics ? &opt_.metrics->l2 : nullptr, keys, src, status, dl);
+    if (opt_.writes == write_policy::l1_only)
+      return put_tier(l1_, opt_.metrics ? &opt_.metrics->l1 : nullptr, keys, src, status, dl);
+    if (opt_.writes == write_policy::l2_only)
+      return put_tier(l2_, opt_.metrics ? &opt_.metrics->l2 : nullptr, keys, src, status, dl);
     std::vector<chunk_status> s1(status.size(), chunk_status::error);
     const std::error_code ec1 = put_tier(l1_, opt_.metrics ? &opt_.metrics->l1 : nullptr, keys, src, s1, dl);
-    const std::error_code ec2 = put_tier(l2_, opt_.metrics ? &opt_.metrics->l2 : nullptr, keys, src, status, dl);
+    const std::error_code ec2 =
+        put_tier(l2_, opt_.metrics ? &opt_.metrics->l2 : nullptr, keys, src, status, dl);
     for (std::size_t i = 0; i < status.size(); ++i)
       if (status[i] == chunk_status::stored && s1[i] != chunk_status::stored) status[i] = s1[i];
     return ec2 ? ec2 : ec1;
@@ -136,8 +139,8 @@ class tiered_store {
   }
   template <chunk_store S>
   static std::error_code put_tier(S& s, tier_metrics* m, std::span<const chunk_key> keys,
-                                  std::span<const std::span<const std::byte>> src, std::span<chunk_status> status,
-                                  deadline dl) {
+                                  std::span<const std::span<const std::byte>> src,
+                                  std::span<chunk_status> status, deadline dl) {
     const std::error_code ec = s.put(keys, src, status, dl);
     if (!m) return ec;
     std::uint64_t bytes = 0;
