@@ -143,7 +143,7 @@ double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, b
     broadcast_result res;
     if (!pipelined) {
       fetcher.join();
-      res = chunk_broadcast(c, own, loaded_prefix_tokens(own, r, N, 256, loaded.load()), b, p, dl);
+      res = chunk_broadcast(c, own, rank_answer_loaded(own, r, N, 256, loaded.load()), b, p, dl);
     } else {
       pipelined_broadcast pb(c, own, b, p);
       std::size_t reported = 0;
@@ -153,7 +153,7 @@ double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, b
              i < 100000 && loaded.load(std::memory_order_acquire) == reported && reported < mine.size(); ++i)
           std::this_thread::sleep_for(std::chrono::microseconds(50));
         reported = loaded.load(std::memory_order_acquire);
-        pb.step(loaded_prefix_tokens(own, r, N, 256, reported), reported == mine.size(), dl);
+        pb.step(rank_answer_loaded(own, r, N, 256, reported), reported == mine.size(), dl);
       }
       res = pb.result();
       fetcher.join();
