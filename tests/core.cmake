@@ -29,3 +29,7 @@ if(KVTIER_SANITIZE STREQUAL "" AND KVTIER_INSTALL)
     set_tests_properties(test_consumer_${mode} PROPERTIES LABELS integration TIMEOUT 600)
   endforeach()
 endif()
+
+# Paged-KV layouts and the CPU gather/scatter (issue 10).
+kvtier_add_test(test_kv_copy SOURCES core/test_kv_copy.cpp LABELS unit)
+kvtier_add_test(test_kv_copy_property SOURCES core/test_kv_copy_property.cpp LABELS property)
