@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvtier/host_kv_cache.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/kv_layout.hpp"
 #include "support/kv_fixture.hpp"
@@ -160,4 +161,40 @@ TEST_CASE("kv_copy: chunk_layers is the layer range's sub-span of a whole value"
   CHECK(mid.data() == value.data() + 656 * 3);
   CHECK(mid.size() == 2u * 656 * 3);
   CHECK(chunk_layers(lay, 3, std::span<std::byte>(value), {}).size() == value.size());
+}
+
+TEST_CASE("host_kv_cache: blocks, sequences, and a chunk moved between sequences", "[unit]") {
+  for (const kv_layout& lay : {kv_layout::vllm_mla(2, 6, 4), kv_layout::cross_layer(3, 6, 4, 2, 2, 8)}) {
+    host_kv_cache cache(lay);
+    CHECK(cache.free_blocks() == 6);
+    host_kv_cache::sequence a, b;
+    REQUIRE(cache.reserve(a, 9));  // 3 blocks
+    CHECK(a.blocks == std::vector<std::int32_t>{0, 1, 2});
+    CHECK_FALSE(cache.reserve(b, 4 * 4));  // 4 blocks: only 3 free, nothing taken
+    CHECK(b.blocks.empty());
+    REQUIRE(cache.reserve(b, 12));
+    CHECK(cache.free_blocks() == 0);
+
+    std::vector<std::byte> value(cache.value_bytes(5)), back(cache.value_bytes(5));
+    test::fill_bytes(value, 3);
+    REQUIRE_FALSE(cache.scatter(a, 3, 5, value));  // positions 3..7 of a: blocks 0 and 1
+    REQUIRE_FALSE(cache.gather(a, 3, 5, back));
+    CHECK(back == value);
+    REQUIRE_FALSE(cache.scatter(b, 6, 5, back));  // the same chunk at another place of b
+    std::vector<std::byte> again(value.size());
+    REQUIRE_FALSE(cache.gather(b, 6, 5, again));
+    CHECK(again == value);
+    kv_layout_error why;
+    CHECK(cache.gather(a, 10, 5, again, {}, &why) == errc::invalid_argument);  // past a's table
+    CHECK(why.field == "block_table");
+    cache.release(a);
+    CHECK(a.blocks.empty());
+    CHECK(cache.free_blocks() == 3);
+  }
+  try {
+    host_kv_cache bad(kv_layout::vllm_flash_attn(2, 4, 16, 0, 64));
+    FAIL("a layout without heads was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("heads") != std::string::npos);
+  }
 }
