@@ -56,6 +56,13 @@ inline std::uint64_t chunk_layer_offset(const kv_layout& lay, std::size_t tokens
   return std::uint64_t{l} * tokens * lay.layer_bytes_per_token();
 }
 
+/// Bytes of `layers_per_group` layers of a chunk of `tokens` tokens: the group size that makes
+/// each checksum group of value format 2 (value_format::v2) exactly that many whole layers.
+inline std::uint64_t layer_group_bytes(const kv_layout& lay, std::size_t tokens,
+                                       std::uint32_t layers_per_group) noexcept {
+  return std::uint64_t{layers_per_group} * tokens * lay.layer_bytes_per_token();
+}
+
 /// The bytes of layers `r` inside a whole chunk value (one contiguous sub-span).
 template <class Byte>
 std::span<Byte> chunk_layers(const kv_layout& lay, std::size_t tokens, std::span<Byte> value,

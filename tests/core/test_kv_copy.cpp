@@ -161,6 +161,7 @@ TEST_CASE("kv_copy: chunk_layers is the layer range's sub-span of a whole value"
   CHECK(mid.data() == value.data() + 656 * 3);
   CHECK(mid.size() == 2u * 656 * 3);
   CHECK(chunk_layers(lay, 3, std::span<std::byte>(value), {}).size() == value.size());
+  CHECK(layer_group_bytes(lay, 3, 2) == mid.size());
 }
 
 TEST_CASE("host_kv_cache: blocks, sequences, and a chunk moved between sequences", "[unit]") {
