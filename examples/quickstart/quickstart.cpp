@@ -9,6 +9,13 @@
 //   -> chunk_broadcast (agree on the loaded prefix, owner -> every rank)
 //   -> "compute" the rest -> verify every byte -> store the owned new chunks.
 //
+// The KV lives where an engine keeps it: a paged cache in the vLLM MLA layout (576 bf16 values
+// per token and layer; 2 layers here instead of a real model's 61, to fit memory), pages of 64
+// tokens, in host memory (kvtier::host_kv_cache). A chunk's value is gathered out of the pages
+// before it is stored and scattered into the pages after it is loaded, through staging slots of a
+// kvtier::pinned_arena; every loaded chunk is verified in the paged layout, entry by entry.
+// Against servers, values use format 2 with one checksum per layer.
+//
 //   quickstart                                     # L2 = one in-process store per rank
 //   quickstart resp://127.0.0.1:{rank+6400}        # L2 = one redis-server/valkey per rank
 //
@@ -31,7 +38,15 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr kvtier::rank_t W = 4;
-constexpr std::size_t chunk_tokens = 256, chunk_bytes = 4096, prompt_tokens = 40 * 256 + 100;
+constexpr std::size_t chunk_tokens = 256, prompt_tokens = 40 * 256 + 100;
+constexpr std::uint32_t model_layers = 2, page_tokens = 64;
+
+/// The engine's KV layout: vLLM MLA, per layer (num_blocks, 64, 576) bf16, enough pages for the prompt.
+kvtier::kv_layout model_layout() {
+  return kvtier::kv_layout::vllm_mla(model_layers, prompt_tokens / page_tokens + 1, page_tokens);
+}
+const std::size_t chunk_bytes = model_layout().bytes_per_token() * chunk_tokens;  // 589,824 bytes
+constexpr const char* kv_format = "vllm_mla-bf16-2l";
 
 /// What "the model" writes for chunk c of this prompt: a pure function of its tokens,
 /// so a loaded chunk can be checked byte for byte against a recomputed one.
@@ -40,6 +55,26 @@ void compute_chunk(std::span<const kvtier::token_id> tokens, std::size_t c, std:
   for (std::size_t t = c * chunk_tokens; t < (c + 1) * chunk_tokens; ++t)
     x = (x ^ tokens[t]) * 0x100000001B3ull;
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::byte>((x >> (8 * (i % 8))) + i);
+}
+
+/// Wrong bytes of chunk c in the paged cache against its expected value, read entry by entry
+/// straight from the layout (not through kv_gather, so the check does not trust the copy).
+std::size_t wrong_paged_bytes(const kvtier::host_kv_cache& cache, const kvtier::host_kv_cache::sequence& seq,
+                              std::size_t c, std::span<const std::byte> expect) {
+  const kvtier::kv_layout& lay = cache.layout();
+  const std::size_t row = std::size_t{lay.heads} * lay.head_bytes;
+  std::size_t bad = 0;
+  for (std::uint32_t l = 0; l < lay.num_layers; ++l)
+    for (std::uint32_t p = 0; p < lay.planes; ++p)
+      for (std::size_t i = 0; i < chunk_tokens; ++i) {
+        const std::size_t pos = c * chunk_tokens + i;
+        const std::byte* entry = cache.view().plane(l, p) +
+                                 seq.blocks[pos / lay.block_size] * lay.block_stride +
+                                 (pos % lay.block_size) * lay.token_stride;
+        const std::byte* want = expect.data() + ((std::size_t{l} * lay.planes + p) * chunk_tokens + i) * row;
+        for (std::size_t b = 0; b < row; ++b) bad += entry[b] != want[b];
+      }
+  return bad;
 }
 
 struct outcome {
@@ -54,7 +89,7 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   const kvtier::rank_t r = comm.rank();
   const kvtier::modulo_ownership own(W);
   const kvtier::chunker<> chunk(kvtier::key_namespace{.model = "quickstart-model",
-                                                      .kv_format = "demo",
+                                                      .kv_format = kv_format,
                                                       .chunk_tokens = chunk_tokens,
                                                       .ownership = own.geometry()});
   const std::vector<kvtier::chunk_key> keys = chunk.keys(tokens);
@@ -67,13 +102,24 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   kvtier::sharded_store view(tiers, own, r);
   kvtier::fetch_queue queue(tiers, {.workers = 1, .metrics = &m});
 
-  // Every rank ends with the whole prompt's KV (as after PCP's all-gather).
-  std::vector<std::byte> kv(n_chunks * chunk_bytes);
-  std::vector<std::span<std::byte>> dst;
-  for (std::size_t c = 0; c < n_chunks; ++c) dst.emplace_back(kv.data() + c * chunk_bytes, chunk_bytes);
+  // Every rank ends with the whole prompt's KV in its paged cache (as after PCP's all-gather).
+  // Chunk values travel through staging slots of one pinned arena (one registration).
+  outcome out;
+  kvtier::host_kv_cache cache(model_layout());
+  kvtier::host_kv_cache::sequence seq;
+  std::error_code aec;
+  std::string why;
+  auto arena = kvtier::pinned_arena::create({.slot_bytes = chunk_bytes, .slots = n_chunks}, aec, &why);
+  if (!arena || !cache.reserve(seq, n_chunks * chunk_tokens)) {
+    out.error = arena ? "paged cache: out of blocks" : "staging arena: " + why;
+    return out;
+  }
+  std::vector<kvtier::pinned_arena::slot> slots;
+  std::vector<std::span<std::byte>> dst;  // chunk c's value
+  for (std::size_t c = 0; c < n_chunks; ++c)
+    dst.push_back(slots.emplace_back(arena->try_acquire(aec)).bytes());
 
   // 1. Lookup: this rank's answer, then the scheduler's minimum over ranks.
-  outcome out;
   std::uint64_t hit = view.lookup(keys, chunk_tokens, dl());
   if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, dl())) {
     out.error = "lookup all-reduce: " + ec.message();
@@ -106,15 +152,23 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   if (b.ec) out.error = "chunk_broadcast: " + b.message;
   out.loaded = b.agreed_tokens;  // 0 on error: recompute everything
 
-  // 4. Compute the rest, check the loaded part against what compute would give.
+  // 4. Loaded chunks go into the pages; the rest is "computed" into the pages (the model writes
+  //    its KV there) and gathered into a value for the write-back. Every loaded chunk is checked
+  //    in the paged layout against what compute would give.
   std::vector<std::byte> expect(chunk_bytes);
   for (std::size_t c = 0; c < n_chunks; ++c) {
-    if (c < out.loaded / chunk_tokens) {
+    const bool loaded = c < out.loaded / chunk_tokens;
+    std::error_code cec;
+    if (loaded) {
+      cec = cache.scatter(seq, c * chunk_tokens, chunk_tokens, dst[c]);
       compute_chunk(tokens, c, expect);
-      for (std::size_t i = 0; i < chunk_bytes; ++i) out.bad_bytes += dst[c][i] != expect[i];
+      out.bad_bytes += wrong_paged_bytes(cache, seq, c, expect);
     } else {
-      compute_chunk(tokens, c, dst[c]);
+      compute_chunk(tokens, c, expect);
+      cec = cache.scatter(seq, c * chunk_tokens, chunk_tokens, expect);
+      if (!cec) cec = cache.gather(seq, c * chunk_tokens, chunk_tokens, dst[c]);
     }
+    if (cec) out.error = "paged copy: " + cec.message();
   }
 
   // 5. Write back the computed chunks this rank owns (every rank stores its share; the
@@ -154,6 +208,12 @@ int run(std::vector<L2*> l2) {
         static_cast<unsigned long long>(tokens.size() - out[0].loaded), out[0].bad_bytes);
     metrics = out[0].metrics;
   }
+  const kvtier::kv_layout lay = model_layout();
+  std::printf(
+      "KV in a host paged cache, layout %s (%u layers, %u tokens/page, %llu bytes/token); chunk value %zu "
+      "bytes\n",
+      lay.name.c_str(), lay.num_layers, lay.block_size,
+      static_cast<unsigned long long>(lay.bytes_per_token()), chunk_bytes);
   std::printf("%s", metrics.c_str());
   return failures ? 1 : 0;
 }
@@ -182,12 +242,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "quickstart: %s\n", url.message.c_str());
       return 2;
     }
-    servers.push_back(
-        std::make_unique<remote>(kvtier::key_namespace{.model = "quickstart-model",
-                                                       .kv_format = "demo",
-                                                       .chunk_tokens = chunk_tokens,
-                                                       .ownership = kvtier::modulo_ownership(W).geometry()},
-                                 kvtier::resp::connection_options{.server = url.value}));
+    // Value format 2: one checksum per layer of the chunk's layer-major value.
+    servers.push_back(std::make_unique<remote>(
+        kvtier::key_namespace{.model = "quickstart-model",
+                              .kv_format = kv_format,
+                              .chunk_tokens = chunk_tokens,
+                              .ownership = kvtier::modulo_ownership(W).geometry()},
+        kvtier::resp::connection_options{.server = url.value},
+        kvtier::value_format::v2(kvtier::layer_group_bytes(model_layout(), chunk_tokens, 1))));
     l2.push_back(servers.back().get());
   }
   return run(l2);
