@@ -1,8 +1,10 @@
 // kv_copy_check: the CUDA paged-KV gather/scatter (kvtier/cuda/kv_copy.cuh) against the CPU
 // version, and its speed against cudaMemcpyAsync of the same bytes.
 //
-//   kv_copy_check validate [cases=200]   argument checks (no GPU needed), the pinned arena's CUDA
-//                                        sources, then, where a GPU exists, `cases` random layouts
+//   kv_copy_check validate [cases=200]   argument checks, the kernel's body emulated on the host
+//                                        over its whole grid for `cases` random layouts (bit for bit
+//                                        against the CPU version), the pinned arena's CUDA sources (all
+//                                        without a GPU), then, where a GPU exists, `cases` random layouts
 //                                        (every named layout, view kind, skipped slots, layer
 //                                        ranges; device and mapped-pinned chunks) compared bit for
 //                                        bit with kvtier::kv_gather / kv_scatter
@@ -135,9 +137,16 @@ void arena_checks(bool have_device) {
   std::printf("pinned arena (cudaHostAlloc, cudaHostRegister): %s\n", failures == 0 ? "ok" : "FAILED");
 }
 
-// One random case on the device, compared with the CPU version over whole buffers.
-void compare_case(std::uint64_t seed, std::byte* mapped_chunk, std::size_t mapped_bytes, cudaStream_t s,
-                  std::int64_t* slots_dev, std::size_t slots_cap) {
+// A random small case: every named layout, view kind, skipped slots and a layer range.
+struct random_case {
+  kv_layout lay;
+  view_kind kind;
+  std::vector<std::int64_t> slots;
+  layer_range r;
+  std::size_t bytes;
+};
+
+random_case make_case(std::uint64_t seed) {
   layout_params p;
   p.kind = static_cast<int>(splitmix64(seed) % layout_kinds);
   p.layers = 1 + splitmix64(seed) % 6;
@@ -146,13 +155,44 @@ void compare_case(std::uint64_t seed, std::byte* mapped_chunk, std::size_t mappe
   p.heads = 1 + splitmix64(seed) % 4;
   p.head_size = 1 + splitmix64(seed) % 80;
   p.elem = std::uint32_t{1} << (splitmix64(seed) % 3);
-  const kv_layout lay = make_layout(p);
-  const auto kind = static_cast<view_kind>(splitmix64(seed) % 3);
-  const auto slots =
-      random_slots(lay, splitmix64(seed) % (lay.num_slots() + 1), seed, splitmix64(seed) % 3 * 3);
-  const std::uint32_t a = splitmix64(seed) % (lay.num_layers + 1);
-  const layer_range r{a, a + static_cast<std::uint32_t>(splitmix64(seed) % (lay.num_layers - a + 1))};
-  const std::size_t bytes = std::size_t{r.end(lay) - r.first} * slots.size() * lay.layer_bytes_per_token();
+  random_case k;
+  k.lay = make_layout(p);
+  k.kind = static_cast<view_kind>(splitmix64(seed) % 3);
+  k.slots = random_slots(k.lay, splitmix64(seed) % (k.lay.num_slots() + 1), seed, splitmix64(seed) % 3 * 3);
+  const std::uint32_t a = splitmix64(seed) % (k.lay.num_layers + 1);
+  k.r = {a, a + static_cast<std::uint32_t>(splitmix64(seed) % (k.lay.num_layers - a + 1))};
+  k.bytes = std::size_t{k.r.end(k.lay) - k.r.first} * k.slots.size() * k.lay.layer_bytes_per_token();
+  return k;
+}
+
+// The kernel's body run on the host over its whole grid (no GPU needed), against the CPU version.
+void emulate_case(std::uint64_t seed) {
+  const random_case k = make_case(seed);
+  owned_cache host = make_cache(k.lay, k.kind, seed);
+  std::vector<std::byte> want(k.bytes), got(k.bytes);
+  fill_bytes(want, seed + 1);
+  got = want;
+  EXPECT(!kv_gather(host.view, k.slots, want, k.r));
+  EXPECT(!cuda::emulate_on_host(true, host.view, k.slots, got.data(), got.size(), k.r));
+  EXPECT(got == want);
+  owned_cache other = make_cache(k.lay, k.kind, ~seed);
+  fill_bytes(got, seed + 2);
+  EXPECT(!kv_scatter(host.view, k.slots, got, k.r));
+  EXPECT(!cuda::emulate_on_host(false, other.view, k.slots, got.data(), got.size(), k.r));
+  owned_cache base = make_cache(k.lay, k.kind, ~seed);  // other's bytes before the scatter
+  EXPECT(!kv_scatter(base.view, k.slots, got, k.r));
+  EXPECT(other.snapshot() == base.snapshot());
+}
+
+// One random case on the device, compared with the CPU version over whole buffers.
+void compare_case(std::uint64_t seed, std::byte* mapped_chunk, std::size_t mapped_bytes, cudaStream_t s,
+                  std::int64_t* slots_dev, std::size_t slots_cap) {
+  const random_case k = make_case(seed);
+  const kv_layout& lay = k.lay;
+  const auto kind = k.kind;
+  const auto& slots = k.slots;
+  const layer_range r = k.r;
+  const std::size_t bytes = k.bytes;
   if (slots.size() > slots_cap || bytes > mapped_bytes) return;
 
   owned_cache host = make_cache(lay, kind, seed);
@@ -185,6 +225,9 @@ void compare_case(std::uint64_t seed, std::byte* mapped_chunk, std::size_t mappe
 
 int validate(int cases) {
   argument_checks();
+  for (int i = 0; i < cases && failures == 0; ++i) emulate_case(0xe0000u + i);
+  std::printf("kernel body emulated on the host vs CPU over %d random layouts: %s\n", cases,
+              failures == 0 ? "bit-identical" : "MISMATCH");
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   cudaGetLastError();

@@ -1,6 +1,7 @@
 # Compiles bench/gpu/kv_copy_check.cu with nvcc (the CUDA kernels of kvtier::cuda, compile
-# check) and runs its `validate` mode: argument checks and the pinned arena's CUDA sources
-# always, the bit-for-bit kernel comparison where a GPU exists (it says so where none does).
+# check) and runs its `validate` mode: argument checks, the kernel's body run on the host over
+# its whole grid for random layouts (bit for bit against the CPU version) and the pinned arena's
+# CUDA sources always; the kernel on the device where a GPU exists (it says so where none does).
 # -D NVCC, SRC, INCLUDE, ROOT, OUT, ARCH
 execute_process(COMMAND ${NVCC} -std=c++20 -O1 -arch=${ARCH} -I${INCLUDE} -I${ROOT} ${SRC} -o ${OUT}
                 RESULT_VARIABLE rc)
