@@ -128,3 +128,39 @@ TEST_CASE("kv_copy: layer ranges concatenate to the whole", "[property]") {
       },
       500);
 }
+
+TEST_CASE("kv_layout: a layout validate() accepts has disjoint entries inside its extent", "[property]") {
+  prop(
+      "validate ok => entries disjoint and within cache_extent",
+      [] {
+        kv_layout l;
+        l.num_layers = *rc::gen::inRange<std::uint32_t>(1, 4);
+        l.num_blocks = *rc::gen::inRange<std::uint64_t>(1, 5);
+        l.block_size = *rc::gen::inRange<std::uint32_t>(1, 5);
+        l.planes = *rc::gen::inRange<std::uint32_t>(1, 3);
+        l.heads = *rc::gen::inRange<std::uint32_t>(1, 4);
+        l.elem_bytes = 1;
+        l.head_bytes = *rc::gen::inRange<std::uint32_t>(1, 9);
+        auto stride = [] { return *rc::gen::inRange<std::uint64_t>(0, 400); };
+        l.layer_stride = *rc::gen::element<std::uint64_t>(0, 1) ? stride() * 8 : 0;
+        l.plane_stride = stride();
+        l.block_stride = stride();
+        l.token_stride = stride();
+        l.head_stride = stride();
+        RC_PRE(!l.validate());
+        const bool one_region = l.layer_stride != 0;
+        const std::uint64_t extent = one_region ? l.cache_extent() : l.layer_extent();
+        std::vector<std::uint8_t> used(extent, 0);
+        for (std::uint32_t layer = 0; layer < (one_region ? l.num_layers : 1); ++layer)
+          for (std::uint32_t p = 0; p < l.planes; ++p)
+            for (std::uint64_t b = 0; b < l.num_blocks; ++b)
+              for (std::uint32_t t = 0; t < l.block_size; ++t)
+                for (std::uint32_t h = 0; h < l.heads; ++h) {
+                  const std::uint64_t at = layer * l.layer_stride + p * l.plane_stride + b * l.block_stride +
+                                           t * l.token_stride + h * l.head_stride;
+                  RC_ASSERT(at + l.head_bytes <= extent);
+                  for (std::uint64_t i = at; i < at + l.head_bytes; ++i) RC_ASSERT(used[i]++ == 0);
+                }
+      },
+      2000);
+}
