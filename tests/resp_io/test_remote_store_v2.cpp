@@ -42,7 +42,7 @@ TEST_CASE("remote_store v2: groups round trip; an altered byte and a v1 value ar
 
   std::span<const std::byte> sa[] = {a};
   REQUIRE_FALSE(v2.put(std::span(&keys[0], 1), sa, st, deadline_after(5s)));
-  REQUIRE(st[0] == chunk_status::hit);
+  REQUIRE(st[0] == chunk_status::stored);
   const std::string name0 = kvtier::remote_key_text(ns, keys[0]);
   REQUIRE(srv.call({"STRLEN", name0}) == std::to_string(f.header_size(a.size()) + a.size()));
 
@@ -63,6 +63,7 @@ TEST_CASE("remote_store v2: groups round trip; an altered byte and a v1 value ar
   // A version-1 value: the v1 store reads it, the v2 store refuses it as the other format.
   std::span<const std::byte> sb[] = {b};
   REQUIRE_FALSE(v1.put(std::span(&keys[1], 1), sb, st, deadline_after(5s)));
+  REQUIRE(st[0] == chunk_status::stored);
   REQUIRE_FALSE(v1.get(std::span(&keys[1], 1), d, st, deadline_after(5s)));
   CHECK(st[0] == chunk_status::hit);
   CHECK(out == b);

@@ -144,7 +144,7 @@ TEST_CASE("pinned_arena: memory_store keeps its values in arena slots", "[unit]"
     std::memset(v.data(), static_cast<int>(i + 1), v.size());
     std::span<const std::byte> src[] = {v};
     REQUIRE_FALSE(store.put(std::span(&keys[i], 1), src, st, deadline_after(1s)));
-    CHECK(st[0] == chunk_status::hit);
+    CHECK(st[0] == chunk_status::stored);
   }
   CHECK(store.entry_count() == 3);
   CHECK(a->free_slots() == 1);

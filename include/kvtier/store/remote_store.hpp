@@ -52,6 +52,7 @@
 
 #include "kvtier/chunker.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/resp/connection.hpp"
 #include "kvtier/store/chunk_store.hpp"
@@ -80,7 +81,11 @@ class remote_store {
  public:
   /// `format`: the value format written and expected (version 1 unless given).
   remote_store(key_namespace ns, resp::connection_options opt, value_format format = value_format::v1())
-      : ns_(std::move(ns)), fingerprint_(ns_.fingerprint()), format_(format), conn_(std::move(opt)) {}
+      : ns_(std::move(ns)),
+        fingerprint_(ns_.fingerprint()),
+        format_(format),
+        key_prefix_(remote_key_prefix(ns_)),
+        conn_(std::move(opt)) {}
 
   remote_store(const remote_store&) = delete;
   remote_store& operator=(const remote_store&) = delete;
@@ -92,7 +97,7 @@ class remote_store {
     if (std::error_code ec = enter(t, status, dl)) return ec;
     batch_.clear();
     for (const chunk_key& k : keys) {
-      const std::string name = remote_key_text(ns_, k);
+      const std::string name = remote_key_text(key_prefix_, k);
       batch_.add({"EXISTS", name});
     }
     const std::error_code ec = conn_.execute(batch_, dl);
@@ -127,7 +132,7 @@ class remote_store {
       parts_[2 * i] = header(i);
       parts_[2 * i + 1] = dst[i];
       gates_[i] = gate_context{&format_, fingerprint_, keys[i], dst[i].size()};
-      const std::string name = remote_key_text(ns_, keys[i]);
+      const std::string name = remote_key_text(key_prefix_, keys[i]);
       batch_.add_into({"GET", name}, std::span<const std::span<std::byte>>(parts_).subspan(2 * i, 2),
                       resp::destination_gate{&header_gate, &gates_[i]});
     }
@@ -153,7 +158,7 @@ class remote_store {
       encode_value_header(format_, fingerprint_, keys[i], src[i], header(i));
       out_parts_[2 * i] = header(i);
       out_parts_[2 * i + 1] = src[i];
-      const std::string name = remote_key_text(ns_, keys[i]);
+      const std::string name = remote_key_text(key_prefix_, keys[i]);
       batch_.add_with_payload({"SET", name},
                               std::span<const std::span<const std::byte>>(out_parts_).subspan(2 * i, 2));
     }
@@ -162,7 +167,7 @@ class remote_store {
       if (i >= batch_.completed()) {
         status[i] = unfinished(ec);
       } else if (batch_.reply(i).kind == resp::type::simple_string) {
-        status[i] = chunk_status::hit;
+        status[i] = chunk_status::stored;
         bump(stats_.bytes_stored, src[i].size());
       } else {
         status[i] = chunk_status::error;  // e.g. OOM with maxmemory and noeviction
@@ -227,12 +232,7 @@ class remote_store {
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto free = [this] { return !busy_; };
-      if (dl == no_deadline) {
-        cv_.wait(lock, free);
-        t.held = busy_ = true;
-      } else if (cv_.wait_until(lock, dl, free)) {
-        t.held = busy_ = true;
-      }
+      if (detail::wait_until(cv_, lock, dl, free)) t.held = busy_ = true;
     }
     if (!t.held || expired(dl)) {
       std::fill(status.begin(), status.end(), chunk_status::timeout);
@@ -323,6 +323,7 @@ class remote_store {
   key_namespace ns_;
   std::uint64_t fingerprint_;
   value_format format_;
+  std::string key_prefix_;  // remote_key_prefix(ns_), hashed once
   Connection conn_;
   std::mutex mu_;
   std::condition_variable cv_;
