@@ -5,9 +5,12 @@
 // L2) then receives the same prompt, and on every rank:
 //
 //   keys -> owned chunks -> exists -> rank answer -> all-reduce min (cached prefix)
-//   -> asynchronous fetch of the owned chunks below it (poll, never block)
-//   -> chunk_broadcast (agree on the loaded prefix, owner -> every rank)
+//   -> asynchronous fetch of the owned chunks below it
+//   -> while it runs: pipelined_broadcast stages driven by the fetch queue's progress
+//      (agree on the loaded prefix so far, owner -> every rank), each agreed chunk into the pages
 //   -> "compute" the rest -> verify every byte -> store the owned new chunks.
+//
+// One deadline covers the whole request on every rank (see serve()).
 //
 // The KV lives where an engine keeps it: a paged cache in the vLLM MLA layout (576 bf16 values
 // per token and layer; 2 layers here instead of a real model's 61, to fit memory), pages of 64
@@ -79,7 +82,7 @@ std::size_t wrong_paged_bytes(const kvtier::host_kv_cache& cache, const kvtier::
 }
 
 struct outcome {
-  std::uint64_t cached = 0, loaded = 0;
+  std::uint64_t cached = 0, loaded = 0, stages = 0;
   std::size_t bad_bytes = 0;
   std::string error, metrics;
 };
@@ -95,13 +98,19 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
                                                       .ownership = own.geometry()});
   const std::vector<kvtier::chunk_key> keys = chunk.keys(tokens);
   const std::size_t n_chunks = keys.size();
-  auto dl = [] { return kvtier::deadline_after(2s); };
+  // One deadline for the whole request (lookup, agreement, load, broadcast), taken once when the
+  // request starts and used by every call on every rank: it covers the peers' I/O too, so a rank
+  // waiting in a collective for a peer still in its lookup gives up together with that peer,
+  // instead of each call starting its own timeout. (Across processes, derive it from the
+  // request's agreed arrival time.) The write-back after compute gets its own.
+  const kvtier::deadline request_dl = kvtier::deadline_after(5s);
 
   kvtier::memory_store l1(64u << 20);
   kvtier::metrics m;
   kvtier::tiered_store tiers(l1, l2, {.metrics = &m});
   kvtier::rank_view view(tiers, own, r);
-  kvtier::fetch_queue queue(tiers, {.workers = 1, .metrics = &m});
+  // One key per store call, so the queue's progress advances chunk by chunk.
+  kvtier::fetch_queue queue(tiers, {.workers = 1, .max_batch_chunks = 1, .metrics = &m});
 
   // Every rank ends with the whole prompt's KV in its paged cache (as after PCP's all-gather).
   // Chunk values travel through staging slots of one pinned arena (one registration).
@@ -122,8 +131,8 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
 
   // 1. Lookup: this rank's answer, then the scheduler's minimum over ranks.
   // A failed lookup only shrinks the answer (recompute more); .ec says why.
-  std::uint64_t hit = view.lookup(keys, chunk_tokens, tokens.size(), dl()).answer_tokens;
-  if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, dl())) {
+  std::uint64_t hit = view.lookup(keys, chunk_tokens, tokens.size(), request_dl).answer_tokens;
+  if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, request_dl)) {
     out.error = "lookup all-reduce: " + ec.message();
     return out;
   }
@@ -134,44 +143,58 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   std::vector<kvtier::chunk_key> my_keys;
   std::vector<std::span<std::byte>> my_dst;
   for (std::size_t c : view.owned_chunks(hit_chunks)) my_keys.push_back(keys[c]), my_dst.push_back(dst[c]);
-  auto h = queue.submit(1, my_keys, my_dst,
-                        kvtier::chunk_layout::owned(view.owned_starts(hit_chunks, chunk_tokens), hit), dl());
-  std::optional<kvtier::fetch_result> res;
-  while (!(res = queue.poll(h)))  // empty while pending: never read as "0 tokens loaded"
-    std::this_thread::yield();    // an engine steps its other requests here
-  // A failed load reports this rank's first owned start (nothing of its own loaded).
-  const std::uint64_t loaded_r = res->answer_tokens;
+  auto h =
+      queue.submit(1, my_keys, my_dst,
+                   kvtier::chunk_layout::owned(view.owned_starts(hit_chunks, chunk_tokens), hit), request_dl);
 
-  // 3. Agree on the loaded prefix and move each chunk from its owner to every rank.
+  // 3. While the owned chunks land: stage by stage, agree on the loaded prefix so far and move the
+  //    newly agreed chunks from their owners to every rank (pipelined_broadcast, driven by the
+  //    fetch queue's progress); each agreed chunk goes into the pages at once and is verified
+  //    there against what compute would give. Every rank runs the same stages (pb.done() and
+  //    the stage results are agreed values).
   kvtier::chunk_span_buffers bufs;
   for (std::size_t c = 0; c < hit_chunks; ++c)
     bufs.destinations.push_back(dst[c]), bufs.sources.push_back(dst[c]);
-  const auto b = kvtier::chunk_broadcast(comm, own, loaded_r, bufs,
-                                         {.n_chunks = hit_chunks,
-                                          .chunk_tokens = chunk_tokens,
-                                          .chunk_bytes = chunk_bytes,
-                                          .mode = kvtier::broadcast_mode::grouped,
-                                          .request_id = 1},
-                                         dl());
-  if (b.ec) out.error = "chunk_broadcast: " + b.message;
-  out.loaded = b.agreed_tokens;  // 0 on error: recompute everything
-
-  // 4. Loaded chunks go into the pages; the rest is "computed" into the pages (the model writes
-  //    its KV there) and gathered into a value for the write-back. Every loaded chunk is checked
-  //    in the paged layout against what compute would give.
+  kvtier::pipelined_broadcast pb(comm, own, bufs,
+                                 {.n_chunks = hit_chunks,
+                                  .chunk_tokens = chunk_tokens,
+                                  .chunk_bytes = chunk_bytes,
+                                  .mode = kvtier::broadcast_mode::grouped,
+                                  .request_id = 1});
   std::vector<std::byte> expect(chunk_bytes);
-  for (std::size_t c = 0; c < n_chunks; ++c) {
-    const bool loaded = c < out.loaded / chunk_tokens;
-    std::error_code cec;
-    if (loaded) {
-      cec = cache.scatter(seq, c * chunk_tokens, chunk_tokens, dst[c]);
-      compute_chunk(tokens, c, expect);
-      out.bad_bytes += wrong_paged_bytes(cache, seq, c, expect);
-    } else {
-      compute_chunk(tokens, c, expect);
-      cec = cache.scatter(seq, c * chunk_tokens, chunk_tokens, expect);
-      if (!cec) cec = cache.gather(seq, c * chunk_tokens, chunk_tokens, dst[c]);
+  std::size_t paged = 0, want = 1;
+  for (int stage = 0; stage < 100000 && !pb.done(); ++stage) {  // bounded
+    // an engine steps its other requests here; this one waits a moment for its next chunk
+    const kvtier::fetch_progress p =
+        queue.wait_progress(h, want, std::min(request_dl, kvtier::deadline_after(2ms)));
+    want = p.answer_chunks + 1;
+    const kvtier::broadcast_result& b = pb.step(p.answer_tokens, p.complete, request_dl);
+    ++out.stages;
+    if (b.ec) {
+      out.error = "pipelined_broadcast: " + b.message;
+      break;
     }
+    for (; paged < pb.agreed_chunks(); ++paged) {
+      if (auto ec = cache.scatter(seq, paged * chunk_tokens, chunk_tokens, dst[paged]))
+        out.error = "paged copy: " + ec.message();
+      compute_chunk(tokens, paged, expect);
+      out.bad_bytes += wrong_paged_bytes(cache, seq, paged, expect);
+    }
+  }
+  out.loaded = pb.result().agreed_tokens;  // 0 on error: recompute everything
+  // The destinations belong to the queue until the load completes (this rank may have loaded
+  // past the agreed prefix): wait for it, or cancel and wait for the store call to return.
+  if (!queue.wait(h, request_dl)) {
+    queue.cancel(h);
+    queue.wait(h, kvtier::no_deadline);  // bounded: the store call ends by request_dl
+  }
+
+  // 4. The rest is "computed" into the pages (the model writes its KV there) and gathered into
+  //    a value for the write-back.
+  for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c) {
+    compute_chunk(tokens, c, expect);
+    std::error_code cec = cache.scatter(seq, c * chunk_tokens, chunk_tokens, expect);
+    if (!cec) cec = cache.gather(seq, c * chunk_tokens, chunk_tokens, dst[c]);
     if (cec) out.error = "paged copy: " + cec.message();
   }
 
@@ -182,7 +205,8 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c)
     if (own.owner(c) == r) new_keys.push_back(keys[c]), new_src.push_back(dst[c]);
   std::vector<kvtier::chunk_status> st(new_keys.size());
-  if (auto ec = tiers.put(new_keys, new_src, st, dl())) out.error = "put: " + ec.message();
+  if (auto ec = tiers.put(new_keys, new_src, st, kvtier::deadline_after(5s)))
+    out.error = "put: " + ec.message();
   if (r == 0) out.metrics = kvtier::to_prometheus(m, "kvtier", "rank=\"0\"");
   return out;
 }
@@ -206,10 +230,12 @@ int run(std::vector<L2*> l2) {
       if (out[r].bad_bytes) ++failures;
     }
     std::printf(
-        "engine %-16s prompt %zu tokens: cached prefix %llu, loaded %llu, recomputed %llu, wrong bytes %zu\n",
+        "engine %-16s prompt %zu tokens: cached prefix %llu, loaded %llu, recomputed %llu, wrong bytes %zu "
+        "(%llu broadcast stages)\n",
         engine, tokens.size(), static_cast<unsigned long long>(out[0].cached),
         static_cast<unsigned long long>(out[0].loaded),
-        static_cast<unsigned long long>(tokens.size() - out[0].loaded), out[0].bad_bytes);
+        static_cast<unsigned long long>(tokens.size() - out[0].loaded), out[0].bad_bytes,
+        static_cast<unsigned long long>(out[0].stages));
     metrics = out[0].metrics;
   }
   const kvtier::kv_layout lay = model_layout();
