@@ -74,24 +74,35 @@ std::vector<std::byte> value_of(std::size_t c) {
   return v;
 }
 
+// n keys of salt `salt` with their destinations; every key but `absent` stored in `mem`.
+struct load_fixture {
+  std::vector<chunk_key> keys;
+  std::vector<std::vector<std::byte>> dst;
+  std::vector<std::span<std::byte>> spans;
+  load_fixture(memory_store& mem, std::size_t n, std::uint64_t salt, std::size_t absent = SIZE_MAX)
+      : dst(n, std::vector<std::byte>(chunk_bytes)) {
+    std::vector<chunk_status> st(1);
+    for (std::size_t c = 0; c < n; ++c) {
+      keys.push_back({salt, c});
+      spans.push_back(dst[c]);
+      if (c == absent) continue;
+      const auto v = value_of(c);
+      std::span<const std::byte> src[] = {v};
+      REQUIRE_FALSE(mem.put(std::span(&keys[c], 1), src, st, deadline_after(1s)));
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("fetch_queue: progress reports keys as they land, and waits for a prefix", "[unit]") {
   memory_store mem(1 << 20);
   gated_store gated(mem);
   const std::size_t n = 6;
-  std::vector<chunk_key> keys;
-  std::vector<std::vector<std::byte>> dst(n, std::vector<std::byte>(chunk_bytes));
-  std::vector<std::span<std::byte>> spans;
-  std::vector<chunk_status> st(1);
-  for (std::size_t c = 0; c < n; ++c) {
-    keys.push_back({7, c});
-    spans.push_back(dst[c]);
-    if (c == 4) continue;  // key 4 is absent: the prefix stops before it
-    const auto v = value_of(c);
-    std::span<const std::byte> src[] = {v};
-    REQUIRE_FALSE(mem.put(std::span(&keys[c], 1), src, st, deadline_after(1s)));
-  }
+  load_fixture f(mem, n, 7, 4);  // key 4 is absent: the prefix stops before it
+  auto& keys = f.keys;
+  auto& dst = f.dst;
+  auto& spans = f.spans;
   fetch_queue q(gated, {.workers = 1, .max_batch_chunks = 1});
   auto h = q.submit(1, keys, spans, chunk_layout::contiguous(0, n, chunk_tokens), deadline_after(20s));
 
@@ -131,17 +142,10 @@ TEST_CASE("fetch_queue: progress never runs ahead of what landed (monotone, boun
   memory_store mem(1 << 20);
   gated_store gated(mem);
   const std::size_t n = 32;
-  std::vector<chunk_key> keys;
-  std::vector<std::vector<std::byte>> dst(n, std::vector<std::byte>(chunk_bytes));
-  std::vector<std::span<std::byte>> spans;
-  std::vector<chunk_status> st(1);
-  for (std::size_t c = 0; c < n; ++c) {
-    keys.push_back({9, c});
-    spans.push_back(dst[c]);
-    const auto v = value_of(c);
-    std::span<const std::byte> src[] = {v};
-    REQUIRE_FALSE(mem.put(std::span(&keys[c], 1), src, st, deadline_after(1s)));
-  }
+  load_fixture f(mem, n, 9);
+  auto& keys = f.keys;
+  auto& dst = f.dst;
+  auto& spans = f.spans;
   fetch_queue q(gated, {.workers = 1, .max_batch_chunks = 3});
   auto h = q.submit(2, keys, spans, chunk_layout::contiguous(0, n, chunk_tokens), deadline_after(20s));
   std::thread feeder([&] {
