@@ -16,13 +16,21 @@
 //   if (std::optional<kvtier::fetch_result> r = q.poll(h))  // empty while pending; never blocks
 //     use(r->answer_tokens);                                // done or failed: recompute from there
 //
+// While a load runs, progress(h) (never blocks) and wait_progress(h, chunks, dl)
+// report what has landed so far, after every store call: the keys whose value is
+// in its destination and verified, and the loaded prefix so far (fetch_progress).
+// With max_batch_chunks = 1 it grows chunk by chunk; it drives pipelined_broadcast:
+//
+//   auto p = q.wait_progress(h, next_chunks, kvtier::deadline_after(2ms));
+//   pb.step(p.answer_tokens, p.complete, request_dl);    // chunks agreed so far move now
+//
 // Lookup (exists) and prefetch (get into queue-owned staging) report the same
 // prefix as kvtier::rank_answer over the layout. A later submit() with the same
 // request id takes the prefetched chunks from staging (one memcpy each) instead
 // of reading them from the store again.
 //
 // The request types (request_id, chunk_layout, fetch_state, fetch_result,
-// fetch_handle, fetch_queue_options) are in kvtier/fetch_types.hpp.
+// fetch_progress, fetch_handle, fetch_queue_options) are in kvtier/fetch_types.hpp.
 //
 // Destinations must stay valid, and must not be reused, until the request has
 // completed (poll()/wait() return a value); after that the queue never touches
