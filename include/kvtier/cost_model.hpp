@@ -154,10 +154,10 @@ constexpr double instance_rate_gb_per_s(double sustained_gb_per_s, double gb, do
 /// Split plan for a request whose agreed hit is `hit` of its `prompt` tokens:
 /// compute tokens [0, k) while loading [k, hit), then compute [hit, prompt).
 struct split_plan {
-  double k_tokens = 0;       ///< 0: full load; == hit: full recompute
-  double predicted_s = 0;    ///< max(k/R, T0 + (hit-k)*s/B) + (prompt-hit)/R (no T0 when k == hit)
-  double full_load_s = 0;    ///< the same at k = 0
-  double recompute_s = 0;    ///< prompt / R
+  double k_tokens = 0;     ///< 0: full load; == hit: full recompute
+  double predicted_s = 0;  ///< max(k/R, T0 + (hit-k)*s/B) + (prompt-hit)/R (no T0 when k == hit)
+  double full_load_s = 0;  ///< the same at k = 0
+  double recompute_s = 0;  ///< prompt / R
 };
 
 /// Predicted time of the split at `k` tokens (0 <= k <= hit <= prompt).
@@ -184,9 +184,11 @@ inline split_plan split_point(const prefill_node& node, const load_path& path, d
   p.recompute_s = split_time_s(node, path, hit, prompt, hit);
   p.k_tokens = p.full_load_s <= p.recompute_s ? 0.0 : hit;
   p.predicted_s = std::min(p.full_load_s, p.recompute_s);
-  const double per_token = 1.0 / node.prefill_tokens_per_s + node.kv_bytes_per_token / (path.bandwidth_gb_per_s * bytes_per_gb);
+  const double per_token =
+      1.0 / node.prefill_tokens_per_s + node.kv_bytes_per_token / (path.bandwidth_gb_per_s * bytes_per_gb);
   if (!(hit > 0) || !(per_token > 0) || !std::isfinite(per_token)) return p;
-  const double star = (path.fixed_cost_s + kv_gb(hit, node.kv_bytes_per_token) / path.bandwidth_gb_per_s) / per_token;
+  const double star =
+      (path.fixed_cost_s + kv_gb(hit, node.kv_bytes_per_token) / path.bandwidth_gb_per_s) / per_token;
   const double g = granularity >= 1 ? granularity : 1.0;
   for (double k : {std::floor(star / g) * g, std::ceil(star / g) * g}) {
     if (!(k > 0) || !(k < hit)) continue;

@@ -88,7 +88,7 @@ TEST_CASE("split point: never predicted above the better of full load and full r
 
 TEST_CASE("single-instance rate: derived from the sustained rate and T0", "[unit]") {
   const double gb = kvtier::kv_gb(16384, 48.4e3), t0 = 0.33;
-  CHECK(gb / 0.835 == Approx(0.95).margin(0.005));                                  // s per hit, T0 included
+  CHECK(gb / 0.835 == Approx(0.95).margin(0.005));  // s per hit, T0 included
   CHECK(kvtier::instance_rate_gb_per_s(0.835, gb, t0) == Approx(1.27).margin(0.02));  // the midpoint
   CHECK(kvtier::instance_rate_gb_per_s(0.78, gb, t0) == Approx(1.15).margin(0.02));
   CHECK(kvtier::instance_rate_gb_per_s(0.89, gb, t0) == Approx(1.40).margin(0.02));
