@@ -256,3 +256,86 @@ TEST_CASE("engine: closed loop keeps a fixed number of requests in flight", "[in
     CHECK(r.requests[j].arrival_s == Approx(j < 3 ? 0.0 : done[j - 3]));
   CHECK(summarize(r).prompt_tokens_per_s > 0);
 }
+
+namespace {
+/// Long prompts (20-40k tokens) at one instance: the split point falls inside the hit.
+struct long_rig {
+  static constexpr std::uint32_t world = 4;
+  timing_model tm;
+  std::vector<request> reqs;
+  std::unique_ptr<kvtier::chunker<>> chunk;
+  std::vector<prepared_request> prepared;
+  std::vector<std::unique_ptr<modeled_l1>> l1;
+  std::unique_ptr<l2_server> server;
+  std::vector<std::unique_ptr<modeled_l2>> l2;
+
+  long_rig() {
+    tm.payload_scale = 1.0 / 65536;
+    reqs = generate_trace({.kind = trace_kind::hit_heavy,
+                           .requests = 6,
+                           .rate_per_s = 0.2,
+                           .min_tokens = 20000,
+                           .median_tokens = 30000,
+                           .max_tokens = 40000,
+                           .mean_tokens = 30000,
+                           .sd_tokens = 5000,
+                           .system_tokens = 1024,
+                           .group = 2,
+                           .seed = 5});
+    chunk = std::make_unique<kvtier::chunker<>>(test::test_namespace(tm.chunk_tokens, world));
+    prepared = prepare(reqs, *chunk);
+    for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(64 << 20));
+    server = std::make_unique<l2_server>(64 << 20);
+    for (std::uint32_t r = 0; r < world; ++r) l2.push_back(std::make_unique<modeled_l2>(*server));
+  }
+  run_result run(engine_options opt) {
+    opt.world = world;
+    opt.estimator_prior = {.fixed_cost_s = tm.l2_t0_s, .bandwidth_gb_per_s = tm.l2_total_gbps(world)};
+    return test::replay<modeled_l2>(prepared, tm, opt, l1, l2);
+  }
+  void prime() { test::prime(*this); }
+};
+}  // namespace
+
+TEST_CASE("engine: split mode computes the front while the back loads, every byte verified", "[integration]") {
+  long_rig g;
+  g.prime();
+  const auto split = g.run({.mode = load_mode::split});
+  const auto load = g.run({.mode = load_mode::async});
+  const auto recompute = g.run({.mode = load_mode::recompute});
+  REQUIRE(split.fatal.empty());
+  CHECK(split.mismatched_chunks == 0);
+  CHECK(split.failed_loads == 0);
+  const std::uint64_t round = long_rig::world * g.tm.chunk_tokens;
+  for (std::size_t i = 0; i < split.requests.size(); ++i) {
+    const auto& q = split.requests[i];
+    INFO("request " << i);
+    REQUIRE(q.status == "split");
+    CHECK(q.split_tokens > 0);
+    CHECK(q.split_tokens % round == 0);  // whole rounds of owners: the back keeps its owners
+    CHECK(q.split_tokens + q.cached_tokens == q.lookup_tokens);
+    // Modeled time (no wall clock): the split beats both halves done alone.
+    CHECK(q.ttft_s < load.requests[i].ttft_s);
+    CHECK(q.ttft_s < recompute.requests[i].ttft_s);
+    CHECK(q.predicted_s > 0);
+  }
+}
+
+TEST_CASE("engine: a split whose load is cut short recomputes the gap from the agreed prefix", "[integration]") {
+  long_rig g;
+  g.prime();
+  g.server->set_fault_every(3);  // every 3rd get loses its second half
+  const auto r = g.run({.mode = load_mode::split});
+  REQUIRE(r.fatal.empty());
+  CHECK(r.mismatched_chunks == 0);
+  CHECK(r.failed_loads > 0);
+  std::size_t partial = 0;
+  for (const auto& q : r.requests) {
+    CHECK(q.split_tokens + q.cached_tokens <= q.lookup_tokens);
+    CHECK(q.ttft_s > 0);
+    if (q.status != "partial") continue;
+    ++partial;
+    CHECK(q.split_tokens + q.cached_tokens < q.lookup_tokens);
+  }
+  CHECK(partial == r.failed_loads);
+}
