@@ -297,7 +297,8 @@ struct long_rig {
 };
 }  // namespace
 
-TEST_CASE("engine: split mode computes the front while the back loads, every byte verified", "[integration]") {
+TEST_CASE("engine: split mode computes the front while the back loads, every byte verified",
+          "[integration]") {
   long_rig g;
   g.prime();
   const auto split = g.run({.mode = load_mode::split});
@@ -321,7 +322,8 @@ TEST_CASE("engine: split mode computes the front while the back loads, every byt
   }
 }
 
-TEST_CASE("engine: a split whose load is cut short recomputes the gap from the agreed prefix", "[integration]") {
+TEST_CASE("engine: a split whose load is cut short recomputes the gap from the agreed prefix",
+          "[integration]") {
   long_rig g;
   g.prime();
   g.server->set_fault_every(3);  // every 3rd get loses its second half

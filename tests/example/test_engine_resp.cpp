@@ -88,3 +88,34 @@ TEST_CASE("engine over two real servers: one rank's server loses its data or die
   CHECK(r.requests[0].cached_tokens <= g.tm.chunk_tokens);  // later ones may hit rank 1's L1 again
   for (const auto& q : r.requests) CHECK(q.ttft_s > 0);
 }
+
+TEST_CASE("engine over a real server with a wrong password: recompute, counted, the reason kept per rank",
+          "[integration]") {
+  kvtier::test::redis_server srv({.extra_args = {"--requirepass", "right"}, .harness_password = "right"});
+  timing_model tm;
+  tm.payload_scale = 1.0 / 4096;
+  const auto reqs = test::small_hit_heavy_trace(6, 5, 3);
+  const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, 2);
+  kvtier::chunker<> chunk(ns);
+  const auto prepared = prepare(reqs, chunk);
+  std::vector<std::unique_ptr<modeled_l1>> l1;
+  std::vector<std::unique_ptr<resp_pool>> pools;
+  const auto url = kvtier::resp::parse_url("resp://:wrongpw@127.0.0.1:" + std::to_string(srv.port()));
+  REQUIRE(url);
+  for (int r = 0; r < 2; ++r) {
+    l1.push_back(std::make_unique<modeled_l1>(64 << 20));
+    pools.push_back(std::make_unique<resp_pool>(ns, url.value, 2));
+  }
+  const auto r = test::replay<resp_pool>(
+      prepared, tm, {.world = 2, .mode = load_mode::async, .load_timeout_s = 1, .fetch_workers = 2},
+
+      l1, pools);
+  REQUIRE(r.fatal.empty());
+  CHECK(r.mismatched_chunks == 0);
+  for (const auto& q : r.requests) {
+    CHECK(q.ttft_s > 0);
+    CHECK(q.l2_tokens == 0);
+  }
+  CHECK(r.failed_l2_calls > 0);
+  for (const auto& e : r.l2_errors) CHECK(e.find("authentication failed") != std::string::npos);
+}
