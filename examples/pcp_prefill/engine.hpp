@@ -55,6 +55,7 @@
 #include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/chunker.hpp"
 #include "kvtier/comm/inproc.hpp"
+#include "kvtier/comm/recording.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/lookup.hpp"
@@ -156,13 +157,15 @@ struct run_result {
   std::vector<std::string> l2_errors;  ///< per rank: its first store error ("" if none)
   std::uint64_t steps = 0;
   std::uint64_t collectives = 0;
-  std::string fatal;  ///< non-empty when the run aborted (a collective failed)
+  bool symmetric_collectives = false;  ///< every rank issued the same collectives in the same order
+  std::string fatal;                   ///< non-empty when the run aborted (a collective failed)
 };
 
 template <class L2>
 class engine {
   using tiers_t = kvtier::tiered_store<modeled_l1, L2>;
   using comm_t = kvtier::comm::inproc_communicator;
+  using rec_t = kvtier::comm::recording<comm_t&>;  // every rank's collectives, compared after the run
   static constexpr bool modeled = modeled_timing_v<L2>;
   static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
   static constexpr double never = std::numeric_limits<double>::infinity();
@@ -176,6 +179,7 @@ class engine {
     result_ = run_result{};
     result_.requests.resize(reqs_.size());
     result_.l2_errors.resize(opt_.world);
+    calls_.assign(opt_.world, {});
     for (std::size_t i = 0; i < reqs_.size(); ++i) {
       auto& r = result_.requests[i];
       r.id = reqs_[i].src->id;
@@ -192,6 +196,8 @@ class engine {
     result_.max_step_io_wall_s = static_cast<double>(max_wall_ns_.load()) * 1e-9;
     result_.mismatched_chunks = mismatches_.load();
     result_.failed_l2_calls = failed_calls_.load();
+    result_.symmetric_collectives =
+        std::all_of(calls_.begin(), calls_.end(), [&](const auto& c) { return c == calls_[0]; });
     return std::move(result_);
   }
 
@@ -211,7 +217,7 @@ class engine {
     kvtier::deadline real_dl{};
   };
   struct rank_env {
-    comm_t* comm = nullptr;
+    rec_t* comm = nullptr;
     tiers_t* tiers = nullptr;
     modeled_l1* l1 = nullptr;
     kvtier::fetch_queue<tiers_t>* queue = nullptr;
@@ -670,8 +676,9 @@ class engine {
 
   // ---- the rank's loop ----------------------------------------------------------------
 
-  void rank_main(comm_t& comm) {
-    const kvtier::rank_t r = comm.rank();
+  void rank_main(comm_t& inner) {
+    const kvtier::rank_t r = inner.rank();
+    rec_t comm(inner);
     rank_env env;
     env.comm = &comm;
     env.lead = r == 0;
@@ -695,6 +702,10 @@ class engine {
       if (result_.fatal.empty()) result_.fatal = "rank " + std::to_string(r) + ": " + e.what();
     }
     queue.shutdown();
+    {
+      std::lock_guard lock(fatal_mu_);
+      calls_[r] = comm.calls();
+    }
     if (env.lead) {
       result_.collectives = env.collectives;
       result_.costs = env.costs;
@@ -862,6 +873,7 @@ class engine {
   std::atomic<std::int64_t> max_wall_ns_{0};
   std::atomic<std::uint64_t> mismatches_{0};
   std::atomic<std::uint64_t> failed_calls_{0};
+  std::vector<std::vector<kvtier::comm::collective_call>> calls_;
   std::mutex fatal_mu_;
 };
 

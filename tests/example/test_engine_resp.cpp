@@ -55,6 +55,7 @@ TEST_CASE("engine over two real servers: primed async and sync replays verify ev
     const auto r = g.run({.mode = mode});
     REQUIRE(r.fatal.empty());
     for (const auto& e : r.l2_errors) CHECK(e.empty());
+    CHECK(r.symmetric_collectives);
     CHECK(r.failed_l2_calls == 0);
     CHECK(r.mismatched_chunks == 0);
     for (std::size_t i = 0; i < r.requests.size(); ++i) {
