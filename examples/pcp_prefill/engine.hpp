@@ -259,8 +259,9 @@ class engine {
   void all_reduce_min(rank_env& env, std::vector<std::uint64_t>& v) {
     if (v.empty()) return;
     ++env.collectives;
-    if (auto ec = env.comm->all_reduce(v.data(), v.data(), v.size(), kvtier::comm::dtype::u64,
-                                       kvtier::comm::reduce_op::min, coll_dl()))
+    if (auto ec =
+            kvtier::comm::all_reduce(*env.comm, std::span<const std::uint64_t>(v),
+                                     std::span<std::uint64_t>(v), kvtier::comm::reduce_op::min, coll_dl()))
       throw std::runtime_error("all_reduce failed: " + ec.message() + ": " + env.comm->last_error());
   }
   /// Real servers: the ranks' measured durations (seconds) -> the longest of each.
@@ -403,11 +404,11 @@ class engine {
     std::vector<double> took;
     for (std::size_t k = 0; k < ids.size(); ++k) {
       const std::size_t i = ids[k];
-      const auto res = env.queue->wait(hs[k], real_dl(env, i) + std::chrono::seconds(5));
+      const auto res = completed(env, hs[k], real_dl(env, i));
       took.push_back(std::chrono::duration<double>(kvtier::clock::now() - began[k]).count());
       note_error(env, res.ec, "lookup");
       const bool ok = res.state == kvtier::fetch_state::done;
-      env.loc[i].lookup_answer = ok ? res.prefix_tokens : first_start(me, 0, reqs_[i].n_chunks());
+      env.loc[i].lookup_answer = ok ? res.answer_tokens : first_start(me, 0, reqs_[i].n_chunks());
     }
     if (!modeled) took = agree_max_s(env, took);
     for (std::size_t k = 0; k < ids.size(); ++k) {
@@ -420,6 +421,16 @@ class engine {
       ++env.costs.lookups;
     }
   }
+  /// The result of a submitted fetch. Its store calls end by `dl`; should the result still
+  /// be missing a while after that, the fetch is cancelled and waited for, because the
+  /// request's buffers may be reused only once it has completed (a running call is not stopped).
+  kvtier::fetch_result completed(rank_env& env, const kvtier::fetch_handle& h, kvtier::deadline dl) {
+    if (auto r = env.queue->wait(h, dl + std::chrono::seconds(5))) return *std::move(r);
+    env.queue->cancel(h);
+    if (auto r = env.queue->wait(h, kvtier::clock::now() + std::chrono::seconds(60))) return *std::move(r);
+    throw std::runtime_error("fetch_queue: a cancelled fetch did not complete within 60 s");
+  }
+
   /// A rank's answer when it found nothing in [c0, c1): its first owned start, or the end.
   std::uint64_t first_start(kvtier::rank_t rank, std::size_t c0, std::size_t c1) const {
     for (std::size_t c = c0; c < c1; ++c)
@@ -524,11 +535,11 @@ class engine {
     for (std::size_t k = 0; k < ids.size(); ++k) {
       const std::size_t i = ids[k];
       const ctl_state& c = env.ctl[i];
-      const auto res = env.queue->wait(hs[k], real_dl(env, i) + std::chrono::seconds(5));
+      const auto res = completed(env, hs[k], real_dl(env, i));
       took.push_back(std::chrono::duration<double>(kvtier::clock::now() - began[k]).count());
       note_error(env, res.ec, "load");
       const bool ok = res.state == kvtier::fetch_state::done;
-      env.loc[i].load_answer = ok ? res.prefix_tokens : first_start(me, chunks(c.split), chunks(c.hit));
+      env.loc[i].load_answer = ok ? res.answer_tokens : first_start(me, chunks(c.split), chunks(c.hit));
     }
     if (!modeled) took = agree_max_s(env, took);
     for (std::size_t k = 0; k < ids.size(); ++k) {
@@ -568,7 +579,7 @@ class engine {
                                .chunk_tokens = tm_.chunk_tokens,
                                .chunk_bytes = tm_.chunk_bytes(),
                                .mode = opt_.broadcast,
-                               .request_id = i};
+                               .request_id = kvtier::load_id{i}};
     if (opt_.broadcast == kvtier::broadcast_mode::gathered) {
       const std::size_t need = kvtier::gathered_staging_bytes(own_, n, tm_.chunk_bytes());
       if (env.staging.size() < need) env.staging.resize(need);
