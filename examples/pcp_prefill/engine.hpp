@@ -472,7 +472,7 @@ class engine {
       if (load && opt_.mode == load_mode::split) {
         const auto plan = env.estimator->split(tm_.node(), static_cast<double>(c.hit), n, g);
         c.split = std::min<std::uint64_t>(c.hit, static_cast<std::uint64_t>(plan.k_tokens));
-        if (env.lead && modeled)
+        if (env.lead && modeled && has_l2())
           result_.requests[i].predicted_s =
               kvtier::split_point(tm_.node(), configured, static_cast<double>(c.hit), n, g).predicted_s;
         if (c.split >= c.hit) load = false, c.status = "policy_recompute";
@@ -487,7 +487,7 @@ class engine {
         load = env.estimator->decide(tm_.node(), tokens, -backlog).load;
         if (!load) c.status = "policy_recompute";
       }
-      if (load && env.lead && modeled && opt_.mode != load_mode::split)
+      if (load && env.lead && modeled && has_l2() && opt_.mode != load_mode::split)
         result_.requests[i].predicted_s =
             kvtier::split_time_s(tm_.node(), configured, static_cast<double>(c.hit), n, 0);
       c.loading = load;
