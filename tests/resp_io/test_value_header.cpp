@@ -72,7 +72,7 @@ TEST_CASE("value_header: any single bit flip in the header is rejected", "[prope
             check_value_header(m, ns, key, payload.size()) == header_check::ok && payload_matches(m, payload);
         RC_ASSERT(!accepted);
       },
-      2000);
+      10000);
 }
 
 // ---- format 2: one checksum per group ----------------------------------------------------------
