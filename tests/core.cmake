@@ -10,6 +10,7 @@ kvtier_add_test(test_ownership SOURCES core/test_ownership.cpp LABELS unit)
 kvtier_add_test(test_lookup SOURCES core/test_lookup.cpp LABELS unit)
 kvtier_add_test(test_lookup_proof SOURCES core/test_lookup_proof.cpp LABELS property)
 kvtier_add_test(test_cost_model SOURCES core/test_cost_model.cpp LABELS unit tsan)
+kvtier_add_test(test_cost_model_split SOURCES core/test_cost_model_split.cpp LABELS property)
 
 # Two processes must print the same keys, equal to the known answers.
 if(NOT KVTIER_SANITIZE STREQUAL "thread")
@@ -37,3 +38,7 @@ if(KVTIER_SANITIZE STREQUAL "" AND KVTIER_INSTALL)
     set_tests_properties(test_consumer_${mode} PROPERTIES LABELS integration TIMEOUT 600)
   endforeach()
 endif()
+
+# Paged-KV layouts and the CPU gather/scatter (issue 10).
+kvtier_add_test(test_kv_copy SOURCES core/test_kv_copy.cpp LABELS unit)
+kvtier_add_test(test_kv_copy_property SOURCES core/test_kv_copy_property.cpp LABELS property)

@@ -20,3 +20,8 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_slow_resolver SOURCES resp_io/test_slow_resolver.cpp LABELS integration
                   LIBS kvtier::asio kvtier::uring ${CMAKE_DL_LIBS} TIMEOUT 60)
 endif()
+# remote_store with value format 2 (per-group checksums) against redis-server (issue 10).
+if(TARGET kvtier::asio)
+  kvtier_add_test(test_remote_store_v2 SOURCES resp_io/test_remote_store_v2.cpp LABELS integration
+                  LIBS kvtier::asio TIMEOUT 120)
+endif()

@@ -33,6 +33,7 @@ enum class errc : int {
   invalid_argument,     ///< a caller-supplied argument is out of range
   collective_mismatch,  ///< ranks issued different collectives (would deadlock)
   backend_error,        ///< an error reported by NCCL, CUDA or the OS
+  resource_exhausted,   ///< no free buffer: every slot of a pinned_arena is in use
 };
 
 namespace detail {
@@ -79,6 +80,8 @@ class errc_category final : public std::error_category {
         return "ranks issued mismatched collectives";
       case errc::backend_error:
         return "backend (NCCL/CUDA/OS) error";
+      case errc::resource_exhausted:
+        return "no free buffer (every pinned arena slot is in use)";
     }
     return "unknown kvtier error " + std::to_string(value);
   }

@@ -18,6 +18,13 @@
 //    chunk_status::corrupt, never hit: a caller must not use a span whose status is not hit.
 // All are chunk_status::corrupt and counted (stats()).
 //
+// Value format (value_header.hpp): version 1 (one payload checksum) by default, or version 2
+// (one checksum per group of payload bytes, e.g. a few layers of a layer-major chunk) when the
+// store is given value_format::v2(group_bytes). A store reads only the format it writes: a
+// version-1 value read by a version-2 store has another length and is refused (corrupt, counted
+// as other_format); a version-2 value whose payload was altered fails only its own group's
+// checksum (counted as bad_checksum; the status is corrupt either way).
+//
 // Pipelined GETs rather than MGET: only a top-level bulk reply can be read into a destination
 // without a second copy (MGET's values are elements of one array reply).
 //
@@ -57,10 +64,11 @@ namespace kvtier {
 struct remote_store_stats {
   std::uint64_t hits = 0;           ///< get: verified values delivered
   std::uint64_t misses = 0;         ///< get: key absent
-  std::uint64_t corrupt = 0;        ///< get: all rejected values (sum of the three below)
+  std::uint64_t corrupt = 0;        ///< get: all rejected values (sum of the four below)
   std::uint64_t wrong_length = 0;   ///< get: stored length differs from the destination's
   std::uint64_t bad_header = 0;     ///< get: magic/version/header checksum/namespace/key mismatch
-  std::uint64_t bad_checksum = 0;   ///< get: payload checksum mismatch
+  std::uint64_t bad_checksum = 0;   ///< get: payload (or a group's) checksum mismatch
+  std::uint64_t other_format = 0;   ///< get: a version-1 value read by a version-2 store
   std::uint64_t timeouts = 0;       ///< calls that hit their deadline
   std::uint64_t errors = 0;         ///< calls lost to connection/protocol errors, and error replies
   std::uint64_t bytes_fetched = 0;  ///< payload bytes of hits
@@ -71,9 +79,11 @@ struct remote_store_stats {
 template <resp::connection Connection>
 class remote_store {
  public:
-  remote_store(key_namespace ns, resp::connection_options opt)
+  /// `format`: the value format written and expected (version 1 unless given).
+  remote_store(key_namespace ns, resp::connection_options opt, value_format format = value_format::v1())
       : ns_(std::move(ns)),
         fingerprint_(ns_.fingerprint()),
+        format_(format),
         key_prefix_(remote_key_prefix(ns_)),
         conn_(std::move(opt)) {}
 
@@ -111,18 +121,17 @@ class remote_store {
   /// Reads each key's payload into dst[i] (its size is the expected length) and verifies it.
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != dst.size() || keys.size() != status.size())
+    if (keys.size() != dst.size() || keys.size() != status.size() || !frame_headers(dst))
       return make_error_code(errc::invalid_argument);
     turn t(*this);
     if (std::error_code ec = enter(t, status, dl)) return ec;
     batch_.clear();
-    headers_.resize(keys.size());
     parts_.resize(2 * keys.size());
     gates_.resize(keys.size());  // sized before any address is taken: the pointers stay valid
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      parts_[2 * i] = std::span<std::byte>(headers_[i]);
+      parts_[2 * i] = header(i);
       parts_[2 * i + 1] = dst[i];
-      gates_[i] = gate_context{fingerprint_, keys[i], dst[i].size()};
+      gates_[i] = gate_context{&format_, fingerprint_, keys[i], dst[i].size()};
       const std::string name = remote_key_text(key_prefix_, keys[i]);
       batch_.add_into({"GET", name}, std::span<const std::span<std::byte>>(parts_).subspan(2 * i, 2),
                       resp::destination_gate{&header_gate, &gates_[i]});
@@ -130,7 +139,7 @@ class remote_store {
     const std::error_code ec = conn_.execute(batch_, dl);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       status[i] =
-          i < batch_.completed() ? judge(batch_.reply(i), keys[i], headers_[i], dst[i]) : unfinished(ec);
+          i < batch_.completed() ? judge(batch_.reply(i), keys[i], header(i), dst[i]) : unfinished(ec);
     }
     count_call(ec);
     return ec;
@@ -139,16 +148,15 @@ class remote_store {
   /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != src.size() || keys.size() != status.size())
+    if (keys.size() != src.size() || keys.size() != status.size() || !frame_headers(src))
       return make_error_code(errc::invalid_argument);
     turn t(*this);
     if (std::error_code ec = enter(t, status, dl)) return ec;
     batch_.clear();
-    headers_.resize(keys.size());
     out_parts_.resize(2 * keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      headers_[i] = encode_value_header(fingerprint_, keys[i], src[i]);
-      out_parts_[2 * i] = std::span<const std::byte>(headers_[i]);
+      encode_value_header(format_, fingerprint_, keys[i], src[i], header(i));
+      out_parts_[2 * i] = header(i);
       out_parts_[2 * i + 1] = src[i];
       const std::string name = remote_key_text(key_prefix_, keys[i]);
       batch_.add_with_payload({"SET", name},
@@ -178,7 +186,8 @@ class remote_store {
     s.wrong_length = stats_.wrong_length.load(std::memory_order_relaxed);
     s.bad_header = stats_.bad_header.load(std::memory_order_relaxed);
     s.bad_checksum = stats_.bad_checksum.load(std::memory_order_relaxed);
-    s.corrupt = s.wrong_length + s.bad_header + s.bad_checksum;
+    s.other_format = stats_.other_format.load(std::memory_order_relaxed);
+    s.corrupt = s.wrong_length + s.bad_header + s.bad_checksum + s.other_format;
     s.timeouts = stats_.timeouts.load(std::memory_order_relaxed);
     s.errors = stats_.errors.load(std::memory_order_relaxed);
     s.bytes_fetched = stats_.bytes_fetched.load(std::memory_order_relaxed);
@@ -187,13 +196,14 @@ class remote_store {
   }
 
   const key_namespace& ns() const noexcept { return ns_; }
+  const value_format& format() const noexcept { return format_; }
   /// The connection (e.g. for its stats); do not use it while a store call runs elsewhere.
   Connection& connection() noexcept { return conn_; }
 
  private:
   struct counters {
     std::atomic<std::uint64_t> hits{0}, misses{0}, wrong_length{0}, bad_header{0}, bad_checksum{0},
-        timeouts{0}, errors{0}, bytes_fetched{0}, bytes_stored{0};
+        other_format{0}, timeouts{0}, errors{0}, bytes_fetched{0}, bytes_stored{0};
   };
   static void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
     c.fetch_add(n, std::memory_order_relaxed);
@@ -243,19 +253,35 @@ class remote_store {
 
   // What the parser's gate checks for one GET: the header, before the payload reaches dst.
   struct gate_context {
+    const value_format* format = nullptr;
     std::uint64_t fingerprint = 0;
     chunk_key key{};
     std::size_t length = 0;
   };
   static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
     const auto& g = *static_cast<const gate_context*>(context);
-    return header.size() == value_header::size &&
-           check_value_header(header.first<value_header::size>(), g.fingerprint, g.key, g.length) ==
-               header_check::ok;
+    return check_value_header(*g.format, header, g.fingerprint, g.key, g.length) == header_check::ok;
+  }
+
+  // Lays out one header per value of `values` in headers_ (sizes from the format); false when
+  // the format cannot frame one of them (version 2 with too many groups).
+  template <class Span>
+  bool frame_headers(std::span<const Span> values) {
+    header_at_.resize(values.size() + 1);
+    header_at_[0] = 0;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (!format_.valid_for(values[i].size())) return false;
+      header_at_[i + 1] = header_at_[i] + format_.header_size(values[i].size());
+    }
+    headers_.resize(header_at_.back());
+    return true;
+  }
+  std::span<std::byte> header(std::size_t i) noexcept {
+    return std::span<std::byte>(headers_).subspan(header_at_[i], header_at_[i + 1] - header_at_[i]);
   }
 
   // Status of one GET reply whose bytes went to header + dst (or did not).
-  chunk_status judge(const resp::value& r, const chunk_key& key, const value_header_bytes& header,
+  chunk_status judge(const resp::value& r, const chunk_key& key, std::span<const std::byte> header,
                      std::span<std::byte> dst) {
     if (r.is_null()) {
       bump(stats_.misses);
@@ -266,16 +292,17 @@ class remote_store {
       return chunk_status::error;
     }
     if (r.refused_by_gate) {  // the header failed: nothing was written to dst
-      const header_check hc = check_value_header(header, fingerprint_, key, dst.size());
+      const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
       bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
       return chunk_status::corrupt;
     }
     if (!r.into_destination) {  // stored length != header + dst: nothing was written to dst
-      bump(stats_.wrong_length);
+      const bool v1_value = format_.version != 1 && r.length == value_header::size + dst.size();
+      bump(v1_value ? stats_.other_format : stats_.wrong_length);
       return chunk_status::corrupt;
     }
     // The gate passed this header already; checked again so a hit never rests on the parser alone.
-    const header_check hc = check_value_header(header, fingerprint_, key, dst.size());
+    const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
     if (hc == header_check::wrong_length) {
       bump(stats_.wrong_length);
       return chunk_status::corrupt;
@@ -284,7 +311,7 @@ class remote_store {
       bump(stats_.bad_header);
       return chunk_status::corrupt;
     }
-    if (!payload_matches(header, dst)) {  // the one check that needs the bytes in dst
+    if (first_bad_group(format_, header, dst) != format_.groups(dst.size())) {  // needs the bytes in dst
       bump(stats_.bad_checksum);
       return chunk_status::corrupt;
     }
@@ -295,13 +322,15 @@ class remote_store {
 
   key_namespace ns_;
   std::uint64_t fingerprint_;
+  value_format format_;
   std::string key_prefix_;  // remote_key_prefix(ns_), hashed once
   Connection conn_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool busy_ = false;
   resp::batch batch_;
-  std::vector<value_header_bytes> headers_;
+  std::vector<std::byte> headers_;      // the batch's value headers, back to back
+  std::vector<std::size_t> header_at_;  // header i is headers_[header_at_[i], header_at_[i+1])
   std::vector<std::span<std::byte>> parts_;
   std::vector<gate_context> gates_;
   std::vector<std::span<const std::byte>> out_parts_;

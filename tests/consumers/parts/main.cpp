@@ -7,6 +7,7 @@ std::string use_asio();
 std::string use_uring();
 std::string use_nccl();
 std::string use_openssl();
+std::string use_cuda();
 
 int main() {
   std::printf("consumer_parts: start\n");
@@ -21,6 +22,9 @@ int main() {
 #endif
 #ifdef KVTIER_CONSUMER_HAS_OPENSSL
   std::printf("part openssl: %s\n", use_openssl().c_str());
+#endif
+#ifdef KVTIER_CONSUMER_HAS_CUDA
+  std::printf("part cuda: %s\n", use_cuda().c_str());
 #endif
   return 0;
 }
