@@ -16,7 +16,6 @@ namespace {
 struct real_rig {
   static constexpr std::uint32_t world = 2;
   timing_model tm;
-  model_clock clk{0};
   std::vector<request> reqs;
   std::unique_ptr<kvtier::chunker<>> chunk;
   std::vector<prepared_request> prepared;
@@ -25,13 +24,12 @@ struct real_rig {
   std::vector<std::unique_ptr<resp_pool>> pools;
 
   real_rig() {
-    tm.time_scale = 0.01;
     tm.payload_scale = 1.0 / 4096;
     reqs = test::small_hit_heavy_trace(10, 5, 11);
     const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, world);
     chunk = std::make_unique<kvtier::chunker<>>(ns);
     prepared = prepare(reqs, *chunk);
-    for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(tm, clk, 64 << 20));
+    for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(64 << 20));
     for (auto* s : {&srv0, &srv1}) {
       const auto url = kvtier::resp::parse_url(s->url());
       REQUIRE(url);
@@ -41,8 +39,8 @@ struct real_rig {
   run_result run(engine_options opt) {
     opt.world = world;
     opt.fetch_workers = 2;
-    opt.load_timeout_s = 100;  // 1 s of real time at this scale
-    return test::replay<resp_pool>(prepared, tm, clk, opt, l1, pools);
+    opt.load_timeout_s = 1;  // real servers are timed by the wall clock
+    return test::replay<resp_pool>(prepared, tm, opt, l1, pools);
   }
   void prime() { test::prime(*this); }
 };
@@ -56,6 +54,9 @@ TEST_CASE("engine over two real servers: primed async and sync replays verify ev
     INFO(to_string(mode));
     const auto r = g.run({.mode = mode});
     REQUIRE(r.fatal.empty());
+    for (const auto& e : r.l2_errors) CHECK(e.empty());
+    CHECK(r.symmetric_collectives);
+    CHECK(r.failed_l2_calls == 0);
     CHECK(r.mismatched_chunks == 0);
     for (std::size_t i = 0; i < r.requests.size(); ++i) {
       CHECK(r.requests[i].status == "hit");
@@ -87,4 +88,35 @@ TEST_CASE("engine over two real servers: one rank's server loses its data or die
   CHECK(r.mismatched_chunks == 0);
   CHECK(r.requests[0].cached_tokens <= g.tm.chunk_tokens);  // later ones may hit rank 1's L1 again
   for (const auto& q : r.requests) CHECK(q.ttft_s > 0);
+}
+
+TEST_CASE("engine over a real server with a wrong password: recompute, counted, the reason kept per rank",
+          "[integration]") {
+  kvtier::test::redis_server srv({.extra_args = {"--requirepass", "right"}, .harness_password = "right"});
+  timing_model tm;
+  tm.payload_scale = 1.0 / 4096;
+  const auto reqs = test::small_hit_heavy_trace(6, 5, 3);
+  const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, 2);
+  kvtier::chunker<> chunk(ns);
+  const auto prepared = prepare(reqs, chunk);
+  std::vector<std::unique_ptr<modeled_l1>> l1;
+  std::vector<std::unique_ptr<resp_pool>> pools;
+  const auto url = kvtier::resp::parse_url("resp://:wrongpw@127.0.0.1:" + std::to_string(srv.port()));
+  REQUIRE(url);
+  for (int r = 0; r < 2; ++r) {
+    l1.push_back(std::make_unique<modeled_l1>(64 << 20));
+    pools.push_back(std::make_unique<resp_pool>(ns, url.value, 2));
+  }
+  const auto r = test::replay<resp_pool>(
+      prepared, tm, {.world = 2, .mode = load_mode::async, .load_timeout_s = 1, .fetch_workers = 2},
+
+      l1, pools);
+  REQUIRE(r.fatal.empty());
+  CHECK(r.mismatched_chunks == 0);
+  for (const auto& q : r.requests) {
+    CHECK(q.ttft_s > 0);
+    CHECK(q.l2_tokens == 0);
+  }
+  CHECK(r.failed_l2_calls > 0);
+  for (const auto& e : r.l2_errors) CHECK(e.find("authentication failed") != std::string::npos);
 }
