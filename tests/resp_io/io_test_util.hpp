@@ -12,6 +12,7 @@
 #include "kvtier/deadline.hpp"
 #include "kvtier/resp/connection.hpp"
 #include "kvtier/resp/url.hpp"
+#include "support/deadline_check.hpp"
 
 namespace kvtier::test {
 
@@ -33,7 +34,13 @@ inline std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
   return v;
 }
 
-/// Hang detection only: the call returned before its deadline plus a generous margin.
-inline void require_returned_by(deadline dl) { REQUIRE(clock::now() < dl + std::chrono::seconds(2)); }
+/// The call returned by its deadline, within kvtier::test::deadline_margin (scheduling
+/// delay only; a call that waits past its deadline for anything fails this).
+inline void require_returned_by(deadline dl) {
+  const auto late = clock::now() - dl;
+  INFO("returned " << std::chrono::duration_cast<std::chrono::milliseconds>(late).count()
+                   << " ms past its deadline; allowed: " << deadline_margin.count() << " ms");
+  REQUIRE(within_margin(late));
+}
 
 }  // namespace kvtier::test

@@ -4,6 +4,10 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <span>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -52,11 +56,30 @@ TEMPLATE_TEST_CASE("remote_store: threads sharing a store", "[integration][tsan]
   REQUIRE(s.bytes_stored == std::uint64_t{threads} * rounds * (64 << 10));
 }
 
-TEMPLATE_TEST_CASE("remote_store: a call waiting for a busy store gives up at its own deadline",
-                   "[integration][tsan]", kvtier::resp::asio_connection, kvtier::resp::uring_connection) {
-  kvtier::test::black_hole_server hole;
-  kvtier::remote_store<TestType> store(kvtier::key_namespace{.model = "busy"},
-                                       kvtier::test::options_for(hole.url()));
+/// The broken variant the deadline check must catch: a store whose calls wait for a busy
+/// connection without their deadline (a plain mutex around every call), as if remote_store
+/// took its connection with lock() instead of waiting at most until the deadline.
+template <class Store>
+struct busy_wait_ignores_deadline {
+  Store& store;
+  std::mutex busy;
+  std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> st, kvtier::deadline dl) {
+    std::lock_guard lock(busy);
+    return store.exists(keys, st, dl);
+  }
+};
+
+struct busy_outcome {
+  std::error_code ec;
+  chunk_status st = chunk_status::hit;
+  kvtier::deadline dl;
+  kvtier::clock::time_point returned;
+};
+
+/// A holder's call occupies `store`'s connection for 1.5 s (the server never answers);
+/// meanwhile a second call with a 200 ms deadline asks the same store.
+template <class S>
+busy_outcome second_call_on_busy_store(S& store) {
   const chunk_key key{1, 2};
   std::atomic<bool> started{false};
   std::thread holder([&] {
@@ -66,11 +89,39 @@ TEMPLATE_TEST_CASE("remote_store: a call waiting for a busy store gives up at it
   });
   while (!started) std::this_thread::yield();
   std::this_thread::sleep_for(50ms);  // the holder is (almost surely) inside its call now
-  chunk_status st = chunk_status::hit;
-  const auto dl = kvtier::deadline_after(200ms);
-  const std::error_code ec = store.exists(std::span(&key, 1), std::span(&st, 1), dl);
-  REQUIRE(ec == kvtier::errc::timeout);
-  REQUIRE(st == chunk_status::timeout);
-  kvtier::test::require_returned_by(dl);
+  busy_outcome out;
+  out.dl = kvtier::deadline_after(200ms);
+  out.ec = store.exists(std::span(&key, 1), std::span(&out.st, 1), out.dl);
+  out.returned = kvtier::clock::now();
   holder.join();
+  return out;
+}
+
+TEMPLATE_TEST_CASE("remote_store: a call waiting for a busy store gives up at its own deadline",
+                   "[integration][tsan]", kvtier::resp::asio_connection, kvtier::resp::uring_connection) {
+  kvtier::test::black_hole_server hole;
+  kvtier::remote_store<TestType> store(kvtier::key_namespace{.model = "busy"},
+                                       kvtier::test::options_for(hole.url()));
+  const busy_outcome out = second_call_on_busy_store(store);
+  REQUIRE(out.ec == kvtier::errc::timeout);
+  REQUIRE(out.st == chunk_status::timeout);
+  INFO("returned " << std::chrono::duration_cast<std::chrono::milliseconds>(out.returned - out.dl).count()
+                   << " ms past its deadline");
+  REQUIRE(kvtier::test::returned_by(out.dl, out.returned));
+}
+
+// The test above can fail: a store that waits for the busy connection without its deadline
+// returns the same error and statuses (its own call then starts past the deadline), about
+// 1.3 s late. The old margin (deadline + 2 s) let that pass; deadline_margin does not.
+TEST_CASE("remote_store: the busy-store deadline check catches a store that ignores its deadline",
+          "[integration][tsan]") {
+  kvtier::test::black_hole_server hole;
+  kvtier::remote_store<kvtier::resp::asio_connection> store(kvtier::key_namespace{.model = "busy"},
+                                                            kvtier::test::options_for(hole.url()));
+  busy_wait_ignores_deadline<decltype(store)> broken{store, {}};
+  const busy_outcome out = second_call_on_busy_store(broken);
+  REQUIRE(out.ec == kvtier::errc::timeout);  // the other checks cannot tell,
+  REQUIRE(out.st == chunk_status::timeout);
+  REQUIRE(out.returned < out.dl + 2s);  // nor could the old margin (it waited for the holder, ~1.3 s)
+  REQUIRE_FALSE(kvtier::test::returned_by(out.dl, out.returned));  // caught
 }
