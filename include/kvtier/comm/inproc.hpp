@@ -45,6 +45,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/comm/communicator.hpp"
@@ -85,9 +86,11 @@ void reduce_into(std::byte* acc, const std::byte* in, std::size_t count, reduce_
     T a, b;
     std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
     std::memcpy(&b, in + i * sizeof(T), sizeof(T));
+    // A sum wraps modulo 2^bits: added as unsigned, so signed types never overflow.
+    using U = std::make_unsigned_t<T>;
     T r = op == reduce_op::min   ? std::min(a, b)
           : op == reduce_op::max ? std::max(a, b)
-                                 : static_cast<T>(a + b);
+                                 : static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
     std::memcpy(acc + i * sizeof(T), &r, sizeof(T));
   }
 }
@@ -152,6 +155,9 @@ class inproc_world {
 /// One rank's handle on an inproc_world; models kvtier::comm::communicator.
 class inproc_communicator {
  public:
+  /// A round fails on every rank or on none (see communicator.hpp's contract).
+  static constexpr bool rounds_fail_together = true;
+
   inproc_communicator(inproc_world& world, rank_t rank) : world_(&world), rank_(rank) {
     if (rank >= world.size())
       throw std::invalid_argument("kvtier::comm::inproc_communicator: rank out of range");

@@ -106,6 +106,9 @@ using pinned_buffer = detail::cuda_allocation<&detail::pinned_alloc, &detail::pi
 /// One rank's NCCL communicator; models kvtier::comm::communicator.
 class nccl_communicator {
  public:
+  /// A round can complete on some ranks and fail on others (see communicator.hpp).
+  static constexpr bool rounds_fail_together = false;
+
   /// Bytes of all_reduce data one call (or one group) may carry.
   static constexpr std::size_t reduce_scratch_bytes = 64 * 1024;
 
