@@ -444,17 +444,20 @@ class mpi_communicator {
     bool pending = false;
     for (std::size_t i = 0; i < n; ++i) pending |= reqs[i] != MPI_REQUEST_NULL;
     if (!pending) return;
-    abandoned_.push_back(std::move(stage_));
+    abandoned_ = true;
+    if (stage_) leaked_stages_.push_back(std::move(stage_));
     stage_size_ = 0;
   }
 
   void release() noexcept {
     int fin = 1;
     MPI_Finalized(&fin);
-    if (comm_ != MPI_COMM_NULL && !fin) MPI_Comm_free(&comm_);  // pending requests complete normally
+    // A communicator with abandoned requests is never freed: OpenMPI may reuse its
+    // context id for a new one while those requests still progress (seen to crash).
+    if (comm_ != MPI_COMM_NULL && !fin && !abandoned_) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
     // A request MPI still holds may write its staging memory after this: never free it.
-    for (auto& a : abandoned_) (void)a.release();
+    for (auto& a : leaked_stages_) (void)a.release();
   }
 
   void swap(mpi_communicator& o) noexcept {
@@ -467,7 +470,8 @@ class mpi_communicator {
     group_problem_.swap(o.group_problem_);
     std::swap(stage_, o.stage_);
     std::swap(stage_size_, o.stage_size_);
-    abandoned_.swap(o.abandoned_);
+    std::swap(abandoned_, o.abandoned_);
+    leaked_stages_.swap(o.leaked_stages_);
     requests_.swap(o.requests_);
     std::swap(poison_, o.poison_);
     first_message_.swap(o.first_message_);
@@ -484,7 +488,8 @@ class mpi_communicator {
   std::string group_problem_;  // first local problem of the open group
   std::unique_ptr<std::byte[]> stage_;
   std::size_t stage_size_ = 0;
-  std::vector<std::unique_ptr<std::byte[]>> abandoned_;
+  bool abandoned_ = false;  // MPI still holds requests of this communicator
+  std::vector<std::unique_ptr<std::byte[]>> leaked_stages_;
   std::vector<MPI_Request> requests_;
   std::error_code poison_;
   std::string first_message_, last_error_, what_;
