@@ -69,6 +69,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -387,11 +388,17 @@ broadcast_result run_protocol(Ctrl& ctrl, Data& data, const P& owners, std::uint
   std::uint64_t v[4] = {std::min(loaded_tokens, total), problem.empty() ? 1u : 0u, fp, ~fp};
   if (!agree(ctrl, v, problem, res, dl)) return res;
   const std::size_t n = static_cast<std::size_t>(v[0] / p.chunk_tokens);
-  const bool moved = !move_chunks(data, owners, buffers, p, 0, n, res, dl);
-  constexpr bool same = std::is_same_v<Ctrl, Data>;
+  const bool one = static_cast<const void*>(&ctrl) == static_cast<const void*>(&data);
+  // Two communicators: the moves stop a little before dl, so that a rank whose peer
+  // failed on `data` still has time to confirm "failed" on `ctrl` and keep it aligned.
+  deadline move_dl = dl;
+  if (needs_confirm<Ctrl, Data> && !one)
+    move_dl = dl - std::clamp<clock::duration>(time_left(dl) / 8, std::chrono::milliseconds(1),
+                                               std::chrono::milliseconds(100));
+  const bool moved = !move_chunks(data, owners, buffers, p, 0, n, res, move_dl);
   if constexpr (needs_confirm<Ctrl, Data>) {
     // One communicator that failed is poisoned: a confirmation would only fail again.
-    if ((moved || !same) && !confirm(ctrl, moved, res, dl)) return res;
+    if ((moved || !one) && !confirm(ctrl, moved, res, dl)) return res;
   }
   if (!moved) return res;
   res.agreed_chunks = n;

@@ -87,6 +87,45 @@ TEST_CASE("mpi: create() checks the thread level and names both levels", "[mpi]"
   CHECK(c.broadcast(b, b, 0, deadline_after(1s)) == errc::backend_error);  // never created
 }
 
+TEST_CASE("mpi: control/data form: a data failure on one rank fails every rank, control stays aligned",
+          "[mpi]") {
+  for (auto mode : {broadcast_mode::per_chunk, broadcast_mode::grouped, broadcast_mode::gathered}) {
+    comm::mpi_communicator ctrl = mpi_world(MPI_COMM_WORLD, {}), data = mpi_world(MPI_COMM_WORLD, {});
+    const rank_t r = ctrl.rank(), w = ctrl.size();
+    const modulo_ownership own(w);
+    const std::size_t n = 2 * w, cb = 64;
+    std::vector<std::byte> src(n * cb, static_cast<std::byte>(0x40 + r)), dst(n * cb, std::byte{0xEE});
+    std::vector<std::byte> staging(gathered_staging_bytes(own, n, cb));
+    chunk_span_buffers b;
+    for (std::size_t k = 0; k < n; ++k) {
+      b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
+      b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
+    }
+    broadcast_params p{.n_chunks = n,
+                       .chunk_tokens = 16,
+                       .chunk_bytes = cb,
+                       .mode = mode,
+                       .staging = staging,
+                       .request_id = 3};
+    // A healthy load first: every rank holds every chunk from its owner.
+    auto ok = chunk_broadcast(ctrl, data, own, n * 16, b, p, deadline_after(20s));
+    INFO(to_string(mode) << ": " << ok.message);
+    CHECK(!ok.ec);
+    CHECK(ok.agreed_chunks == n);
+    for (std::size_t k = 0; k < n; ++k) CHECK(dst[k * cb] == static_cast<std::byte>(0x40 + own.owner(k)));
+    // Then rank 1's data communicator refuses its first move (poisoned; its peers time out).
+    test::faulty<comm::mpi_communicator&> bad(data, {.at = r == 1 ? 0u : ~0ull, .how = test::fault::invalid});
+    p.request_id = 4;
+    auto res = chunk_broadcast(ctrl, bad, own, n * 16, b, p, deadline_after(conf::wait_budget));
+    INFO(res.message);
+    CHECK(res.ec);
+    CHECK(res.agreed_tokens == 0u);
+    std::uint64_t v = r;
+    CHECK(!comm::all_reduce_value(ctrl, v, comm::reduce_op::max, deadline_after(20s)));  // still aligned
+    CHECK(v == w - 1);
+  }
+}
+
 namespace {
 
 // ---- the chunk_broadcast property across processes -----------------------------
