@@ -22,3 +22,7 @@ if(TARGET kvtier::mpi AND KVTIER_SANITIZE STREQUAL "")
   endfunction()
   kvtier_add_mpi_test(test_comm_mpi SOURCES comm/test_comm_mpi.cpp RANKS 4 TIMEOUT 120)
 endif()
+# Bootstrap over a real redis-server (the RESP adapter; the MPI one is in test_comm_mpi).
+if(TARGET kvtier::asio)
+  kvtier_add_test(test_bootstrap_resp SOURCES comm/test_bootstrap_resp.cpp LABELS integration LIBS kvtier::asio TIMEOUT 60)
+endif()

@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
@@ -23,6 +24,7 @@
 #include "comm/faulty.hpp"
 #include "comm/mpi_world.hpp"
 #include "kvtier/chunk_broadcast.hpp"
+#include "kvtier/comm/bootstrap.hpp"
 #include "kvtier/comm/mpi.hpp"
 #include "kvtier/comm/recording.hpp"
 
@@ -85,6 +87,30 @@ TEST_CASE("mpi: create() checks the thread level and names both levels", "[mpi]"
   CHECK(c.last_error().find(comm::mpi_communicator::thread_level_name(provided)) != std::string::npos);
   std::vector<std::byte> b(4);
   CHECK(c.broadcast(b, b, 0, deadline_after(1s)) == errc::backend_error);  // never created
+}
+
+TEST_CASE("mpi: bootstrap by broadcast: every rank fetches the published bytes; a wrong name is named",
+          "[mpi]") {
+  static_assert(comm::bootstrap<comm::mpi_bootstrap>);
+  comm::mpi_communicator c = mpi_world(MPI_COMM_WORLD, {});
+  comm::mpi_bootstrap boot(c, 0);
+  std::array<std::byte, 128> id{};
+  if (c.rank() == 0)
+    for (std::size_t i = 0; i < id.size(); ++i) id[i] = static_cast<std::byte>(i * 37 + 1);
+  const auto ec = c.rank() == 0 ? boot.publish("nccl-id", id, deadline_after(20s))
+                                : boot.fetch("nccl-id", id, deadline_after(20s));
+  INFO(boot.last_error());
+  CHECK(!ec);
+  for (std::size_t i = 0; i < id.size(); ++i) CHECK(id[i] == static_cast<std::byte>(i * 37 + 1));
+  const auto ec2 = c.rank() == 0 ? boot.publish("id-a", id, deadline_after(20s))
+                                 : boot.fetch("id-b", id, deadline_after(20s));
+  if (c.rank() != 0) {
+    CHECK(ec2 == errc::invalid_argument);
+    CHECK(boot.last_error().find("id-b") != std::string::npos);
+  }
+  std::uint64_t v = 1;  // still in step
+  CHECK(!comm::all_reduce_value(c, v, comm::reduce_op::sum, deadline_after(20s)));
+  CHECK(v == c.size());
 }
 
 TEST_CASE("mpi: control/data form: a data failure on one rank fails every rank, control stays aligned",

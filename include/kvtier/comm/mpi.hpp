@@ -49,6 +49,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -494,6 +495,65 @@ class mpi_communicator {
   std::error_code poison_;
   std::string first_message_, last_error_, what_;
   kvtier::clock::time_point start_{};
+};
+
+/// Bootstrap (see kvtier/comm/bootstrap.hpp) by broadcast from `root` over an
+/// mpi_communicator: publish() on the root, fetch() on every other rank, both
+/// collective. The name and size travel first, so a rank that asked for another
+/// name or size gets an error instead of wrong bytes.
+///
+///   kvtier::comm::mpi_bootstrap boot(comm);
+///   auto ec = comm.rank() == 0 ? boot.publish("nccl-id", id_bytes, dl) : boot.fetch("nccl-id", id_bytes,
+///   dl);
+class mpi_bootstrap {
+ public:
+  explicit mpi_bootstrap(mpi_communicator& comm, rank_t root = 0) : comm_(&comm), root_(root) {}
+
+  const std::string& last_error() const noexcept { return last_error_; }
+
+  std::error_code publish(std::string_view name, std::span<const std::byte> bytes, kvtier::deadline dl) {
+    if (comm_->rank() != root_)
+      return fail(errc::invalid_argument, "publish() is for rank " + std::to_string(root_));
+    std::uint64_t head[2] = {name_hash(name), bytes.size()};
+    if (auto ec = comm_->broadcast(std::as_bytes(std::span(head)), std::as_writable_bytes(std::span(head)),
+                                   root_, dl))
+      return fail(ec, comm_->last_error());
+    std::vector<std::byte> copy(bytes.begin(), bytes.end());
+    if (auto ec = comm_->broadcast(bytes, copy, root_, dl)) return fail(ec, comm_->last_error());
+    return {};
+  }
+
+  std::error_code fetch(std::string_view name, std::span<std::byte> out, kvtier::deadline dl) {
+    std::uint64_t head[2] = {0, 0};
+    if (auto ec = comm_->broadcast({}, std::as_writable_bytes(std::span(head)), root_, dl))
+      return fail(ec, comm_->last_error());
+    // Always take the payload, so this rank stays in step with its peers.
+    std::vector<std::byte> got(static_cast<std::size_t>(head[1]));
+    if (auto ec = comm_->broadcast({}, got, root_, dl)) return fail(ec, comm_->last_error());
+    if (head[0] != name_hash(name))
+      return fail(errc::invalid_argument, "rank " + std::to_string(root_) + " published another name than '" +
+                                              std::string(name) + "'");
+    if (got.size() != out.size())
+      return fail(errc::wrong_length, "published " + std::to_string(got.size()) + " bytes, expected " +
+                                          std::to_string(out.size()));
+    std::memcpy(out.data(), got.data(), got.size());
+    return {};
+  }
+
+ private:
+  static std::uint64_t name_hash(std::string_view s) noexcept {
+    std::uint64_t h = 0xCBF29CE484222325ull;
+    for (unsigned char ch : s) h = (h ^ ch) * 0x100000001B3ull;
+    return h;
+  }
+  std::error_code fail(std::error_code ec, const std::string& why) {
+    last_error_ = "mpi_bootstrap: " + why;
+    return ec;
+  }
+
+  mpi_communicator* comm_;
+  rank_t root_;
+  std::string last_error_;
 };
 
 }  // namespace kvtier::comm
