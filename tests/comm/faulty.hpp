@@ -60,12 +60,11 @@ class faulty {
     }
     return inner_.all_gather(send, recv, dl);
   }
-  std::error_code all_reduce(const void* send, void* recv, std::size_t count, comm::dtype t,
+  std::error_code all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, comm::dtype t,
                              comm::reduce_op op, kvtier::deadline dl) {
     if (hit())
-      return finish(
-          inner_.all_reduce(send, recv, count, plan_.how == fault::invalid ? comm::dtype::bytes : t, op, dl));
-    return inner_.all_reduce(send, recv, count, t, op, dl);
+      return finish(inner_.all_reduce(send, recv, plan_.how == fault::invalid ? comm::dtype::bytes : t, op, dl));
+    return inner_.all_reduce(send, recv, t, op, dl);
   }
   std::error_code group_start() {
     if (depth_++ == 0 && next() == plan_.at) in_faulty_group_ = true, first_in_group_ = true;

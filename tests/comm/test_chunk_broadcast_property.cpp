@@ -119,7 +119,8 @@ void check_case(const P& own, const case_params& k) {
                        .chunk_tokens = k.chunk_tokens,
                        .chunk_bytes = CB,
                        .mode = k.mode,
-                       .staging = staging[r]};
+                       .staging = staging[r],
+                       .request_id = 1};
     if (k.tw == twist::differ && r == k.odd) switch (k.differ_what) {
         case 0:
           p.n_chunks += 1;
@@ -128,7 +129,7 @@ void check_case(const P& own, const case_params& k) {
           p.chunk_tokens += 1;
           break;
         case 2:
-          p.request_id += 1;
+          p.request_id = load_id{p.request_id.value + 1};
           break;
         case 3:
           p.mode = static_cast<broadcast_mode>((static_cast<int>(p.mode) + 1) % 3);
@@ -139,7 +140,7 @@ void check_case(const P& own, const case_params& k) {
       }
     const auto dl = deadline_after(std::chrono::seconds(30));
     if (!k.pipelined) {
-      const auto loaded_tokens = loaded_prefix_tokens(own, r, N, k.chunk_tokens, loaded_owned[r]);
+      const auto loaded_tokens = rank_answer_loaded(own, r, N, k.chunk_tokens, loaded_owned[r]);
       results[r] = chunk_broadcast(c, own, loaded_tokens, b, p, dl);
     } else {
       // Rank r's fetch advances by its own random schedule; all ranks step in lockstep.
@@ -149,7 +150,7 @@ void check_case(const P& own, const case_params& k) {
       for (const auto& pr : k.progress) max_steps = std::max(max_steps, pr.size());
       for (std::size_t s = 0; !pb.done() && s < max_steps + 2; ++s) {  // same bound on every rank
         const std::size_t have = std::min(s < prog.size() ? prog[s] : loaded_owned[r], loaded_owned[r]);
-        std::uint64_t now = loaded_prefix_tokens(own, r, N, k.chunk_tokens, have);
+        std::uint64_t now = rank_answer_loaded(own, r, N, k.chunk_tokens, have);
         if (k.tw == twist::backwards && r == k.odd && s == k.back_step && pb.agreed_chunks() > 0)
           now = 0, went_back = true;  // below the prefix every rank already holds
         pb.step(now, s + 1 >= prog.size(), dl);

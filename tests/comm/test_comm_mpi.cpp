@@ -141,7 +141,7 @@ TEST_CASE("mpi: control/data form: a data failure on one rank fails every rank, 
     for (std::size_t k = 0; k < n; ++k) CHECK(dst[k * cb] == static_cast<std::byte>(0x40 + own.owner(k)));
     // Then rank 1's data communicator refuses its first move (poisoned; its peers time out).
     test::faulty<comm::mpi_communicator&> bad(data, {.at = r == 1 ? 0u : ~0ull, .how = test::fault::invalid});
-    p.request_id = 4;
+    p.request_id = load_id{4};
     auto res = chunk_broadcast(ctrl, bad, own, n * 16, b, p, deadline_after(conf::wait_budget));
     INFO(res.message);
     CHECK(res.ec);
@@ -325,7 +325,7 @@ report run_case(const P& own, const mpi_case& k, comm::mpi_communicator& c, std:
         p.chunk_tokens += 1;
         break;
       case 2:
-        p.request_id += 1;
+        p.request_id = load_id{p.request_id.value + 1};
         break;
       case 3:
         p.mode = static_cast<broadcast_mode>((static_cast<int>(p.mode) + 1) % 3);
@@ -343,7 +343,7 @@ report run_case(const P& own, const mpi_case& k, comm::mpi_communicator& c, std:
 
   comm::recording<test::faulty<comm::mpi_communicator&>> rec(test::faulty<comm::mpi_communicator&>(c, plan));
   const auto res =
-      chunk_broadcast(rec, own, loaded_prefix_tokens(own, r, N, k.tokens, loaded_owned[r]), b, p, dl);
+      chunk_broadcast(rec, own, rank_answer_loaded(own, r, N, k.tokens, loaded_owned[r]), b, p, dl);
 
   report out;
   out.ran = 1;
@@ -397,7 +397,7 @@ TEST_CASE("mpi: chunk_broadcast is symmetric across processes, and fails on ever
     const mpi_case k = generate(base ^ (static_cast<std::uint64_t>(i) << 32), ws.size);
     if (verbose)
       std::fprintf(stderr, "rank %u case %d: W=%u chunks=%zu mode=%s twist=%d odd=%u how=%d staged=%d\n",
-                   ws.me, i, k.w, k.n, to_string(k.mode), static_cast<int>(k.tw), k.odd,
+                   ws.me, i, k.w, k.n, std::string(to_string(k.mode)).c_str(), static_cast<int>(k.tw), k.odd,
                    static_cast<int>(k.how), k.staged);
     report rep;
     if (ws.me < k.w) {

@@ -172,18 +172,9 @@ class mpi_communicator {
   std::error_code all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, dtype t,
                              reduce_op op, kvtier::deadline dl) {
     pending_op o{op_kind::all_reduce, 0, send, recv, t, op};
-    if (t == dtype::bytes) return submit(o, "all_reduce: dtype::bytes cannot be reduced", dl);
-    if (send.size() != recv.size() || recv.size() % dtype_size(t) != 0)
-      return submit(o, "all_reduce: send and recv must be the same whole number of elements", dl);
+    if (auto why = all_reduce_args_problem(send.size(), recv.size(), t); !why.empty())
+      return submit(o, std::string(why), dl);
     return submit(o, count_problem(recv.size()), dl);
-  }
-
-  /// The pointer form of the communicator concept (count elements of `t`).
-  std::error_code all_reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
-                             kvtier::deadline dl) {
-    const std::size_t n = count * dtype_size(t);
-    return all_reduce(std::span<const std::byte>(static_cast<const std::byte*>(send), n),
-                      std::span<std::byte>(static_cast<std::byte*>(recv), n), t, op, dl);
   }
 
   std::error_code group_start() {
@@ -259,8 +250,8 @@ class mpi_communicator {
       case op_kind::all_gather:
         return "MPI_Iallgather(" + std::to_string(o.send.size()) + " bytes per rank)";
       case op_kind::all_reduce:
-        return std::string("MPI_Iallreduce(") + to_string(o.type) + " x" +
-               std::to_string(o.recv.size() / dtype_size(o.type)) + ", " + to_string(o.reduce) + ")";
+        return "MPI_Iallreduce(" + std::string(to_string(o.type)) + " x" +
+               std::to_string(o.recv.size() / dtype_size(o.type)) + ", " + std::string(to_string(o.reduce)) + ")";
       case op_kind::group:
         break;
     }

@@ -45,6 +45,7 @@
 
 #include "kvtier/chunker.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/resp/connection.hpp"
 #include "kvtier/store/chunk_store.hpp"
@@ -71,7 +72,10 @@ template <resp::connection Connection>
 class remote_store {
  public:
   remote_store(key_namespace ns, resp::connection_options opt)
-      : ns_(std::move(ns)), fingerprint_(ns_.fingerprint()), conn_(std::move(opt)) {}
+      : ns_(std::move(ns)),
+        fingerprint_(ns_.fingerprint()),
+        key_prefix_(remote_key_prefix(ns_)),
+        conn_(std::move(opt)) {}
 
   remote_store(const remote_store&) = delete;
   remote_store& operator=(const remote_store&) = delete;
@@ -83,7 +87,7 @@ class remote_store {
     if (std::error_code ec = enter(t, status, dl)) return ec;
     batch_.clear();
     for (const chunk_key& k : keys) {
-      const std::string name = remote_key_text(ns_, k);
+      const std::string name = remote_key_text(key_prefix_, k);
       batch_.add({"EXISTS", name});
     }
     const std::error_code ec = conn_.execute(batch_, dl);
@@ -119,7 +123,7 @@ class remote_store {
       parts_[2 * i] = std::span<std::byte>(headers_[i]);
       parts_[2 * i + 1] = dst[i];
       gates_[i] = gate_context{fingerprint_, keys[i], dst[i].size()};
-      const std::string name = remote_key_text(ns_, keys[i]);
+      const std::string name = remote_key_text(key_prefix_, keys[i]);
       batch_.add_into({"GET", name}, std::span<const std::span<std::byte>>(parts_).subspan(2 * i, 2),
                       resp::destination_gate{&header_gate, &gates_[i]});
     }
@@ -146,7 +150,7 @@ class remote_store {
       headers_[i] = encode_value_header(fingerprint_, keys[i], src[i]);
       out_parts_[2 * i] = std::span<const std::byte>(headers_[i]);
       out_parts_[2 * i + 1] = src[i];
-      const std::string name = remote_key_text(ns_, keys[i]);
+      const std::string name = remote_key_text(key_prefix_, keys[i]);
       batch_.add_with_payload({"SET", name},
                               std::span<const std::span<const std::byte>>(out_parts_).subspan(2 * i, 2));
     }
@@ -155,7 +159,7 @@ class remote_store {
       if (i >= batch_.completed()) {
         status[i] = unfinished(ec);
       } else if (batch_.reply(i).kind == resp::type::simple_string) {
-        status[i] = chunk_status::hit;
+        status[i] = chunk_status::stored;
         bump(stats_.bytes_stored, src[i].size());
       } else {
         status[i] = chunk_status::error;  // e.g. OOM with maxmemory and noeviction
@@ -218,12 +222,7 @@ class remote_store {
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto free = [this] { return !busy_; };
-      if (dl == no_deadline) {
-        cv_.wait(lock, free);
-        t.held = busy_ = true;
-      } else if (cv_.wait_until(lock, dl, free)) {
-        t.held = busy_ = true;
-      }
+      if (detail::wait_until(cv_, lock, dl, free)) t.held = busy_ = true;
     }
     if (!t.held || expired(dl)) {
       std::fill(status.begin(), status.end(), chunk_status::timeout);
@@ -296,6 +295,7 @@ class remote_store {
 
   key_namespace ns_;
   std::uint64_t fingerprint_;
+  std::string key_prefix_;  // remote_key_prefix(ns_), hashed once
   Connection conn_;
   std::mutex mu_;
   std::condition_variable cv_;
