@@ -65,7 +65,8 @@ std::pair<double, double> measure(C& c, rank_bytes& rb, const modulo_ownership& 
   (void)comm::all_reduce_value(c, sync, comm::reduce_op::sum, dl);
   auto t0 = clock::now();
   for (int i = 0; i < agree_iters; ++i)
-    if (comm::all_reduce(c, std::span<const std::uint64_t>(v), std::span<std::uint64_t>(v), comm::reduce_op::min, dl))
+    if (comm::all_reduce(c, std::span<const std::uint64_t>(v), std::span<std::uint64_t>(v),
+                         comm::reduce_op::min, dl))
       std::abort();
   const double agree_us = duration<double, std::micro>(clock::now() - t0).count() / agree_iters;
   broadcast_params p{.n_chunks = N,

@@ -405,8 +405,8 @@ broadcast_result run_protocol(Ctrl& ctrl, Data& data, const P& owners, std::uint
   // failed on `data` still has time to confirm "failed" on `ctrl` and keep it aligned.
   deadline move_dl = dl;
   if (needs_confirm<Ctrl, Data> && !one)
-    move_dl = dl - std::clamp<clock::duration>(time_left(dl) / 8, std::chrono::milliseconds(1),
-                                               std::chrono::milliseconds(100));
+    move_dl = dl - std::clamp<clock::duration>(time_left(dl) / 4, std::chrono::milliseconds(1),
+                                               std::chrono::milliseconds(500));
   const bool moved = !move_chunks(data, owners, buffers, p, 0, n, res, move_dl);
   if constexpr (needs_confirm<Ctrl, Data>) {
     // One communicator that failed is poisoned: a confirmation would only fail again.

@@ -63,7 +63,8 @@ class faulty {
   std::error_code all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, comm::dtype t,
                              comm::reduce_op op, kvtier::deadline dl) {
     if (hit())
-      return finish(inner_.all_reduce(send, recv, plan_.how == fault::invalid ? comm::dtype::bytes : t, op, dl));
+      return finish(
+          inner_.all_reduce(send, recv, plan_.how == fault::invalid ? comm::dtype::bytes : t, op, dl));
     return inner_.all_reduce(send, recv, t, op, dl);
   }
   std::error_code group_start() {

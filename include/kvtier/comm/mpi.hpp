@@ -251,7 +251,8 @@ class mpi_communicator {
         return "MPI_Iallgather(" + std::to_string(o.send.size()) + " bytes per rank)";
       case op_kind::all_reduce:
         return "MPI_Iallreduce(" + std::string(to_string(o.type)) + " x" +
-               std::to_string(o.recv.size() / dtype_size(o.type)) + ", " + std::string(to_string(o.reduce)) + ")";
+               std::to_string(o.recv.size() / dtype_size(o.type)) + ", " + std::string(to_string(o.reduce)) +
+               ")";
       case op_kind::group:
         break;
     }
