@@ -57,7 +57,8 @@
 // moves the bytes on `data` (NCCL, or the same host world), keeping the small
 // agreement off the GPU. A rank whose moves fail on `data` still confirms on
 // `ctrl` (with "failed"), so every rank learns of it at once and `ctrl` stays
-// aligned. Both must have the same rank and size.
+// aligned; the moves stop a quarter of the time left (1 ms..500 ms) before dl to
+// leave time for that. Both must have the same rank and size.
 //
 //   auto r = kvtier::chunk_broadcast(mpi, nccl, own, loaded, bufs, p, dl);
 //
