@@ -8,3 +8,9 @@ if(TARGET kvtier::nccl)
   add_executable(gpu_check ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_check.cpp)
   target_link_libraries(gpu_check PRIVATE kvtier::nccl)
 endif()
+# Ranks as processes: MPI (shared memory) vs in-process at the same W, vs memcpy
+# (run with bench/comm/bench_mpi.sh: W = 2, 4, 8).
+if(TARGET kvtier::mpi)
+  add_executable(bench_collectives_mpi ${CMAKE_CURRENT_LIST_DIR}/comm/bench_collectives_mpi.cpp)
+  target_link_libraries(bench_collectives_mpi PRIVATE kvtier::mpi)
+endif()

@@ -73,6 +73,18 @@ else()
   kvtier_report("CUDA + NCCL" OFF "kvtier::nccl disabled; expected under /usr/local/cuda")
 endif()
 
+# MPI (the process-per-rank communicator; Debian: libopenmpi-dev openmpi-bin).
+# Only MPI's C API is used: skip the deprecated C++ bindings.
+set(MPI_CXX_SKIP_MPICXX ON)
+find_package(MPI QUIET COMPONENTS CXX)
+if(MPI_CXX_FOUND AND TARGET MPI::MPI_CXX)
+  set(KVTIER_HAS_MPI ON)
+  kvtier_report("MPI" ON "MPI ${MPI_CXX_VERSION}, ${MPIEXEC_EXECUTABLE}")
+else()
+  set(KVTIER_HAS_MPI OFF)
+  kvtier_report("MPI" OFF "kvtier::mpi (process-per-rank communicator) disabled; install libopenmpi-dev openmpi-bin")
+endif()
+
 # hiredis and OpenSSL: baselines for the benchmarks only
 find_library(KVTIER_HIREDIS_LIBRARY hiredis)
 find_path(KVTIER_HIREDIS_INCLUDE_DIR hiredis/hiredis.h)

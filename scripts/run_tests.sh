@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # kvtier's whole test suite, as CI runs it (.ci/run calls exactly this):
-#   1. Release build: every header compiled on its own, every test label.
+#   1. Release build: every header compiled on its own, every test label; the `mpi`
+#      tests (one process per rank under mpiexec) alone, after the others, so that
+#      their ranks are not starved by parallel tests.
 #   2. ASan+UBSan build: the unit and property tests.
 #   3. TSan build: the concurrent tests (label tsan).
 #   4. clang libFuzzer build: the fuzz targets for a bounded time (label fuzz).
@@ -37,7 +39,11 @@ cmake -S . -B "$root/release" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/release" -j"$jobs"
 cmake --build "$root/release" --target all_verify_interface_header_sets -j"$jobs"
 step "release tests"
-run_ctest --test-dir "$root/release" --output-on-failure -j"$jobs"
+run_ctest --test-dir "$root/release" --output-on-failure -j"$jobs" -LE mpi
+if [ -n "$(ctest --test-dir "$root/release" -N -L mpi | grep 'Test *#')" ]; then
+  step "release tests, ranks as processes (mpi)"
+  run_ctest --test-dir "$root/release" --output-on-failure -L mpi
+fi
 
 step "asan+ubsan build"
 cmake -S . -B "$root/asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_SANITIZE=address >/dev/null

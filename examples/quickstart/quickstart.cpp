@@ -21,6 +21,11 @@
 //
 //   quickstart                                     # L2 = one in-process store per rank
 //   quickstart resp://127.0.0.1:{rank+6400}        # L2 = one redis-server/valkey per rank
+//   mpiexec -n 4 quickstart --mpi [resp://...]     # ranks as processes (MPI host communicator)
+//
+// With --mpi every rank is a process: engines A and B are two communicators over
+// MPI_COMM_WORLD, each rank keeps its L2 (in-process, or its own server) between them,
+// and rank 0 prints the same summary, with wrong bytes summed over all ranks.
 //
 // The last line is the Prometheus text of engine B's rank-0 fetch queue and tiers.
 #include <chrono>
@@ -35,6 +40,9 @@
 #include "kvtier/kvtier.hpp"
 #ifdef KVTIER_QUICKSTART_ASIO
 #include "kvtier/resp/asio_connection.hpp"
+#endif
+#ifdef KVTIER_QUICKSTART_MPI
+#include "kvtier/comm/mpi.hpp"
 #endif
 
 using namespace std::chrono_literals;
@@ -88,10 +96,10 @@ struct outcome {
 };
 
 /// One engine's handling of the prompt on rank r, over that rank's L2.
-template <kvtier::chunk_store L2>
-outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
+template <kvtier::comm::communicator Comm, kvtier::chunk_store L2>
+outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   const kvtier::rank_t r = comm.rank();
-  const kvtier::modulo_ownership own(W);
+  const kvtier::modulo_ownership own(comm.size());
   const kvtier::chunker<> chunk(kvtier::key_namespace{.model = "quickstart-model",
                                                       .kv_format = kv_format,
                                                       .chunk_tokens = chunk_tokens,
@@ -211,11 +219,25 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   return out;
 }
 
-template <kvtier::chunk_store L2>
-int run(std::vector<L2*> l2) {
+std::vector<kvtier::token_id> prompt() {
   std::vector<kvtier::token_id> tokens(prompt_tokens);
   for (std::size_t i = 0; i < tokens.size(); ++i)
     tokens[i] = static_cast<kvtier::token_id>((i * 2654435761u) % 151552);
+  return tokens;
+}
+
+void print_summary(const char* engine, std::size_t prompt_len, const outcome& o, std::size_t bad_bytes) {
+  std::printf(
+      "engine %-16s prompt %zu tokens: cached prefix %llu, loaded %llu, recomputed %llu, wrong bytes %zu "
+      "(%llu broadcast stages)\n",
+      engine, prompt_len, static_cast<unsigned long long>(o.cached),
+      static_cast<unsigned long long>(o.loaded), static_cast<unsigned long long>(prompt_len - o.loaded),
+      bad_bytes, static_cast<unsigned long long>(o.stages));
+}
+
+template <kvtier::chunk_store L2>
+int run(std::vector<L2*> l2) {
+  const std::vector<kvtier::token_id> tokens = prompt();
   int failures = 0;
   std::string metrics;
   for (const char* engine : {"A (cold)", "B (same prompt)"}) {
@@ -229,13 +251,7 @@ int run(std::vector<L2*> l2) {
         std::printf("engine %s rank %u: %s\n", engine, r, out[r].error.c_str()), ++failures;
       if (out[r].bad_bytes) ++failures;
     }
-    std::printf(
-        "engine %-16s prompt %zu tokens: cached prefix %llu, loaded %llu, recomputed %llu, wrong bytes %zu "
-        "(%llu broadcast stages)\n",
-        engine, tokens.size(), static_cast<unsigned long long>(out[0].cached),
-        static_cast<unsigned long long>(out[0].loaded),
-        static_cast<unsigned long long>(tokens.size() - out[0].loaded), out[0].bad_bytes,
-        static_cast<unsigned long long>(out[0].stages));
+    print_summary(engine, tokens.size(), out[0], out[0].bad_bytes);
     metrics = out[0].metrics;
   }
   const kvtier::kv_layout lay = model_layout();
@@ -248,11 +264,84 @@ int run(std::vector<L2*> l2) {
   return failures ? 1 : 0;
 }
 
+#ifdef KVTIER_QUICKSTART_MPI
+/// The same two engines with one process per rank; every rank keeps its own L2.
+template <kvtier::chunk_store L2>
+int run_mpi(L2& l2) {
+  const std::vector<kvtier::token_id> tokens = prompt();
+  std::uint64_t failures = 0;
+  std::string metrics;
+  for (const char* engine : {"A (cold)", "B (same prompt)"}) {
+    kvtier::comm::mpi_communicator comm;  // one engine = one world
+    if (auto ec = kvtier::comm::mpi_communicator::create(comm, MPI_COMM_WORLD, kvtier::deadline_after(30s))) {
+      std::fprintf(stderr, "quickstart: %s\n", comm.last_error().c_str());
+      return 1;
+    }
+    outcome out = serve(comm, l2, tokens);
+    if (!out.error.empty()) std::printf("engine %s rank %u: %s\n", engine, comm.rank(), out.error.c_str());
+    // Totals over the ranks, on the same world (its last collective).
+    std::uint64_t totals[2] = {out.bad_bytes, out.error.empty() && !out.bad_bytes ? 0u : 1u};
+    if (auto ec = kvtier::comm::all_reduce<kvtier::comm::mpi_communicator, std::uint64_t>(
+            comm, totals, totals, kvtier::comm::reduce_op::sum, kvtier::deadline_after(30s))) {
+      std::fprintf(stderr, "quickstart: totals: %s\n", comm.last_error().c_str());
+      return 1;
+    }
+    failures += totals[1];
+    if (comm.rank() == 0) print_summary(engine, tokens.size(), out, static_cast<std::size_t>(totals[0]));
+    metrics = out.metrics;
+  }
+  std::printf("%s", metrics.c_str());
+  return failures ? 1 : 0;
+}
+
+int main_mpi(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0, size = 0, rc = 2;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const kvtier::modulo_ownership own(static_cast<kvtier::rank_t>(size));
+  if (argc == 2) {
+    kvtier::memory_store l2(64u << 20);
+    rc = run_mpi(l2);
+  } else {
+#ifdef KVTIER_QUICKSTART_ASIO
+    auto url = kvtier::resp::parse_url(argv[2], rank);
+    if (url.ec) {
+      std::fprintf(stderr, "quickstart: %s\n", url.message.c_str());
+    } else {
+      kvtier::remote_store<kvtier::resp::asio_connection> l2(
+          kvtier::key_namespace{.model = "quickstart-model",
+                                .kv_format = "demo",
+                                .chunk_tokens = chunk_tokens,
+                                .ownership = own.geometry()},
+          kvtier::resp::connection_options{.server = url.value});
+      rc = run_mpi(l2);
+    }
+#else
+    std::fprintf(stderr, "quickstart: built without Boost.Asio; only the in-process L2 is available\n");
+#endif
+  }
+  MPI_Finalize();
+  return rc;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && !std::strcmp(argv[1], "--mpi")) {
+#ifdef KVTIER_QUICKSTART_MPI
+    if (argc <= 3) return main_mpi(argc, argv);
+#else
+    std::fprintf(stderr, "quickstart: built without MPI (install libopenmpi-dev)\n");
+    return 2;
+#endif
+  }
   if (argc > 2 || (argc == 2 && (!std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")))) {
-    std::fprintf(stderr, "usage: quickstart [resp://host:{rank+PORT} | resp+unix:///path]\n");
+    std::fprintf(stderr,
+                 "usage: quickstart [resp://host:{rank+PORT} | resp+unix:///path]\n"
+                 "       mpiexec -n W quickstart --mpi [resp://host:{rank+PORT} | resp+unix:///path]\n");
     return 2;
   }
   if (argc == 1) {

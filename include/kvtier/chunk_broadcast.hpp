@@ -29,10 +29,38 @@
 //
 // The all-reduce also carries a validity flag and a fingerprint of the
 // parameters, so a rank with invalid arguments, or ranks whose n_chunks,
-// chunk_tokens, chunk_bytes, mode or ownership geometry differ, make every rank
-// return errc::invalid_argument at the same point instead of desynchronising.
-// On any error the result's agreed_tokens is 0 (recompute everything) on every
-// rank; destination bytes below the would-be prefix may then be partial.
+// chunk_tokens, chunk_bytes, mode, request_id or ownership geometry differ, make
+// every rank return errc::invalid_argument at the same point instead of
+// desynchronising. On any error the result's agreed_tokens is 0 (recompute
+// everything); destination bytes below the would-be prefix may then be partial.
+//
+// "Every rank ends with the same agreed_tokens", per backend (the failure
+// contract of communicator.hpp):
+//   - in-process (rounds fail together): every rank returns the same result, error
+//     or success, always.
+//   - MPI and NCCL: a collective can complete on some ranks and fail on others, so
+//     the protocol ends with a confirmation (one more all-reduce, on backends
+//     whose rounds do not fail together): a rank that failed anywhere before it
+//     has poisoned/aborted its communicator and never confirms, so its peers'
+//     confirmation fails by their deadline and every rank returns an error. A
+//     failure injected into any collective of one rank ends with an error on
+//     every rank (tests/comm/test_comm_mpi.cpp, the property test). The one case
+//     left is the deadline race inside the confirmation itself: a rank whose
+//     deadline passes after every peer contributed reports an error (and poisons)
+//     while its peers succeed; their next collective on that world then fails.
+//     An engine therefore runs the collectives of the prefill that follows on the
+//     same world (or ends the request on any later error): no rank's computation
+//     can complete from a prefix its peers did not also agree on.
+//
+// Control and data communicators: the overload taking (ctrl, data, ...) runs the
+// agreement and the confirmation on `ctrl` (host memory: MPI or in-process) and
+// moves the bytes on `data` (NCCL, or the same host world), keeping the small
+// agreement off the GPU. A rank whose moves fail on `data` still confirms on
+// `ctrl` (with "failed"), so every rank learns of it at once and `ctrl` stays
+// aligned; the moves stop a quarter of the time left (1 ms..500 ms) before dl to
+// leave time for that. Both must have the same rank and size.
+//
+//   auto r = kvtier::chunk_broadcast(mpi, nccl, own, loaded, bufs, p, dl);
 //
 // Pipelined variant: pipelined_broadcast runs the same two steps in stages while
 // the fetch is still running (each stage: one agreement, then the newly agreed
@@ -42,12 +70,14 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/comm/communicator.hpp"
@@ -166,19 +196,23 @@ std::size_t gathered_staging_bytes(const P& owners, std::size_t n_chunks, std::s
   return world * slice;
 }
 
-/// Collectives chunk_broadcast issues (on success) for `agreed_chunks` chunks.
+/// Collectives chunk_broadcast issues (on success) for `agreed_chunks` chunks;
+/// `confirmed`: plus the closing confirmation (backends whose rounds do not fail together).
 template <ownership_policy P>
-std::size_t expected_collectives(broadcast_mode mode, const P& owners, std::size_t agreed_chunks) {
+std::size_t expected_collectives(broadcast_mode mode, const P& owners, std::size_t agreed_chunks,
+                                 bool confirmed = false) {
+  const std::size_t c = confirmed ? 1 : 0;
   switch (mode) {
     case broadcast_mode::per_chunk:
-      return 1 + agreed_chunks;
+      return c + 1 + agreed_chunks;
     case broadcast_mode::grouped: {
       const auto counts = owner_counts(owners, agreed_chunks);
-      return 1 + static_cast<std::size_t>(
-                     std::count_if(counts.begin(), counts.end(), [](auto n) { return n > 0; }));
+      return c + 1 + static_cast<std::size_t>(std::count_if(counts.begin(), counts.end(), [](auto n) {
+               return n > 0;
+             }));
     }
     case broadcast_mode::gathered:
-      return 1 + (agreed_chunks > 0 ? 1 : 0);
+      return c + 1 + (agreed_chunks > 0 ? 1 : 0);
   }
   return 0;
 }
@@ -246,6 +280,38 @@ bool agree(C& comm, std::uint64_t (&v)[N], const std::string& local_problem, bro
     return false;
   }
   return true;
+}
+
+/// Whether the protocol must end with a confirmation on the control communicator.
+template <class Ctrl, class Data>
+inline constexpr bool needs_confirm = !(comm::rounds_fail_together<Ctrl> && comm::rounds_fail_together<Data>);
+
+/// The closing confirmation: one all-reduce (min) of "my moves succeeded". A rank
+/// whose control communicator failed never gets here; its peers fail here by dl.
+template <comm::communicator C>
+bool confirm(C& ctrl, bool moved, broadcast_result& res, deadline dl) {
+  ++res.collectives;
+  std::uint64_t ok = moved ? 1 : 0;
+  if (auto ec = comm::all_reduce_value(ctrl, ok, comm::reduce_op::min, dl)) {
+    if (!res.ec) res.ec = ec, res.message = "confirmation: " + std::string(ctrl.last_error());
+    return false;
+  }
+  if (ok == 0 && !res.ec) {
+    res.ec = errc::backend_error;
+    res.message = "confirmation: another rank failed to move its chunks";
+  }
+  return ok != 0;
+}
+
+/// Problems of a (ctrl, data) pair: both must be the same rank of the same world size.
+template <comm::communicator Ctrl, comm::communicator Data>
+std::string pair_problem(const Ctrl& ctrl, const Data& data) {
+  if (static_cast<rank_t>(ctrl.rank()) == static_cast<rank_t>(data.rank()) &&
+      static_cast<rank_t>(ctrl.size()) == static_cast<rank_t>(data.size()))
+    return {};
+  return "control communicator is rank " + std::to_string(ctrl.rank()) + " of " +
+         std::to_string(ctrl.size()) + " but data communicator is rank " + std::to_string(data.rank()) +
+         " of " + std::to_string(data.size());
 }
 
 /// Moves chunks [begin, end) from their owners to every rank in p.mode; the
@@ -320,26 +386,54 @@ std::error_code move_chunks(C& comm, const P& owners, B& buffers, const broadcas
   }
   return {};
 }
+/// The protocol on a control and a data communicator (the same object for the single form).
+template <comm::communicator Ctrl, comm::communicator Data, ownership_policy P, chunk_buffers B>
+broadcast_result run_protocol(Ctrl& ctrl, Data& data, const P& owners, std::uint64_t loaded_tokens,
+                              B& buffers, const broadcast_params& p, deadline dl) {
+  broadcast_result res;
+  const rank_t me = static_cast<rank_t>(ctrl.rank());
+  const rank_t world = static_cast<rank_t>(ctrl.size());
+  const std::uint64_t total = static_cast<std::uint64_t>(p.n_chunks) * p.chunk_tokens;
+  // Local validation; its outcome travels in the agreement so that all ranks see it.
+  std::string problem = pair_problem(ctrl, data);
+  if (problem.empty()) problem = validate(me, world, owners, buffers, p, loaded_tokens);
+  const std::uint64_t fp = fingerprint(owners, p);
+  std::uint64_t v[4] = {std::min(loaded_tokens, total), problem.empty() ? 1u : 0u, fp, ~fp};
+  if (!agree(ctrl, v, problem, res, dl)) return res;
+  const std::size_t n = static_cast<std::size_t>(v[0] / p.chunk_tokens);
+  const bool one = static_cast<const void*>(&ctrl) == static_cast<const void*>(&data);
+  // Two communicators: the moves stop a little before dl, so that a rank whose peer
+  // failed on `data` still has time to confirm "failed" on `ctrl` and keep it aligned.
+  deadline move_dl = dl;
+  if (needs_confirm<Ctrl, Data> && !one)
+    move_dl = dl - std::clamp<clock::duration>(time_left(dl) / 4, std::chrono::milliseconds(1),
+                                               std::chrono::milliseconds(500));
+  const bool moved = !move_chunks(data, owners, buffers, p, 0, n, res, move_dl);
+  if constexpr (needs_confirm<Ctrl, Data>) {
+    // One communicator that failed is poisoned: a confirmation would only fail again.
+    if ((moved || !one) && !confirm(ctrl, moved, res, dl)) return res;
+  }
+  if (!moved) return res;
+  res.agreed_chunks = n;
+  res.agreed_tokens = static_cast<std::uint64_t>(n) * p.chunk_tokens;
+  return res;
+}
+
 }  // namespace detail
 
 /// Runs the load protocol on this rank. See the file comment.
 template <comm::communicator C, ownership_policy P, chunk_buffers B>
 broadcast_result chunk_broadcast(C& comm, const P& owners, std::uint64_t loaded_tokens, B& buffers,
                                  const broadcast_params& p, deadline dl) {
-  broadcast_result res;
-  const rank_t me = static_cast<rank_t>(comm.rank());
-  const rank_t world = static_cast<rank_t>(comm.size());
-  const std::uint64_t total = static_cast<std::uint64_t>(p.n_chunks) * p.chunk_tokens;
-  // Local validation; its outcome travels in the agreement so that all ranks see it.
-  const std::string problem = detail::validate(me, world, owners, buffers, p, loaded_tokens);
-  const std::uint64_t fp = detail::fingerprint(owners, p);
-  std::uint64_t v[4] = {std::min(loaded_tokens, total), problem.empty() ? 1u : 0u, fp, ~fp};
-  if (!detail::agree(comm, v, problem, res, dl)) return res;
-  const std::size_t n = static_cast<std::size_t>(v[0] / p.chunk_tokens);
-  if (detail::move_chunks(comm, owners, buffers, p, 0, n, res, dl)) return res;
-  res.agreed_chunks = n;
-  res.agreed_tokens = static_cast<std::uint64_t>(n) * p.chunk_tokens;
-  return res;
+  return detail::run_protocol(comm, comm, owners, loaded_tokens, buffers, p, dl);
+}
+
+/// The load protocol with the agreement on `ctrl` and the chunk moves on `data`
+/// (same rank, same world size). See the file comment.
+template <comm::communicator Ctrl, comm::communicator Data, ownership_policy P, chunk_buffers B>
+broadcast_result chunk_broadcast(Ctrl& ctrl, Data& data, const P& owners, std::uint64_t loaded_tokens,
+                                 B& buffers, const broadcast_params& p, deadline dl) {
+  return detail::run_protocol(ctrl, data, owners, loaded_tokens, buffers, p, dl);
 }
 
 /// The load protocol in stages, overlapping the broadcast with the fetch: while a
@@ -385,6 +479,9 @@ class pipelined_broadcast {
     res_.agreed_chunks = n;
     res_.agreed_tokens = static_cast<std::uint64_t>(n) * p_.chunk_tokens;
     done_ = n == p_.n_chunks || static_cast<std::size_t>(v[4] / p_.chunk_tokens) <= n;
+    // Each step's agreement confirms the previous step's moves; the last step's need one more.
+    if constexpr (detail::needs_confirm<C, C>)
+      if (done_ && !detail::confirm(*comm_, true, res_, dl)) return finish_with_error();
     return res_;
   }
 

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "comm/faulty.hpp"
 #include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/comm/inproc.hpp"
 #include "kvtier/comm/recording.hpp"
@@ -284,3 +285,118 @@ static_assert(!std::is_default_constructible_v<load_id>);
 static_assert(requires {
   broadcast_params{.n_chunks = 1, .chunk_tokens = 16, .chunk_bytes = 8, .request_id = 7};
 });
+
+namespace {
+// Claims that its rounds do not fail together, so the protocol adds its confirmation
+// (the path MPI and NCCL take) while running on the in-process backend.
+struct not_atomic : comm::inproc_communicator {
+  static constexpr bool rounds_fail_together = false;
+  explicit not_atomic(comm::inproc_communicator c) : comm::inproc_communicator(std::move(c)) {}
+};
+}  // namespace
+
+// Runs the control/data form with a control world of type Ctrl (in-process, or
+// not_atomic to take the confirmation path) and checks where each collective went.
+template <class Ctrl>
+void check_control_data(broadcast_mode mode) {
+  constexpr bool confirm = !comm::rounds_fail_together<Ctrl>;
+  const modulo_ownership own(4);
+  const std::size_t n = 12, cb = 32;
+  std::vector<std::byte> src(n * cb);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 3);
+  comm::inproc_world ctrl_world(4), data_world(4);
+  std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(n * cb, std::byte{0xEE}));
+  std::vector<broadcast_result> res(4);
+  std::vector<std::vector<comm::collective_call>> ctrl_calls(4), data_calls(4);
+  std::vector<std::uint64_t> after(4, 0);
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c0) {
+    const rank_t r = c0.rank();
+    comm::recording<Ctrl> ctrl{Ctrl(std::move(c0))};
+    comm::recording<comm::inproc_communicator> data(data_world.communicator_for(r));
+    std::vector<std::byte> staging(gathered_staging_bytes(own, n, cb));
+    chunk_span_buffers b;
+    for (std::size_t k = 0; k < n; ++k) {
+      b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
+      b.destinations.push_back(std::span<std::byte>(dst[r]).subspan(k * cb, cb));
+    }
+    broadcast_params p{.n_chunks = n,
+                       .chunk_tokens = 256,
+                       .chunk_bytes = cb,
+                       .mode = mode,
+                       .staging = staging,
+                       .request_id = 9};
+    // Rank 2 loaded 1 of its 3 chunks: the prefix ends at its second one, chunk 6.
+    const auto loaded = rank_answer_loaded(own, r, n, 256, r == 2 ? 1 : 3);
+    res[r] = chunk_broadcast(ctrl, data, own, loaded, b, p, deadline_after(20s));
+    after[r] = r;
+    (void)comm::all_reduce_value(ctrl, after[r], comm::reduce_op::max, deadline_after(20s));
+    ctrl_calls[r] = ctrl.calls();
+    data_calls[r] = data.calls();
+  });
+  for (rank_t r = 0; r < 4; ++r) {
+    INFO("mode " << to_string(mode) << ", confirm " << confirm << ", rank " << r << ": " << res[r].message);
+    REQUIRE(!res[r].ec);
+    CHECK(res[r].agreed_chunks == 6u);
+    CHECK(std::equal(src.begin(), src.begin() + 6 * cb, dst[r].begin()));
+    CHECK(
+        std::all_of(dst[r].begin() + 6 * cb, dst[r].end(), [](std::byte x) { return x == std::byte{0xEE}; }));
+    CHECK(data_calls[r] == data_calls[0]);
+    // ctrl: the agreement, the confirmation where needed, then the follow-up; data: only chunk moves.
+    CHECK(comm::collective_count(ctrl_calls[r]) == (confirm ? 3u : 2u));
+    CHECK(comm::collective_count(data_calls[r]) == expected_collectives(mode, own, 6) - 1);
+    for (const auto& c : data_calls[r]) CHECK(c.op != comm::op_kind::all_reduce);
+    CHECK(res[r].collectives == expected_collectives(mode, own, 6, confirm));
+    CHECK(after[r] == 3u);
+  }
+}
+
+TEST_CASE("chunk_broadcast: control/data form agrees on one world and moves bytes on the other", "[unit]") {
+  for (auto mode : all_modes) {
+    check_control_data<comm::inproc_communicator>(mode);
+    check_control_data<not_atomic>(mode);
+  }
+}
+
+TEST_CASE(
+    "chunk_broadcast: control/data form, a data failure on one rank fails every rank and keeps control "
+    "aligned",
+    "[unit]") {
+  const modulo_ownership own(4);
+  const std::size_t n = 8, cb = 16;
+  std::vector<std::byte> src(n * cb, std::byte{0x42});
+  for (auto mode : all_modes) {
+    comm::inproc_world ctrl_world(4), data_world(4);
+    std::vector<broadcast_result> res(4);
+    std::vector<std::uint64_t> after(4, 0);
+    std::vector<std::error_code> after_ec(4);
+    comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c0) {
+      const rank_t r = c0.rank();
+      not_atomic ctrl(std::move(c0));
+      // Rank 1's data communicator refuses its first move: it never reaches the peers.
+      test::faulty<not_atomic> data(not_atomic(data_world.communicator_for(r)),
+                                    {.at = r == 1 ? 0u : ~0ull, .how = test::fault::invalid});
+      std::vector<std::byte> dst(n * cb), staging(gathered_staging_bytes(own, n, cb));
+      chunk_span_buffers b;
+      for (std::size_t k = 0; k < n; ++k) {
+        b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
+        b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
+      }
+      broadcast_params p{.n_chunks = n,
+                         .chunk_tokens = 256,
+                         .chunk_bytes = cb,
+                         .mode = mode,
+                         .staging = staging,
+                         .request_id = 1};
+      res[r] = chunk_broadcast(ctrl, data, own, n * 256, b, p, deadline_after(20s));
+      after[r] = r;
+      after_ec[r] = comm::all_reduce_value(ctrl, after[r], comm::reduce_op::max, deadline_after(20s));
+    });
+    for (rank_t r = 0; r < 4; ++r) {
+      INFO("mode " << to_string(mode) << ", rank " << r << ": " << res[r].message);
+      CHECK(res[r].ec);
+      CHECK(res[r].agreed_tokens == 0u);
+      CHECK(!after_ec[r]);  // the control world stayed aligned: its next collective pairs
+      CHECK(after[r] == 3u);
+    }
+  }
+}

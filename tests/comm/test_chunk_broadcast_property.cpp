@@ -8,12 +8,21 @@
 //  - issues expected_collectives() collectives, and leaves the world clean.
 // The same holds for pipelined_broadcast with random per-rank fetch progress: every
 // rank finishes at the same step with the same prefix as the one-shot protocol.
+// Failure semantics (the in-process backend's rounds fail together):
+//  - a failure injected into any one collective of one rank (tests/comm/faulty.hpp)
+//    ends with errc::invalid_argument and agreed 0 on every rank, after the same
+//    recorded sequence, and no byte other than a real one is ever written;
+//  - one rank with different parameters (chunks, tokens, bytes, mode, request id)
+//    makes every rank fail at the agreement, with nothing written;
+//  - in pipelined_broadcast, a rank whose loaded prefix goes back below the agreed
+//    prefix makes every rank fail at that same step.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "comm/faulty.hpp"
 #include "comm/rank_pool.hpp"
 #include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/comm/inproc.hpp"
@@ -41,6 +50,11 @@ struct case_params {
   std::uint64_t seed;
   bool pipelined = false;                          // run pipelined_broadcast stages instead
   std::vector<std::vector<std::size_t>> progress;  // pipelined: rank r's owned chunks loaded by step s
+  enum class twist { none, fault, differ, backwards } tw = twist::none;
+  rank_t odd = 0;                // the faulty rank, the one with other parameters, or the one going back
+  std::uint64_t fault_frac = 0;  // fault: which collective, as a fraction (x / 2^32) of those issued
+  int differ_what = 0;           // differ: which parameter
+  std::size_t back_step = 0;     // backwards: at which step (if something was agreed by then)
 };
 
 kvtier::test::rank_pool& pool() {
@@ -86,8 +100,14 @@ void check_case(const P& own, const case_params& k) {
   std::vector<broadcast_result> results(W);
   std::vector<std::vector<comm::collective_call>> calls(W);
   std::vector<std::size_t> steps(W, 0);
+  using twist = case_params::twist;
+  const std::size_t issued = expected_collectives(k.mode, own, expect);
+  bool went_back = false;  // written by rank k.odd only
   pool().run(W, [&](unsigned r) {
-    comm::recording c(world.communicator_for(r));
+    test::fault_plan plan;
+    if (k.tw == twist::fault && r == k.odd) plan.at = (k.fault_frac * issued) >> 32;
+    comm::recording<test::faulty<comm::inproc_communicator>> c(
+        test::faulty<comm::inproc_communicator>(world.communicator_for(r), plan));
     chunk_span_buffers b;
     for (std::size_t ch = 0; ch < N; ++ch) {
       auto d = std::span<std::byte>(dst[r]).subspan(ch * CB, CB);
@@ -101,6 +121,23 @@ void check_case(const P& own, const case_params& k) {
                        .mode = k.mode,
                        .staging = staging[r],
                        .request_id = 1};
+    if (k.tw == twist::differ && r == k.odd) switch (k.differ_what) {
+        case 0:
+          p.n_chunks += 1;
+          break;
+        case 1:
+          p.chunk_tokens += 1;
+          break;
+        case 2:
+          p.request_id = load_id{p.request_id.value + 1};
+          break;
+        case 3:
+          p.mode = static_cast<broadcast_mode>((static_cast<int>(p.mode) + 1) % 3);
+          break;
+        default:
+          p.chunk_bytes += 1;
+          break;  // this rank's buffers are then the wrong size, too
+      }
     const auto dl = deadline_after(std::chrono::seconds(30));
     if (!k.pipelined) {
       const auto loaded_tokens = rank_answer_loaded(own, r, N, k.chunk_tokens, loaded_owned[r]);
@@ -113,7 +150,10 @@ void check_case(const P& own, const case_params& k) {
       for (const auto& pr : k.progress) max_steps = std::max(max_steps, pr.size());
       for (std::size_t s = 0; !pb.done() && s < max_steps + 2; ++s) {  // same bound on every rank
         const std::size_t have = std::min(s < prog.size() ? prog[s] : loaded_owned[r], loaded_owned[r]);
-        pb.step(rank_answer_loaded(own, r, N, k.chunk_tokens, have), s + 1 >= prog.size(), dl);
+        std::uint64_t now = rank_answer_loaded(own, r, N, k.chunk_tokens, have);
+        if (k.tw == twist::backwards && r == k.odd && s == k.back_step && pb.agreed_chunks() > 0)
+          now = 0, went_back = true;  // below the prefix every rank already holds
+        pb.step(now, s + 1 >= prog.size(), dl);
         steps[r] = s + 1;
       }
       results[r] = pb.result();
@@ -122,21 +162,37 @@ void check_case(const P& own, const case_params& k) {
     calls[r] = c.calls();
   });
 
+  // What every rank must end with: success on `expect`, or the same error everywhere.
+  const bool must_fail = k.tw == twist::fault || k.tw == twist::differ || went_back;
   for (rank_t r = 0; r < W; ++r) {
-    RC_ASSERT(!results[r].ec);
-    RC_ASSERT(results[r].agreed_chunks == expect);
-    RC_ASSERT(results[r].agreed_tokens == expect * k.chunk_tokens);
     RC_ASSERT(calls[r] == calls[0]);
     RC_ASSERT(steps[r] == steps[0]);
-    if (!k.pipelined)
-      RC_ASSERT(comm::collective_count(calls[r]) == expected_collectives(k.mode, own, expect));
     RC_ASSERT(results[r].collectives == comm::collective_count(calls[r]));
+    if (must_fail) {
+      RC_ASSERT(results[r].ec == errc::invalid_argument);
+      RC_ASSERT(results[r].agreed_tokens == 0u);
+      RC_ASSERT(results[r].agreed_chunks == 0u);
+    } else {
+      RC_ASSERT(!results[r].ec);
+      RC_ASSERT(results[r].agreed_chunks == expect);
+      RC_ASSERT(results[r].agreed_tokens == expect * k.chunk_tokens);
+      if (!k.pipelined)
+        RC_ASSERT(comm::collective_count(calls[r]) == expected_collectives(k.mode, own, expect));
+    }
+    if (k.tw == twist::differ) RC_ASSERT(comm::collective_count(calls[r]) == 1u);  // the agreement only
+    // Below the agreed prefix the real bytes; past what could be agreed, or after a
+    // failed agreement, untouched; in between after a failure, each byte untouched or real.
+    const std::size_t agreed = results[r].agreed_chunks;
+    const std::size_t touchable = k.tw == twist::differ ? 0 : expect;
     for (std::size_t c = 0; c < N; ++c)
       for (std::size_t i = 0; i < CB; ++i) {
-        if (c < expect)
-          RC_ASSERT(dst[r][c * CB + i] == pattern(k.seed, c, i));
+        const std::byte got = dst[r][c * CB + i], real = pattern(k.seed, c, i), init = initial[r][c * CB + i];
+        if (c < agreed)
+          RC_ASSERT(got == real);
+        else if (c >= touchable || !must_fail)
+          RC_ASSERT(got == init);
         else
-          RC_ASSERT(dst[r][c * CB + i] == initial[r][c * CB + i]);
+          RC_ASSERT((got == init || got == real));
       }
   }
   RC_ASSERT(world.pending_rounds() == 0u);
@@ -159,6 +215,17 @@ case_params gen_case(bool pipelined) {
   k.in_place = *rc::gen::arbitrary<bool>();
   k.seed = *rc::gen::arbitrary<std::uint64_t>();
   k.pipelined = pipelined;
+  // One case in ten fails on purpose: a fault or other parameters (one-shot), a
+  // prefix going back (pipelined).
+  using twist = case_params::twist;
+  const int t = *rc::gen::inRange(0, 20);
+  k.odd = *rc::gen::inRange<rank_t>(0, k.w);
+  k.fault_frac = *rc::gen::arbitrary<std::uint32_t>();
+  k.differ_what = *rc::gen::inRange(0, 5);
+  k.back_step = *rc::gen::inRange<std::size_t>(1, 5);
+  if (!pipelined && t == 0) k.tw = twist::fault;
+  if (!pipelined && t == 1 && k.w >= 2) k.tw = twist::differ;
+  if (pipelined && t <= 1) k.tw = twist::backwards;
   if (pipelined) {
     // Per rank: a non-decreasing count of loaded owned chunks per step, over 1..6 steps
     // (clipped to what the rank really loads); its fetch is done after its last step.

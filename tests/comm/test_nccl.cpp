@@ -5,7 +5,12 @@
 #include <iostream>
 #include <vector>
 
+#include <algorithm>
+#include <thread>
+
 #include <catch2/catch.hpp>
+
+#include "comm/conformance.hpp"
 
 #include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/comm/checked.hpp"
@@ -18,6 +23,7 @@ using namespace std::chrono_literals;
 static_assert(comm::communicator<comm::nccl_communicator>);
 static_assert(comm::communicator<comm::recording<comm::nccl_communicator>>);
 static_assert(comm::communicator<comm::checked<comm::nccl_communicator>>);
+static_assert(!comm::rounds_fail_together<comm::nccl_communicator>);
 
 namespace {
 bool have_gpu() {
@@ -98,4 +104,79 @@ TEST_CASE("nccl: one-rank communicator runs collectives and the load protocol", 
     REQUIRE(cudaMemcpy(back.data(), dst.data(), back.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(std::equal(host.begin(), host.begin() + 6 * cb, back.begin()));
   }
+}
+
+namespace {
+// Device memory for the conformance suite (tests/comm/conformance.hpp).
+struct device_memory {
+  using buffer = comm::device_buffer;
+  static buffer make(std::size_t n) {
+    buffer b(n);
+    if (n) (void)cudaMemset(b.data(), 0, n);
+    (void)cudaDeviceSynchronize();
+    return b;
+  }
+  static std::span<std::byte> bytes(buffer& b) { return b.bytes(); }
+  static void write(buffer& b, std::span<const std::byte> from) {
+    (void)cudaMemcpy(b.data(), from.data(), from.size(), cudaMemcpyHostToDevice);
+    (void)cudaDeviceSynchronize();
+  }
+  static std::vector<std::byte> read(buffer& b) {
+    std::vector<std::byte> v(b.size());
+    (void)cudaDeviceSynchronize();
+    (void)cudaMemcpy(v.data(), b.data(), v.size(), cudaMemcpyDeviceToHost);
+    return v;
+  }
+};
+}  // namespace
+
+TEST_CASE("nccl: conformance to the failure contract, one rank per GPU", "[unit]") {
+  if (!have_gpu()) return;
+  const rank_t w = static_cast<rank_t>(std::min(comm::cuda_device_count(), 4));
+  for (const auto& k : test::conformance::suite<device_memory, comm::nccl_communicator>::cases) {
+    ncclUniqueId id;
+    REQUIRE(!comm::nccl_unique_id(id));
+    test::conformance::sink s;
+    std::vector<std::thread> ranks;
+    for (rank_t r = 0; r < w; ++r)
+      ranks.emplace_back([&, r] {
+        comm::nccl_communicator c;
+        if (auto ec =
+                comm::nccl_communicator::create(c, id, r, w, static_cast<int>(r), deadline_after(60s))) {
+          s.add(r, __LINE__, "create: " + c.last_error());
+          return;
+        }
+        k.run(c, s);
+      });
+    for (auto& t : ranks) t.join();
+    INFO(k.name << ", W=" << w << "\n" << s.text());
+    CHECK(s.empty());
+  }
+}
+
+TEST_CASE("nccl: adopt() wraps the engine's communicator without owning it", "[unit]") {
+  if (!have_gpu()) return;
+  ncclUniqueId id;
+  REQUIRE(!comm::nccl_unique_id(id));
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  ncclComm_t engine = nullptr;
+  REQUIRE(ncclCommInitRank(&engine, 1, id, 0) == ncclSuccess);
+  cudaStream_t engine_stream = nullptr;
+  REQUIRE(cudaStreamCreate(&engine_stream) == cudaSuccess);
+  {
+    comm::nccl_communicator c;
+    REQUIRE(!comm::nccl_communicator::adopt(c, engine, engine_stream));
+    CHECK(!c.owned());
+    CHECK(c.size() == 1u);
+    comm::device_buffer buf = device_memory::make(64);
+    auto [ec, ev] = c.enqueue_broadcast(buf.bytes(), buf.bytes(), 0, deadline_after(10s));
+    CHECK(!ec);
+    CHECK(cudaEventSynchronize(ev) == cudaSuccess);
+    std::uint64_t v = 5;
+    CHECK(!comm::all_reduce_value(c, v, comm::reduce_op::max, deadline_after(10s)));
+    CHECK(!c.check());
+  }
+  // Still the engine's: usable after the wrapper is gone.
+  CHECK(ncclCommDestroy(engine) == ncclSuccess);
+  CHECK(cudaStreamDestroy(engine_stream) == cudaSuccess);
 }

@@ -31,6 +31,8 @@ namespace kvtier::comm {
 template <communicator C>
 class checked {
  public:
+  static constexpr bool rounds_fail_together = comm::rounds_fail_together<std::remove_cvref_t<C>>;
+
   explicit checked(C inner) : inner_(std::forward<C>(inner)) {}
 
   std::remove_reference_t<C>& inner() noexcept { return inner_; }

@@ -7,10 +7,38 @@
 // (timeout, collective_mismatch, invalid_argument, backend_error);
 // last_error() then holds a human-readable explanation.
 //
+// THE FAILURE CONTRACT (every backend; tests/comm/conformance.hpp checks it on each)
+//  1. Bounded: every call returns by its deadline (plus the time to notice it), on
+//     every rank, whatever its peers do -- a peer that never calls, calls late,
+//     calls something else, or died.
+//  2. No mispairing: after a collective failed on any rank, no rank's next
+//     collective may pair with a different call of a peer. Each backend keeps this
+//     in one of two ways:
+//       - in-process (inproc.hpp): rounds fail together. The k-th calls of all
+//         ranks form one round whose outcome is decided once, under one lock: it
+//         succeeds on every rank or fails on every rank (a rank arriving after the
+//         round failed gets the failure at once). Ranks that go on issuing the same
+//         calls go on working.
+//       - MPI (mpi.hpp) and NCCL (nccl.hpp): the runtime pairs calls by position
+//         and cannot take an issued call back, so a round can complete on some
+//         ranks and fail on others (a deadline passing on one rank while its
+//         peers' calls complete). Any failure therefore poisons (MPI) or aborts
+//         (NCCL, ncclCommAbort) the failing rank's communicator: every later call
+//         on it fails at once with the first error, and its peers' next collective
+//         fails by their own deadline. Create a new communicator to go on.
+//     `rounds_fail_together<C>` tells the two apart.
+//  3. Never late bytes: once a call returned an error, the backend writes no byte
+//     into that call's caller buffers afterwards (MPI stages through its own
+//     memory; NCCL aborts, which stops its kernels; in-process copies finish
+//     before the round's last rank leaves).
+//  4. Errors explain themselves: last_error() names the collective, its root and
+//     the deadline or the peers involved.
+// What this means for the load protocol is stated in chunk_broadcast.hpp.
+//
 // Memory: broadcast, all_gather and local_copy work on *backend memory* (host
-// memory for the in-process backend, device memory for NCCL); all_reduce works on
-// small host-memory integer vectors in every backend (it carries metadata such as
-// the agreed loaded prefix).
+// memory for the in-process and MPI backends, device memory for NCCL); all_reduce
+// works on small host-memory integer vectors in every backend (it carries metadata
+// such as the agreed loaded prefix).
 //
 //   using namespace kvtier::comm;
 //   template <communicator C>
@@ -199,6 +227,17 @@ concept communicator = requires(C& c, const C& cc, std::span<const std::byte> in
   { c.local_copy(out, in, dl) } -> std::same_as<std::error_code>;
   { cc.last_error() } -> std::convertible_to<std::string>;
 };
+
+/// True when a failed collective fails on every rank (see the failure contract):
+/// backends declare `static constexpr bool rounds_fail_together`; a backend that
+/// does not say is assumed not to.
+template <class C>
+inline constexpr bool rounds_fail_together = [] {
+  if constexpr (requires { C::rounds_fail_together; })
+    return static_cast<bool>(C::rounds_fail_together);
+  else
+    return false;
+}();
 
 /// Typed all_reduce over host integer spans (send may alias recv).
 template <communicator C, reducible T>

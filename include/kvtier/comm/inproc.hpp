@@ -88,7 +88,7 @@ void reduce_into(std::byte* acc, const std::byte* in, std::size_t count, reduce_
     T a, b;
     std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
     std::memcpy(&b, in + i * sizeof(T), sizeof(T));
-    // sum wraps modulo 2^bits (reduce_op): added as unsigned, where overflow is defined.
+    // A sum wraps modulo 2^bits: added as unsigned, so signed types never overflow.
     T r = op == reduce_op::min   ? std::min(a, b)
           : op == reduce_op::max ? std::max(a, b)
                                  : static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
@@ -156,6 +156,9 @@ class inproc_world {
 /// One rank's handle on an inproc_world; models kvtier::comm::communicator.
 class inproc_communicator {
  public:
+  /// A round fails on every rank or on none (see communicator.hpp's contract).
+  static constexpr bool rounds_fail_together = true;
+
   inproc_communicator(inproc_world& world, rank_t rank) : world_(&world), rank_(rank) {
     if (rank >= world.size())
       throw std::invalid_argument("kvtier::comm::inproc_communicator: rank out of range");

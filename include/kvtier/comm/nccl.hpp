@@ -27,6 +27,26 @@
 //                                                     kvtier::deadline_after(std::chrono::seconds(30)));
 //   kvtier::comm::device_buffer buf(12'400'000);
 //   ec = c.broadcast(buf.bytes(), buf.bytes(), /*root=*/0, kvtier::deadline_after(std::chrono::seconds(2)));
+//
+// The engine's own communicator: adopt(out, engine_comm, engine_stream) wraps an
+// ncclComm_t the engine created, without owning it (never finalized or destroyed
+// here), and enqueues on the engine's stream. Every call records a CUDA event after
+// its work and waits on that event, not on the stream, so the engine's other work
+// on that stream is never waited for. enqueue_broadcast()/enqueue_all_gather() only
+// enqueue (bounded by the deadline, as NCCL's non-blocking enqueue may take a while)
+// and return the event, for data moves ordered against the engine's compute with
+// cudaStreamWaitEvent; their failures surface in check() or the next host-waiting
+// call. The failure contract holds for adopted communicators too: a timeout aborts
+// the engine's communicator (ncclCommAbort is the only way to release a stream that
+// waits for a peer that never comes), and the engine must create a new one.
+//
+//   kvtier::comm::nccl_communicator c;
+//   kvtier::comm::nccl_communicator::adopt(c, engine_comm, engine_stream);
+//   auto [ec, ev] = c.enqueue_broadcast(src, dst, owner, dl);   // ordered on engine_stream
+//   cudaStreamWaitEvent(compute_stream, ev);
+//
+// Bootstrap: create(out, boot, name, rank, size, device, dl) makes the unique id on
+// rank 0 and hands it to the others through a kvtier::comm::bootstrap (MPI or RESP).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,12 +54,14 @@
 
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "kvtier/comm/bootstrap.hpp"
 #include "kvtier/comm/communicator.hpp"
 
 namespace kvtier::comm {
@@ -107,6 +129,9 @@ using pinned_buffer = detail::cuda_allocation<&detail::pinned_alloc, &detail::pi
 /// One rank's NCCL communicator; models kvtier::comm::communicator.
 class nccl_communicator {
  public:
+  /// A round can complete on some ranks and fail on others (see communicator.hpp).
+  static constexpr bool rounds_fail_together = false;
+
   /// Bytes of all_reduce data one call (or one group) may carry.
   static constexpr std::size_t reduce_scratch_bytes = 64 * 1024;
 
@@ -122,6 +147,10 @@ class nccl_communicator {
       rank_ = o.rank_;
       size_ = o.size_;
       device_ = o.device_;
+      owned_ = std::exchange(o.owned_, true);
+      done_ = std::exchange(o.done_, nullptr);
+      ring_ = std::move(o.ring_);
+      ring_next_ = std::exchange(o.ring_next_, 0);
       aborted_ = std::exchange(o.aborted_, false);
       group_depth_ = std::exchange(o.group_depth_, 0u);
       group_error_ = std::exchange(o.group_error_, {});
@@ -147,12 +176,7 @@ class nccl_communicator {
     if (auto ec = c.cuda(cudaSetDevice(device), "cudaSetDevice")) return out.adopt_error(c, ec);
     if (auto ec = c.cuda(cudaStreamCreateWithFlags(&c.stream_, cudaStreamNonBlocking), "cudaStreamCreate"))
       return out.adopt_error(c, ec);
-    c.scratch_ = device_buffer(reduce_scratch_bytes);
-    c.host_scratch_ = pinned_buffer(reduce_scratch_bytes);
-    if (!c.scratch_ || !c.host_scratch_) {
-      c.last_error_ = "could not allocate the all_reduce scratch";
-      return out.adopt_error(c, kvtier::errc::backend_error);
-    }
+    if (auto ec = c.make_scratch()) return out.adopt_error(c, ec);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // no NCCL call may block the host past a deadline
     ncclUniqueId uid = id;
@@ -167,9 +191,92 @@ class nccl_communicator {
     return {};
   }
 
+  /// Creates rank `rank` of `size` ranks with a unique id handed over by `boot`
+  /// (rank 0 makes and publishes it under `name`; the others fetch it), by `dl`.
+  template <bootstrap B>
+  static std::error_code create(nccl_communicator& out, B& boot, std::string_view name, rank_t rank,
+                                rank_t size, int device, kvtier::deadline dl) {
+    ncclUniqueId id{};
+    auto bytes = std::as_writable_bytes(std::span(id.internal));
+    if (rank == 0) {
+      if (auto ec = nccl_unique_id(id)) return out.invalid_with(ec, "ncclGetUniqueId failed");
+      if (auto ec = boot.publish(name, bytes, dl))
+        return out.invalid_with(ec, std::string(boot.last_error()));
+    } else if (auto ec = boot.fetch(name, bytes, dl)) {
+      return out.invalid_with(ec, std::string(boot.last_error()));
+    }
+    return create(out, id, rank, size, device, dl);
+  }
+
+  /// Wraps the engine's communicator and stream without owning either (see the file
+  /// comment). Fails when NCCL cannot report the communicator's rank, size or device.
+  static std::error_code adopt(nccl_communicator& out, ncclComm_t comm, cudaStream_t stream) {
+    nccl_communicator c;
+    c.owned_ = false;
+    int r = 0, n = 0, dev = 0;
+    if (auto ec = c.nccl(ncclCommUserRank(comm, &r), "ncclCommUserRank")) return out.adopt_error(c, ec);
+    if (auto ec = c.nccl(ncclCommCount(comm, &n), "ncclCommCount")) return out.adopt_error(c, ec);
+    if (auto ec = c.nccl(ncclCommCuDevice(comm, &dev), "ncclCommCuDevice")) return out.adopt_error(c, ec);
+    c.rank_ = static_cast<rank_t>(r);
+    c.size_ = static_cast<rank_t>(n);
+    c.device_ = dev;
+    c.stream_ = stream;
+    if (auto ec = c.cuda(cudaSetDevice(dev), "cudaSetDevice")) return out.adopt_error(c, ec);
+    if (auto ec = c.make_scratch()) return out.adopt_error(c, ec);
+    c.comm_ = comm;
+    out = std::move(c);
+    return {};
+  }
+
+  /// Result of an enqueue-only call: `event` completes when the operation did.
+  struct enqueue_result {
+    std::error_code ec;
+    cudaEvent_t event = nullptr;
+  };
+
+  /// Enqueues a broadcast on stream() and returns its event; `dl` bounds the enqueue only.
+  enqueue_result enqueue_broadcast(std::span<const std::byte> send, std::span<std::byte> recv, rank_t root,
+                                   kvtier::deadline dl) {
+    if (auto ec = usable()) return {ec};
+    if (group_depth_ > 0) return {invalid("enqueue_broadcast inside a group")};
+    if (root >= size_ || (rank_ == root && send.size() != recv.size()))
+      return {skipped(invalid("enqueue_broadcast: bad root or sizes"))};
+    const void* s = rank_ == root ? static_cast<const void*>(send.data()) : recv.data();
+    return enqueued(
+        ncclBroadcast(s, recv.data(), recv.size(), ncclUint8, static_cast<int>(root), comm_, stream_),
+        "ncclBroadcast", dl);
+  }
+
+  /// Enqueues an all-gather on stream() and returns its event; `dl` bounds the enqueue only.
+  enqueue_result enqueue_all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
+                                    kvtier::deadline dl) {
+    if (auto ec = usable()) return {ec};
+    if (group_depth_ > 0) return {invalid("enqueue_all_gather inside a group")};
+    if (recv.size() != send.size() * size_)
+      return {skipped(invalid("enqueue_all_gather: recv size != size() * send size"))};
+    return enqueued(ncclAllGather(send.data(), recv.data(), send.size(), ncclUint8, comm_, stream_),
+                    "ncclAllGather", dl);
+  }
+
+  /// Reports (and aborts on) an asynchronous NCCL error of enqueued work; never blocks.
+  std::error_code check() {
+    if (auto ec = usable()) return ec;
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state == ncclSuccess || state == ncclInProgress) return {};
+    auto ec = nccl(state, "enqueued work");
+    abort(last_error_);
+    return ec;
+  }
+
+  /// Gives up on this communicator (aborts it, also when adopted); later calls fail.
+  void abort_now(const std::string& why) { abort("aborted: " + why); }
+
   rank_t rank() const noexcept { return rank_; }
   rank_t size() const noexcept { return size_; }
   int device() const noexcept { return device_; }
+  /// False for an adopted communicator (the engine owns it and its stream).
+  bool owned() const noexcept { return owned_; }
   cudaStream_t stream() const noexcept { return stream_; }
   ncclComm_t native() const noexcept { return comm_; }
   /// True after a timeout or asynchronous error aborted the communicator.
@@ -288,6 +395,38 @@ class nccl_communicator {
     return op == reduce_op::min ? ncclMin : op == reduce_op::max ? ncclMax : ncclSum;
   }
 
+  static constexpr std::size_t event_ring = 32;
+
+  // Scratch for all_reduce and the events every call records.
+  std::error_code make_scratch() {
+    scratch_ = device_buffer(reduce_scratch_bytes);
+    host_scratch_ = pinned_buffer(reduce_scratch_bytes);
+    if (!scratch_ || !host_scratch_) {
+      last_error_ = "could not allocate the all_reduce scratch";
+      return kvtier::errc::backend_error;
+    }
+    if (auto ec = cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate"))
+      return ec;
+    ring_.assign(event_ring, nullptr);
+    for (auto& e : ring_)
+      if (auto ec = cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate")) return ec;
+    return {};
+  }
+
+  std::error_code invalid_with(std::error_code ec, std::string why) {
+    last_error_ = std::move(why);
+    return ec;
+  }
+
+  // An enqueue-only call was handed to NCCL: wait until it is enqueued, record its event.
+  enqueue_result enqueued(ncclResult_t r, const char* what, kvtier::deadline dl) {
+    if (r != ncclSuccess && r != ncclInProgress) return {skipped(nccl(r, what))};
+    if (auto ec = wait_enqueued(what, dl)) return {ec};
+    cudaEvent_t ev = ring_[ring_next_++ % ring_.size()];
+    if (auto ec = cuda(cudaEventRecord(ev, stream_), "cudaEventRecord")) return {skipped(ec)};
+    return {{}, ev};
+  }
+
   std::error_code adopt_error(nccl_communicator& failed, std::error_code ec) {
     last_error_ = failed.last_error_;
     return ec;
@@ -374,10 +513,15 @@ class nccl_communicator {
     }
   }
 
-  // Polls the stream until this rank's work finished, failed or `dl` passed.
+  // Records this call's event and polls it until this rank's work finished, failed
+  // or `dl` passed (an event, not the stream: an adopted stream carries the engine's work too).
   std::error_code wait_stream(const char* what, kvtier::deadline dl) {
+    if (auto ec = cuda(cudaEventRecord(done_, stream_), "cudaEventRecord")) {
+      abort(last_error_);
+      return ec;
+    }
     for (unsigned i = 0;; ++i) {
-      const cudaError_t q = cudaStreamQuery(stream_);
+      const cudaError_t q = cudaEventQuery(done_);
       if (q == cudaSuccess) return {};
       if (q != cudaErrorNotReady) {
         auto ec = cuda(q, what);
@@ -426,6 +570,16 @@ class nccl_communicator {
   }
 
   void release() noexcept {
+    if (done_) cudaEventDestroy(done_);
+    done_ = nullptr;
+    for (auto& e : ring_)
+      if (e) cudaEventDestroy(e);
+    ring_.clear();
+    if (!owned_) {  // the engine's communicator and stream: not ours to end
+      comm_ = nullptr;
+      stream_ = nullptr;
+      return;
+    }
     if (comm_ && !aborted_) {
       // Finalize flushes outstanding work; bounded so a dead peer cannot hang the destructor.
       ncclResult_t state = ncclCommFinalize(comm_);
@@ -449,6 +603,10 @@ class nccl_communicator {
   cudaStream_t stream_ = nullptr;
   rank_t rank_ = 0, size_ = 0;
   int device_ = 0;
+  bool owned_ = true;              // false after adopt(): never finalize/destroy comm_ or stream_
+  cudaEvent_t done_ = nullptr;     // recorded after each host-waiting call's work
+  std::vector<cudaEvent_t> ring_;  // handed out by the enqueue-only calls
+  std::size_t ring_next_ = 0;
   bool aborted_ = false;
   std::uint32_t group_depth_ = 0;
   std::error_code group_error_;  // first local failure inside the open group

@@ -38,6 +38,8 @@ inline std::size_t collective_count(std::span<const collective_call> calls) noex
 template <communicator C>
 class recording {
  public:
+  static constexpr bool rounds_fail_together = comm::rounds_fail_together<std::remove_cvref_t<C>>;
+
   explicit recording(C inner) : inner_(std::forward<C>(inner)) {}
 
   std::remove_reference_t<C>& inner() noexcept { return inner_; }
