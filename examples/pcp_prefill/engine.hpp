@@ -105,9 +105,11 @@ struct engine_options {
                                         ///< its last completes (trace arrival times ignored)
   bool progress = false;                ///< progress line on stderr
   bool timed = true;                    ///< false: the priming replay (every arrival at 0)
-  /// Tokens each rank's paged KV cache holds (the trace's total if less): the KV of every
-  /// request between its load and its completion lives there (--kv-cache-tokens).
-  std::uint64_t kv_cache_tokens = std::uint64_t{1} << 21;
+  /// Tokens each rank's paged KV cache holds: the KV of every request between its load and
+  /// its completion lives there. 0: the trace's cacheable tokens, which no run can exceed (a
+  /// request holds blocks only while in flight); a smaller cap aborts the run with a clear
+  /// error when an overloaded replay queues more loaded requests than fit (--kv-cache-tokens).
+  std::uint64_t kv_cache_tokens = 0;
   /// Test hook: after request `corrupt_paged_request` is scattered into rank 0's pages, one
   /// byte of its first loaded chunk is flipped there (the paged check must catch it).
   std::size_t corrupt_paged_request = static_cast<std::size_t>(-1);
@@ -755,7 +757,7 @@ class engine {
     for (const auto& q : reqs_) trace_tokens += q.n_chunks() * tm_.chunk_tokens;
     const std::uint64_t bt = tm_.kv_block_tokens;
     kvtier::host_kv_cache cache(
-        tm_.kv_layout_for(std::max<std::uint64_t>(1, (std::min(trace_tokens, opt_.kv_cache_tokens) + bt - 1) / bt)));
+        tm_.kv_layout_for(std::max<std::uint64_t>(1, ((opt_.kv_cache_tokens ? std::min(trace_tokens, opt_.kv_cache_tokens) : trace_tokens) + bt - 1) / bt)));
     env.cache = &cache;
     try {
       loop(env);

@@ -70,7 +70,7 @@ timing model (modeled seconds; defaults are the reference's figures):
   --kv-layout mla|fa-nhd      each rank's paged KV cache: vLLM MLA (bf16 latent) or FlashAttention
                               NHD (fp8 K and V, one head) (mla); its width is fitted so a token
                               holds the stored payload (modeled bytes * --payload-scale)
-  --kv-layers N (3)   --kv-block-tokens N (64)   --kv-cache-tokens N (2097152, capped at the trace)
+  --kv-layers N (3)   --kv-block-tokens N (64)   --kv-cache-tokens N (0: the trace's tokens)
   --l2-model-instances K      (1)          --l2-model-gbps G       per instance (1.71)
   --l2-sustained-gbps G       instead of --l2-model-gbps: derive the instance rate from the rate an
                               instance sustained per 16,384-token hit, T0 included (see instance-gbps)
@@ -247,7 +247,7 @@ options parse_replay(int argc, char** argv) {
     else if (a == "--kv-block-tokens")
       o.tm.kv_block_tokens = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 1 << 16));
     else if (a == "--kv-cache-tokens")
-      o.eng.kv_cache_tokens = parse_uint(a, val(), 1, 1ull << 40);
+      o.eng.kv_cache_tokens = parse_uint(a, val(), 0, 1ull << 40);
     else if (a == "--chunk-tokens")
       o.tm.chunk_tokens = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 1 << 20));
     else if (a == "--l2-model-instances")

@@ -368,3 +368,13 @@ TEST_CASE("engine: every load is checked in the paged layout; a byte flipped in 
       if (i != victim) CHECK(r.requests[i].status != "mismatch");
   }
 }
+
+TEST_CASE("engine: a paged cache too small for a request stops the run with a clear error", "[integration]") {
+  rig g(1);
+  g.prime();
+  engine_options o{.mode = load_mode::sync};
+  o.kv_cache_tokens = 2 * g.tm.chunk_tokens;  // smaller than any prompt here (2000+ tokens)
+  const auto r = g.run(o);
+  CHECK(r.fatal.find("paged KV cache full") != std::string::npos);
+  CHECK(r.fatal.find("--kv-cache-tokens") != std::string::npos);
+}
