@@ -14,6 +14,13 @@
 // servers (a store without `modeled_timing`) are timed by the wall clock
 // instead: each rank measures its calls and the ranks agree on the maximum.
 //
+// KV: each rank keeps its KV in a paged host cache (kvtier::host_kv_cache, the
+// layout from the timing model: vLLM MLA or FlashAttention NHD). A computed chunk
+// is written into the pages and gathered from them before its put; a loaded chunk
+// is scattered into them after the broadcast and checked there, gathered back and
+// compared with what recompute would produce. Gather/scatter are real CPU work,
+// not modeled time.
+//
 // Deadlines: one deadline per request, set when its lookup is issued
 // (load_timeout_s later), covers every rank's lookup and load of that request;
 // a rank whose I/O would end past it reports nothing loaded, and the agreed
@@ -756,8 +763,9 @@ class engine {
     std::uint64_t trace_tokens = 0;
     for (const auto& q : reqs_) trace_tokens += q.n_chunks() * tm_.chunk_tokens;
     const std::uint64_t bt = tm_.kv_block_tokens;
-    kvtier::host_kv_cache cache(
-        tm_.kv_layout_for(std::max<std::uint64_t>(1, ((opt_.kv_cache_tokens ? std::min(trace_tokens, opt_.kv_cache_tokens) : trace_tokens) + bt - 1) / bt)));
+    kvtier::host_kv_cache cache(tm_.kv_layout_for(std::max<std::uint64_t>(
+        1, ((opt_.kv_cache_tokens ? std::min(trace_tokens, opt_.kv_cache_tokens) : trace_tokens) + bt - 1) /
+               bt)));
     env.cache = &cache;
     try {
       loop(env);

@@ -82,7 +82,8 @@ struct timing_model {
   /// real widths (576 bf16 for DeepSeek MLA) do not fit the scaled-down payload.
   std::uint32_t kv_width() const {
     const double per_token = chunk_model_bytes() * payload_scale / std::max<std::uint32_t>(1, chunk_tokens);
-    const double w = std::round(per_token / static_cast<double>(kv_element_bytes * std::max<std::uint32_t>(1, kv_layers)));
+    const double w =
+        std::round(per_token / static_cast<double>(kv_element_bytes * std::max<std::uint32_t>(1, kv_layers)));
     return static_cast<std::uint32_t>(std::clamp(w, 1.0, 1e9));
   }
   /// The paged cache's layout with `blocks` blocks.
@@ -126,9 +127,11 @@ struct timing_model {
         "  KV         S = %.1f KB/token, %u-token chunks = %.2f MB modeled; stored payload x%.6g = %zu "
         "B/chunk",
         bytes_per_token / 1e3, chunk_tokens, chunk_model_bytes() / 1e6, payload_scale, chunk_bytes());
-    line("  KV cache   paged, %s: %s, %u layers, width %u, %u-token blocks, %llu B/token (host memory per rank)",
-         to_string(kv), kv_layout_for(1).name.c_str(), kv_layers, kv_width(), kv_block_tokens,
-         static_cast<unsigned long long>(kv_layout_for(1).bytes_per_token()));
+    line(
+        "  KV cache   paged, %s: %s, %u layers, width %u, %u-token blocks, %llu B/token (host memory per "
+        "rank)",
+        to_string(kv), kv_layout_for(1).name.c_str(), kv_layers, kv_width(), kv_block_tokens,
+        static_cast<unsigned long long>(kv_layout_for(1).bytes_per_token()));
     line("  B* = S*R = %.2f GB/s; a 16,384-token prompt: %.2f GB, recompute %.3f s",
          kvtier::break_even_bandwidth_gb_per_s(node()), kvtier::kv_gb(16384, bytes_per_token),
          compute_s(16384));

@@ -1,8 +1,8 @@
 // Unit tests of the pcp_prefill example: JSON reader, trace format, generator,
 // timing model, payloads, modeled stores and the report.
 #include <algorithm>
-#include <cmath>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <set>
 #include <sstream>
 
