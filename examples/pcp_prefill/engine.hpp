@@ -761,7 +761,12 @@ class engine {
     env.scratch.resize(tm_.chunk_bytes());
     env.paged_scratch.resize(tm_.chunk_bytes());
     std::uint64_t trace_tokens = 0;
-    for (const auto& q : reqs_) trace_tokens += q.n_chunks() * tm_.chunk_tokens;
+    // Without loads a request holds blocks only inside store_computed (one at a time): the
+    // largest request is enough. With loads, every loaded request waiting for compute holds some.
+    const bool loads = opt_.use_cache && opt_.mode != load_mode::recompute;
+    for (const auto& q : reqs_)
+      trace_tokens = loads ? trace_tokens + q.n_chunks() * tm_.chunk_tokens
+                           : std::max<std::uint64_t>(trace_tokens, q.n_chunks() * tm_.chunk_tokens);
     const std::uint64_t bt = tm_.kv_block_tokens;
     kvtier::host_kv_cache cache(tm_.kv_layout_for(std::max<std::uint64_t>(
         1, ((opt_.kv_cache_tokens ? std::min(trace_tokens, opt_.kv_cache_tokens) : trace_tokens) + bt - 1) /
