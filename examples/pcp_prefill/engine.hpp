@@ -14,6 +14,13 @@
 // servers (a store without `modeled_timing`) are timed by the wall clock
 // instead: each rank measures its calls and the ranks agree on the maximum.
 //
+// KV: each rank keeps its KV in a paged host cache (kvtier::host_kv_cache, the
+// layout from the timing model: vLLM MLA or FlashAttention NHD). A computed chunk
+// is written into the pages and gathered from them before its put; a loaded chunk
+// is scattered into them after the broadcast and checked there, gathered back and
+// compared with what recompute would produce. Gather/scatter are real CPU work,
+// not modeled time.
+//
 // Deadlines: one deadline per request, set when its lookup is issued
 // (load_timeout_s later), covers every rank's lookup and load of that request;
 // a rank whose I/O would end past it reports nothing loaded, and the agreed
@@ -58,6 +65,7 @@
 #include "kvtier/comm/recording.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/fetch_queue.hpp"
+#include "kvtier/host_kv_cache.hpp"
 #include "kvtier/lookup.hpp"
 #include "kvtier/ownership.hpp"
 #include "kvtier/store/tiered_store.hpp"
@@ -104,6 +112,14 @@ struct engine_options {
                                         ///< its last completes (trace arrival times ignored)
   bool progress = false;                ///< progress line on stderr
   bool timed = true;                    ///< false: the priming replay (every arrival at 0)
+  /// Tokens each rank's paged KV cache holds: the KV of every request between its load and
+  /// its completion lives there. 0: the trace's cacheable tokens, which no run can exceed (a
+  /// request holds blocks only while in flight); a smaller cap aborts the run with a clear
+  /// error when an overloaded replay queues more loaded requests than fit (--kv-cache-tokens).
+  std::uint64_t kv_cache_tokens = 0;
+  /// Test hook: after request `corrupt_paged_request` is scattered into rank 0's pages, one
+  /// byte of its first loaded chunk is flipped there (the paged check must catch it).
+  std::size_t corrupt_paged_request = static_cast<std::size_t>(-1);
 };
 
 /// A trace request with its chunk keys (full chunks before the last token: the
@@ -212,7 +228,8 @@ class engine {
   };
   /// One rank's own per-request data.
   struct local {
-    std::vector<std::byte> buf;  // n_chunks * chunk_bytes: this rank's copy of the prompt's KV
+    std::vector<std::byte> buf;  // n_chunks * chunk_bytes: chunk values on their way to/from the store
+    kvtier::host_kv_cache::sequence seq;  // the request's blocks in the paged cache (its KV's home)
     std::uint64_t lookup_answer = 0, load_answer = 0;
     kvtier::deadline real_dl{};
   };
@@ -223,6 +240,8 @@ class engine {
     kvtier::fetch_queue<tiers_t>* queue = nullptr;
     kvtier::load_estimator* estimator = nullptr;
     l2_timeline* line = nullptr;
+    kvtier::host_kv_cache* cache = nullptr;
+    std::vector<std::byte> paged_scratch;  // a chunk gathered back from the pages for checking
     std::vector<local> loc;
     std::vector<std::byte> scratch;
     std::vector<std::byte> staging;  // gathered broadcast
@@ -301,6 +320,23 @@ class engine {
     const std::size_t cb = tm_.chunk_bytes();
     if (l.buf.size() != reqs_[i].n_chunks() * cb) l.buf.assign(reqs_[i].n_chunks() * cb, std::byte{0});
     return std::span<std::byte>(l.buf).subspan(c * cb, cb);
+  }
+  /// Blocks for request i's first `tokens` positions in the paged cache. Every rank reserves
+  /// the same tokens for the same requests in the same order, so all ranks agree on failure.
+  void reserve_pages(rank_env& env, std::size_t i, std::uint64_t tokens) {
+    if (!env.cache->reserve(env.loc[i].seq, tokens))
+      throw std::runtime_error("paged KV cache full (" + std::to_string(env.cache->layout().num_blocks) +
+                               " blocks of " + std::to_string(tm_.kv_block_tokens) +
+                               " tokens): raise --kv-cache-tokens");
+  }
+  /// Chunk value `v` (chunk c of request i) into the request's pages, or the pages back into `v`.
+  void to_pages(rank_env& env, std::size_t i, std::size_t c, std::span<const std::byte> v) {
+    if (auto ec = env.cache->scatter(env.loc[i].seq, c * tm_.chunk_tokens, tm_.chunk_tokens, v))
+      throw std::runtime_error("paged KV scatter: " + ec.message());
+  }
+  void from_pages(rank_env& env, std::size_t i, std::size_t c, std::span<std::byte> v) {
+    if (auto ec = env.cache->gather(env.loc[i].seq, c * tm_.chunk_tokens, tm_.chunk_tokens, v))
+      throw std::runtime_error("paged KV gather: " + ec.message());
   }
   std::span<const std::uint32_t> chunk_tokens_of(std::size_t i, std::size_t c) const {
     return std::span<const std::uint32_t>(reqs_[i].src->tokens)
@@ -598,11 +634,23 @@ class engine {
     env.now += bcast;
     env.costs.broadcast_s += bcast;
     ++env.costs.broadcasts;
-    // Verify every loaded byte against what recompute would produce.
+    // The agreed chunks go into the request's pages (scatter), where its KV lives from now on;
+    // every loaded byte is then checked there, in the paged layout, against what recompute
+    // would produce (each chunk gathered back from the pages). Real CPU work, not modeled time.
+    reserve_pages(env, i, agreed);
+    for (std::size_t k = c0; k < chunks(agreed); ++k) to_pages(env, i, k, slot(env, i, k));
+    if (i == opt_.corrupt_paged_request && env.lead && chunks(agreed) > c0) {
+      auto v = std::span<std::byte>(env.paged_scratch);
+      from_pages(env, i, c0, v);
+      v[v.size() / 2] ^= std::byte{0x01};
+      to_pages(env, i, c0, v);
+    }
+    std::vector<std::byte>().swap(env.loc[i].buf);  // the chunk values are no longer needed
     std::uint64_t first_bad = agreed;
     std::uint64_t bad = 0;
     for (std::size_t k = c0; k < chunks(agreed); ++k) {
-      if (!verify_payload(slot(env, i, k), chunk_tokens_of(i, k), k * tm_.chunk_tokens, env.scratch)) {
+      from_pages(env, i, k, env.paged_scratch);
+      if (!verify_payload(env.paged_scratch, chunk_tokens_of(i, k), k * tm_.chunk_tokens, env.scratch)) {
         ++bad;
         first_bad = std::min<std::uint64_t>(first_bad, k * tm_.chunk_tokens);
       }
@@ -654,10 +702,14 @@ class engine {
     const std::size_t to = reqs_[i].n_chunks();
     std::vector<kvtier::chunk_key> keys;
     std::vector<std::span<const std::byte>> src;
+    if (from < to) reserve_pages(env, i, static_cast<std::uint64_t>(to) * tm_.chunk_tokens);
     for (std::size_t k = from; k < to; ++k) {
       if (own_.owner(k) != env.comm->rank()) continue;
       auto s = slot(env, i, k);
-      fill_payload(s, chunk_tokens_of(i, k), k * tm_.chunk_tokens);
+      // Compute writes the chunk's KV into the pages; the value stored is gathered from them.
+      fill_payload(env.paged_scratch, chunk_tokens_of(i, k), k * tm_.chunk_tokens);
+      to_pages(env, i, k, env.paged_scratch);
+      from_pages(env, i, k, s);
       keys.push_back(reqs_[i].keys[k]);
       src.emplace_back(s);
     }
@@ -682,6 +734,7 @@ class engine {
       env.costs.writebacks += has_l2() || !modeled;
       if (opt_.mode == load_mode::sync) wait_io(env, end);
     }
+    env.cache->release(env.loc[i].seq);
     env.loc[i] = local{};
   }
 
@@ -706,6 +759,19 @@ class engine {
     env.loc.resize(reqs_.size());
     env.ctl.resize(reqs_.size());
     env.scratch.resize(tm_.chunk_bytes());
+    env.paged_scratch.resize(tm_.chunk_bytes());
+    std::uint64_t trace_tokens = 0;
+    // Without loads a request holds blocks only inside store_computed (one at a time): the
+    // largest request is enough. With loads, every loaded request waiting for compute holds some.
+    const bool loads = opt_.use_cache && opt_.mode != load_mode::recompute;
+    for (const auto& q : reqs_)
+      trace_tokens = loads ? trace_tokens + q.n_chunks() * tm_.chunk_tokens
+                           : std::max<std::uint64_t>(trace_tokens, q.n_chunks() * tm_.chunk_tokens);
+    const std::uint64_t bt = tm_.kv_block_tokens;
+    kvtier::host_kv_cache cache(tm_.kv_layout_for(std::max<std::uint64_t>(
+        1, ((opt_.kv_cache_tokens ? std::min(trace_tokens, opt_.kv_cache_tokens) : trace_tokens) + bt - 1) /
+               bt)));
+    env.cache = &cache;
     try {
       loop(env);
     } catch (const std::exception& e) {

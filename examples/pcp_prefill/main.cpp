@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "kvtier/resp/url.hpp"
 #include "model_stores.hpp"
 #include "report.hpp"
 #include "timing_model.hpp"
@@ -66,6 +67,10 @@ timing model (modeled seconds; defaults are the reference's figures):
   --prefill-tokens-per-s R    (52200)      --bytes-per-token S     (48400)
   --payload-scale X           stored bytes per modeled byte (1/8192)
   --chunk-tokens N            (256)
+  --kv-layout mla|fa-nhd      each rank's paged KV cache: vLLM MLA (bf16 latent) or FlashAttention
+                              NHD (fp8 K and V, one head) (mla); its width is fitted so a token
+                              holds the stored payload (modeled bytes * --payload-scale)
+  --kv-layers N (3)   --kv-block-tokens N (64)   --kv-cache-tokens N (0: the trace's tokens)
   --l2-model-instances K      (1)          --l2-model-gbps G       per instance (1.71)
   --l2-sustained-gbps G       instead of --l2-model-gbps: derive the instance rate from the rate an
                               instance sustained per 16,384-token hit, T0 included (see instance-gbps)
@@ -229,6 +234,20 @@ options parse_replay(int argc, char** argv) {
       o.tm.bytes_per_token = parse_double(a, val(), 1, 1e9);
     else if (a == "--payload-scale")
       o.tm.payload_scale = parse_double(a, val(), 1e-9, 1);
+    else if (a == "--kv-layout") {
+      const std::string v = val();
+      if (v == "mla")
+        o.tm.kv = pcp::kv_layout_kind::mla;
+      else if (v == "fa-nhd")
+        o.tm.kv = pcp::kv_layout_kind::fa_nhd;
+      else
+        throw usage_error("--kv-layout: '" + v + "' is not mla or fa-nhd");
+    } else if (a == "--kv-layers")
+      o.tm.kv_layers = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 1024));
+    else if (a == "--kv-block-tokens")
+      o.tm.kv_block_tokens = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 1 << 16));
+    else if (a == "--kv-cache-tokens")
+      o.eng.kv_cache_tokens = parse_uint(a, val(), 0, 1ull << 40);
     else if (a == "--chunk-tokens")
       o.tm.chunk_tokens = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 1 << 20));
     else if (a == "--l2-model-instances")
@@ -395,17 +414,6 @@ int replay(
   return r.fatal.empty() ? 0 : 1;
 }
 
-/// `url` with its password (user-info after ':' and before '@') replaced by "***".
-std::string redact_url(const std::string& url) {
-  const auto scheme = url.find("://");
-  if (scheme == std::string::npos) return url;
-  const auto at = url.find('@', scheme + 3);
-  if (at == std::string::npos) return url;
-  const auto colon = url.find(':', scheme + 3);
-  if (colon == std::string::npos || colon > at) return url;
-  return url.substr(0, colon + 1) + "***" + url.substr(at);
-}
-
 /// `url` with the password from --l2-password-env / --l2-password-file put in.
 std::string with_password(const options& o) {
   std::string pw;
@@ -480,7 +488,7 @@ int run_replay(int argc, char** argv) {
   const bool real_l2 = o.l2 != "embedded" && o.l2 != "none";
   std::cout << "pcp_prefill: " << replay_reqs.size() << " requests, " << tokens << " prompt tokens, W = " << W
             << ", mode " << pcp::to_string(o.eng.mode) << ", policy " << pcp::to_string(o.eng.policy)
-            << ", L2 " << redact_url(o.l2);
+            << ", L2 " << kvtier::resp::redact_url(o.l2);
   if (o.prime) std::cout << ", primed with the whole trace";
   if (o.prime_first) std::cout << ", primed with the first " << o.prime_first << " requests (not replayed)";
   if (o.prime_shared) std::cout << ", primed with each request's shared segments";
@@ -532,7 +540,7 @@ int run_replay(int argc, char** argv) {
   }
 #if defined(PCP_HAVE_RESP)
   if (o.l2.rfind("resp", 0) != 0)
-    throw usage_error("--l2 '" + redact_url(o.l2) +
+    throw usage_error("--l2 '" + kvtier::resp::redact_url(o.l2) +
                       "': expected embedded, none, or a resp:// / resp+unix:// URL");
   auto pools = pcp::make_resp_pools(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 2);
   std::vector<pcp::resp_pool*> l2s;
@@ -548,7 +556,7 @@ int run_replay(int argc, char** argv) {
             << " corrupt, " << st.timeouts << " timed-out calls, " << st.errors << " failed calls\n";
   return rc;
 #else
-  throw usage_error("--l2 '" + redact_url(o.l2) +
+  throw usage_error("--l2 '" + kvtier::resp::redact_url(o.l2) +
                     "': expected embedded or none (this build has no RESP client: kvtier::asio missing)");
 #endif
 }

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "kvtier/cost_model.hpp"
+#include "kvtier/kv_layout.hpp"
 #include "trace.hpp"
 
 namespace pcp {
@@ -45,11 +46,19 @@ namespace pcp {
 /// What the L2 tier is: the modeled servers, none, or real servers (timed by the wall clock).
 enum class l2_kind { modeled, none, real };
 
+/// The layout of the engine's paged KV cache (--kv-layout).
+enum class kv_layout_kind { mla, fa_nhd };
+inline const char* to_string(kv_layout_kind k) { return k == kv_layout_kind::mla ? "mla" : "fa-nhd"; }
+
 struct timing_model {
   double prefill_tokens_per_s = 52.2e3;  ///< R (--prefill-tokens-per-s)
   double bytes_per_token = 48.4e3;       ///< S, modeled KV bytes per token (--bytes-per-token)
   double payload_scale = 1.0 / 8192;     ///< stored bytes = modeled bytes * scale (--payload-scale)
   std::uint32_t chunk_tokens = 256;      ///< tokens per chunk (--chunk-tokens)
+  // The paged KV cache every rank keeps its KV in (host memory, a real engine layout).
+  kv_layout_kind kv = kv_layout_kind::mla;  ///< vLLM MLA (bf16 latent) or FlashAttention NHD (--kv-layout)
+  std::uint32_t kv_layers = 3;              ///< layers of the paged cache (--kv-layers)
+  std::uint32_t kv_block_tokens = 64;       ///< tokens per block (--kv-block-tokens)
   // Modeled L2 (embedded): K single-threaded FIFO servers.
   std::uint32_t l2_instances = 1;  ///< K (--l2-model-instances)
   double l2_gbps = 1.71;           ///< per instance, decimal GB/s (--l2-model-gbps)
@@ -65,9 +74,29 @@ struct timing_model {
 
   /// Modeled bytes of one chunk.
   double chunk_model_bytes() const { return bytes_per_token * chunk_tokens; }
-  /// Bytes really stored and moved per chunk (at least 8).
+  /// Bytes one token takes in one layer per element of width: MLA one bf16 latent element;
+  /// FlashAttention a K and a V element of one fp8 head.
+  static constexpr std::uint64_t kv_element_bytes = 2;
+  /// The layout's width (MLA latent elements, FA head size) that makes a token's bytes over
+  /// kv_layers the scaled payload (modeled bytes * payload_scale), rounded, at least 1: the
+  /// real widths (576 bf16 for DeepSeek MLA) do not fit the scaled-down payload.
+  std::uint32_t kv_width() const {
+    const double per_token = chunk_model_bytes() * payload_scale / std::max<std::uint32_t>(1, chunk_tokens);
+    const double w =
+        std::round(per_token / static_cast<double>(kv_element_bytes * std::max<std::uint32_t>(1, kv_layers)));
+    return static_cast<std::uint32_t>(std::clamp(w, 1.0, 1e9));
+  }
+  /// The paged cache's layout with `blocks` blocks.
+  kvtier::kv_layout kv_layout_for(std::uint64_t blocks) const {
+    return kv == kv_layout_kind::mla
+               ? kvtier::kv_layout::vllm_mla(kv_layers, blocks, kv_block_tokens, 2, kv_width())
+               : kvtier::kv_layout::vllm_flash_attn(kv_layers, blocks, kv_block_tokens, 1, kv_width(), 1,
+                                                    kvtier::kv_order::nhd);
+  }
+  /// Bytes really stored and moved per chunk: the chunk's tokens in the paged layout
+  /// (≈ modeled bytes * payload_scale, rounded to whole layout tokens).
   std::size_t chunk_bytes() const {
-    return static_cast<std::size_t>(std::max(8.0, std::round(chunk_model_bytes() * payload_scale)));
+    return static_cast<std::size_t>(kv_layout_for(1).bytes_per_token()) * chunk_tokens;
   }
   double compute_s(double tokens) const { return tokens / prefill_tokens_per_s; }
   /// Seconds an instance is held serving `model_bytes`.
@@ -98,6 +127,11 @@ struct timing_model {
         "  KV         S = %.1f KB/token, %u-token chunks = %.2f MB modeled; stored payload x%.6g = %zu "
         "B/chunk",
         bytes_per_token / 1e3, chunk_tokens, chunk_model_bytes() / 1e6, payload_scale, chunk_bytes());
+    line(
+        "  KV cache   paged, %s: %s, %u layers, width %u, %u-token blocks, %llu B/token (host memory per "
+        "rank)",
+        to_string(kv), kv_layout_for(1).name.c_str(), kv_layers, kv_width(), kv_block_tokens,
+        static_cast<unsigned long long>(kv_layout_for(1).bytes_per_token()));
     line("  B* = S*R = %.2f GB/s; a 16,384-token prompt: %.2f GB, recompute %.3f s",
          kvtier::break_even_bandwidth_gb_per_s(node()), kvtier::kv_gb(16384, bytes_per_token),
          compute_s(16384));

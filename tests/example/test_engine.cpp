@@ -343,3 +343,38 @@ TEST_CASE("engine: a split whose load is cut short recomputes the gap from the a
   }
   CHECK(partial == r.failed_loads);
 }
+
+TEST_CASE("engine: every load is checked in the paged layout; a byte flipped in the pages is caught",
+          "[integration]") {
+  for (auto kind : {kv_layout_kind::mla, kv_layout_kind::fa_nhd}) {
+    rig g(1);
+    g.tm.kv = kind;
+    g.prime();
+    const auto clean = g.run({.mode = load_mode::sync});
+    check_complete(g, clean);
+    CHECK(clean.mismatched_chunks == 0);
+    std::size_t victim = clean.requests.size();
+    for (std::size_t i = 0; i < clean.requests.size() && victim == clean.requests.size(); ++i)
+      if (clean.requests[i].status == "hit" && clean.requests[i].cached_tokens > 0) victim = i;
+    REQUIRE(victim < clean.requests.size());
+    engine_options o{.mode = load_mode::sync};
+    o.corrupt_paged_request = victim;  // rank 0 flips one byte of the first loaded chunk in its pages
+    const auto r = g.run(o);
+    check_complete(g, r);
+    CHECK(r.mismatched_chunks == 1);  // only rank 0's pages were touched
+    CHECK(r.requests[victim].status == "mismatch");
+    CHECK(r.requests[victim].cached_tokens == 0);  // the flipped chunk was the first: all recomputed
+    for (std::size_t i = 0; i < r.requests.size(); ++i)
+      if (i != victim) CHECK(r.requests[i].status != "mismatch");
+  }
+}
+
+TEST_CASE("engine: a paged cache too small for a request stops the run with a clear error", "[integration]") {
+  rig g(1);
+  g.prime();
+  engine_options o{.mode = load_mode::sync};
+  o.kv_cache_tokens = 2 * g.tm.chunk_tokens;  // smaller than any prompt here (2000+ tokens)
+  const auto r = g.run(o);
+  CHECK(r.fatal.find("paged KV cache full") != std::string::npos);
+  CHECK(r.fatal.find("--kv-cache-tokens") != std::string::npos);
+}

@@ -2,6 +2,7 @@
 // timing model, payloads, modeled stores and the report.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -219,7 +220,11 @@ TEST_CASE("generator: the mixed stream shares about half of each prompt; the lon
 TEST_CASE("timing model: sizes, durations and the printed figures", "[unit]") {
   timing_model tm;
   CHECK(tm.chunk_model_bytes() == Approx(12.39e6).epsilon(0.001));
-  CHECK(tm.chunk_bytes() == 1513);  // 12.39 MB / 8192, rounded
+  // 12.39 MB / 8192 = 1512.5 B, rounded to whole tokens of the paged layout: 3 MLA layers of
+  // one bf16 latent element = 6 B/token, 1536 B/chunk.
+  CHECK(tm.kv_width() == 1);
+  CHECK(tm.chunk_bytes() == 1536);
+  CHECK(tm.kv_layout_for(1).bytes_per_token() * tm.chunk_tokens == tm.chunk_bytes());
   CHECK(tm.compute_s(52200) == Approx(1.0));
   CHECK(kvtier::break_even_bandwidth_gb_per_s(tm.node()) == Approx(2.53).epsilon(0.01));
   CHECK(tm.l2_hold_s(1.71e9) == Approx(1.0));
@@ -360,4 +365,25 @@ TEST_CASE("report: linear-interpolation percentiles and the summary JSON line", 
   for (const char* k : {"id", "arrival_s", "prompt_tokens", "cached_tokens", "l1_tokens", "l2_tokens",
                         "queue_s", "load_s", "split_tokens", "predicted_s", "ttft_s", "status"})
     CHECK(j.find(k) != nullptr);
+}
+
+TEST_CASE("timing model: the paged KV layout holds the stored payload", "[unit]") {
+  timing_model tm;
+  for (auto kind : {kv_layout_kind::mla, kv_layout_kind::fa_nhd})
+    for (std::uint32_t layers : {1u, 3u, 7u})
+      for (double scale : {1.0 / 65536, 1.0 / 8192, 1.0 / 64}) {
+        tm.kv = kind;
+        tm.kv_layers = layers;
+        tm.payload_scale = scale;
+        const auto lay = tm.kv_layout_for(10);
+        CHECK(!lay.validate());
+        CHECK(lay.num_layers == layers);
+        CHECK(lay.name == (kind == kv_layout_kind::mla ? "vllm_mla" : "vllm_flash_attn_nhd"));
+        CHECK(tm.chunk_bytes() == lay.bytes_per_token() * tm.chunk_tokens);
+        // Within half a layout unit per token of the scaled payload (or the smallest width).
+        const double want = tm.chunk_model_bytes() * scale / tm.chunk_tokens;
+        const double unit = 2.0 * layers;
+        CHECK((std::abs(static_cast<double>(lay.bytes_per_token()) - want) <= unit / 2 + 1e-9 ||
+               tm.kv_width() == 1));
+      }
 }
