@@ -20,3 +20,4 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_slow_resolver SOURCES resp_io/test_slow_resolver.cpp LABELS integration
                   LIBS kvtier::asio kvtier::uring ${CMAKE_DL_LIBS} TIMEOUT 60)
 endif()
+kvtier_add_test(test_pool SOURCES resp_io/test_pool.cpp LABELS unit tsan)

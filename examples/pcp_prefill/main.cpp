@@ -324,8 +324,8 @@ int run_replay(int argc, char** argv) {
 #if defined(PCP_HAVE_RESP)
   if (o.l2.rfind("resp", 0) != 0)
     throw usage_error("--l2 '" + o.l2 + "': expected embedded, none, or a resp:// / resp+unix:// URL");
-  auto pools = pcp::make_resp_pools(o.l2, W, chunk.ns(), o.eng.fetch_workers + 2);
-  std::vector<pcp::resp_pool*> l2s;
+  auto pools = pcp::make_resp_l2s(o.l2, W, chunk.ns(), o.eng.fetch_workers + 3);
+  std::vector<pcp::resp_l2*> l2s;
   for (auto& p : pools) l2s.push_back(p.get());
   std::cout << "  L2 real servers: " << o.l2
             << " (I/O takes real time; the --l2-model-* figures do not apply)\n";

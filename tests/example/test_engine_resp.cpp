@@ -22,7 +22,7 @@ struct real_rig {
   std::vector<prepared_request> prepared;
   std::vector<std::unique_ptr<modeled_l1>> l1;
   kvtier::test::redis_server srv0, srv1;
-  std::vector<std::unique_ptr<resp_pool>> pools;
+  std::vector<std::unique_ptr<resp_l2>> pools;
 
   real_rig() {
     tm.time_scale = 0.01;
@@ -35,14 +35,15 @@ struct real_rig {
     for (auto* s : {&srv0, &srv1}) {
       const auto url = kvtier::resp::parse_url(s->url());
       REQUIRE(url);
-      pools.push_back(std::make_unique<resp_pool>(ns, url.value, 4));
+      pools.push_back(std::make_unique<resp_l2>(ns, kvtier::resp::connection_options{.server = url.value},
+                                                kvtier::resp::pool_options{.connections = 5}));
     }
   }
   run_result run(engine_options opt) {
     opt.world = world;
     opt.fetch_workers = 2;
     opt.load_timeout_s = 100;  // 1 s of real time at this scale
-    return test::replay<resp_pool>(prepared, tm, clk, opt, l1, pools);
+    return test::replay<resp_l2>(prepared, tm, clk, opt, l1, pools);
   }
   void prime() { test::prime(*this); }
 };

@@ -312,7 +312,7 @@ TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the s
       REQUIRE(got[i] == (st[i] == chunk_status::hit ? chunk_status::hit : chunk_status::miss));
       if (got[i] == chunk_status::hit) REQUIRE(dst[i] == src[i]);
     }
-    REQUIRE(store.connection().stats().connects == 1);
+    REQUIRE(store.pool().stats().connects == 1);
   }
 
   SECTION("NOAUTH: a server that wants a password the URL does not give") {

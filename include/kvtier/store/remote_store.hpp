@@ -26,17 +26,16 @@
 //   std::vector<kvtier::chunk_status> st(keys.size());
 //   std::error_code ec = l2.get(keys, dst_spans, st, kvtier::deadline_after(std::chrono::milliseconds(200)));
 //
-// Thread safety: calls are serialised on one connection; a call waiting for another thread's
-// call gives up at its own deadline (every key timeout). Use one store per worker for
-// parallelism.
+// Thread safety: calls from several threads run in parallel, each on a connection of the
+// store's pool (kvtier/resp/pool.hpp; default 4 connections, one kept for small calls such as
+// exists, so an EXISTS never waits behind a batch of 12 MB GETs). A call that finds no free
+// connection gives up at its own deadline (every key timeout).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,6 +46,7 @@
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/resp/connection.hpp"
+#include "kvtier/resp/pool.hpp"
 #include "kvtier/store/chunk_store.hpp"
 #include "kvtier/store/value_header.hpp"
 
@@ -66,33 +66,42 @@ struct remote_store_stats {
   std::uint64_t bytes_stored = 0;   ///< payload bytes of successful puts
 };
 
-/// The L2 store: one namespace's chunks on one server, through one connection.
+/// The L2 store: one namespace's chunks on one server, through a pool of connections.
 template <resp::connection Connection>
 class remote_store {
  public:
-  remote_store(key_namespace ns, resp::connection_options opt)
-      : ns_(std::move(ns)), fingerprint_(ns_.fingerprint()), conn_(std::move(opt)) {}
+  /// `pool` sizes the connection pool (resp/pool.hpp): calls run in parallel, one per
+  /// connection; a call that moves more than `small_request_bytes` of payload is `large`.
+  remote_store(key_namespace ns, resp::connection_options opt, resp::pool_options pool = {})
+      : ns_(std::move(ns)),
+        fingerprint_(ns_.fingerprint()),
+        pool_(std::move(opt), pool),
+        scratch_(pool_.size()) {}
 
   remote_store(const remote_store&) = delete;
   remote_store& operator=(const remote_store&) = delete;
 
+  /// Calls moving at most this many payload bytes count as small (never wait behind large ones).
+  static constexpr std::size_t small_request_bytes = 64 << 10;
+
   /// Presence of each key (one EXISTS per key, one round trip). hit = present, miss = absent.
   std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
     if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
-    turn t(*this);
-    if (std::error_code ec = enter(t, status, dl)) return ec;
-    batch_.clear();
+    call c;
+    if (std::error_code ec = enter(c, resp::request_size::small, status, dl)) return ec;
+    resp::batch& b = c.s->batch;
+    b.clear();
     for (const chunk_key& k : keys) {
       const std::string name = remote_key_text(ns_, k);
-      batch_.add({"EXISTS", name});
+      b.add({"EXISTS", name});
     }
-    const std::error_code ec = conn_.execute(batch_, dl);
+    const std::error_code ec = c.conn().execute(b, dl);
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (i >= batch_.completed()) {
+      if (i >= b.completed()) {
         status[i] = unfinished(ec);
         continue;
       }
-      const resp::value& r = batch_.reply(i);
+      const resp::value& r = b.reply(i);
       if (r.kind == resp::type::integer) {
         status[i] = r.integer > 0 ? chunk_status::hit : chunk_status::miss;
       } else {
@@ -109,24 +118,25 @@ class remote_store {
                       std::span<chunk_status> status, deadline dl) {
     if (keys.size() != dst.size() || keys.size() != status.size())
       return make_error_code(errc::invalid_argument);
-    turn t(*this);
-    if (std::error_code ec = enter(t, status, dl)) return ec;
-    batch_.clear();
-    headers_.resize(keys.size());
-    parts_.resize(2 * keys.size());
-    gates_.resize(keys.size());  // sized before any address is taken: the pointers stay valid
+    call c;
+    if (std::error_code ec = enter(c, size_class(dst), status, dl)) return ec;
+    scratch& s = *c.s;
+    s.batch.clear();
+    s.headers.resize(keys.size());
+    s.parts.resize(2 * keys.size());
+    s.gates.resize(keys.size());  // sized before any address is taken: the pointers stay valid
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      parts_[2 * i] = std::span<std::byte>(headers_[i]);
-      parts_[2 * i + 1] = dst[i];
-      gates_[i] = gate_context{fingerprint_, keys[i], dst[i].size()};
+      s.parts[2 * i] = std::span<std::byte>(s.headers[i]);
+      s.parts[2 * i + 1] = dst[i];
+      s.gates[i] = gate_context{fingerprint_, keys[i], dst[i].size()};
       const std::string name = remote_key_text(ns_, keys[i]);
-      batch_.add_into({"GET", name}, std::span<const std::span<std::byte>>(parts_).subspan(2 * i, 2),
-                      resp::destination_gate{&header_gate, &gates_[i]});
+      s.batch.add_into({"GET", name}, std::span<const std::span<std::byte>>(s.parts).subspan(2 * i, 2),
+                       resp::destination_gate{&header_gate, &s.gates[i]});
     }
-    const std::error_code ec = conn_.execute(batch_, dl);
+    const std::error_code ec = c.conn().execute(s.batch, dl);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       status[i] =
-          i < batch_.completed() ? judge(batch_.reply(i), keys[i], headers_[i], dst[i]) : unfinished(ec);
+          i < s.batch.completed() ? judge(s.batch.reply(i), keys[i], s.headers[i], dst[i]) : unfinished(ec);
     }
     count_call(ec);
     return ec;
@@ -137,24 +147,25 @@ class remote_store {
                       std::span<chunk_status> status, deadline dl) {
     if (keys.size() != src.size() || keys.size() != status.size())
       return make_error_code(errc::invalid_argument);
-    turn t(*this);
-    if (std::error_code ec = enter(t, status, dl)) return ec;
-    batch_.clear();
-    headers_.resize(keys.size());
-    out_parts_.resize(2 * keys.size());
+    call c;
+    if (std::error_code ec = enter(c, size_class(src), status, dl)) return ec;
+    scratch& s = *c.s;
+    s.batch.clear();
+    s.headers.resize(keys.size());
+    s.out_parts.resize(2 * keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      headers_[i] = encode_value_header(fingerprint_, keys[i], src[i]);
-      out_parts_[2 * i] = std::span<const std::byte>(headers_[i]);
-      out_parts_[2 * i + 1] = src[i];
+      s.headers[i] = encode_value_header(fingerprint_, keys[i], src[i]);
+      s.out_parts[2 * i] = std::span<const std::byte>(s.headers[i]);
+      s.out_parts[2 * i + 1] = src[i];
       const std::string name = remote_key_text(ns_, keys[i]);
-      batch_.add_with_payload({"SET", name},
-                              std::span<const std::span<const std::byte>>(out_parts_).subspan(2 * i, 2));
+      s.batch.add_with_payload({"SET", name},
+                               std::span<const std::span<const std::byte>>(s.out_parts).subspan(2 * i, 2));
     }
-    const std::error_code ec = conn_.execute(batch_, dl);
+    const std::error_code ec = c.conn().execute(s.batch, dl);
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (i >= batch_.completed()) {
+      if (i >= s.batch.completed()) {
         status[i] = unfinished(ec);
-      } else if (batch_.reply(i).kind == resp::type::simple_string) {
+      } else if (s.batch.reply(i).kind == resp::type::simple_string) {
         status[i] = chunk_status::hit;
         bump(stats_.bytes_stored, src[i].size());
       } else {
@@ -183,8 +194,8 @@ class remote_store {
   }
 
   const key_namespace& ns() const noexcept { return ns_; }
-  /// The connection (e.g. for its stats); do not use it while a store call runs elsewhere.
-  Connection& connection() noexcept { return conn_; }
+  /// The connection pool (e.g. for its stats()).
+  resp::connection_pool<Connection>& pool() noexcept { return pool_; }
 
  private:
   struct counters {
@@ -195,41 +206,45 @@ class remote_store {
     c.fetch_add(n, std::memory_order_relaxed);
   }
 
-  // One call at a time on the connection. A condition variable rather than a timed_mutex:
-  // the wait is bounded by the caller's deadline, and ThreadSanitizer understands it.
-  struct turn {
-    explicit turn(remote_store& s) noexcept : store(s) {}
-    turn(const turn&) = delete;
-    turn& operator=(const turn&) = delete;
-    ~turn() {
-      if (!held) return;
-      {
-        std::lock_guard<std::mutex> lock(store.mu_);
-        store.busy_ = false;
-      }
-      store.cv_.notify_one();
-    }
-    remote_store& store;
-    bool held = false;
+  // What the parser's gate checks for one GET: the header, before the payload reaches dst.
+  struct gate_context {
+    std::uint64_t fingerprint = 0;
+    chunk_key key{};
+    std::size_t length = 0;
+  };
+  // What one call needs besides its connection; one per pooled connection, so calls on
+  // different connections share nothing.
+  struct scratch {
+    resp::batch batch;
+    std::vector<value_header_bytes> headers;
+    std::vector<std::span<std::byte>> parts;
+    std::vector<gate_context> gates;
+    std::vector<std::span<const std::byte>> out_parts;
   };
 
-  // Takes the store's turn by the deadline; else every key timeout.
-  std::error_code enter(turn& t, std::span<chunk_status> status, deadline dl) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      auto free = [this] { return !busy_; };
-      if (dl == no_deadline) {
-        cv_.wait(lock, free);
-        t.held = busy_ = true;
-      } else if (cv_.wait_until(lock, dl, free)) {
-        t.held = busy_ = true;
-      }
-    }
-    if (!t.held || expired(dl)) {
+  // A call's lease on one pooled connection and that connection's scratch.
+  struct call {
+    Connection& conn() const noexcept { return lease.conn(); }
+    typename resp::connection_pool<Connection>::lease lease;
+    scratch* s = nullptr;
+  };
+
+  template <class Span>
+  static resp::request_size size_class(Span spans) noexcept {
+    std::size_t bytes = 0;
+    for (const auto& x : spans) bytes += x.size();
+    return bytes > small_request_bytes ? resp::request_size::large : resp::request_size::small;
+  }
+
+  // Borrows a connection by the deadline; else every key timeout.
+  std::error_code enter(call& c, resp::request_size kind, std::span<chunk_status> status, deadline dl) {
+    const std::error_code ec = pool_.acquire(kind, dl, c.lease);
+    if (ec || expired(dl)) {
       std::fill(status.begin(), status.end(), chunk_status::timeout);
       bump(stats_.timeouts);
       return make_error_code(errc::timeout);
     }
+    c.s = &scratch_[c.lease.index()];
     return {};
   }
 
@@ -242,12 +257,6 @@ class remote_store {
     bump(ec == errc::timeout ? stats_.timeouts : stats_.errors);
   }
 
-  // What the parser's gate checks for one GET: the header, before the payload reaches dst.
-  struct gate_context {
-    std::uint64_t fingerprint = 0;
-    chunk_key key{};
-    std::size_t length = 0;
-  };
   static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
     const auto& g = *static_cast<const gate_context*>(context);
     return header.size() == value_header::size &&
@@ -296,15 +305,8 @@ class remote_store {
 
   key_namespace ns_;
   std::uint64_t fingerprint_;
-  Connection conn_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool busy_ = false;
-  resp::batch batch_;
-  std::vector<value_header_bytes> headers_;
-  std::vector<std::span<std::byte>> parts_;
-  std::vector<gate_context> gates_;
-  std::vector<std::span<const std::byte>> out_parts_;
+  resp::connection_pool<Connection> pool_;
+  std::vector<scratch> scratch_;
   counters stats_;
 };
 
