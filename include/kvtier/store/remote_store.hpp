@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -107,9 +108,10 @@ class remote_store {
       } else {
         status[i] = chunk_status::error;
         bump(stats_.errors);
+        note_reply("EXISTS", keys[i], r);
       }
     }
-    count_call(ec);
+    count_call(c, ec);
     return ec;
   }
 
@@ -138,7 +140,7 @@ class remote_store {
       status[i] =
           i < s.batch.completed() ? judge(s.batch.reply(i), keys[i], s.headers[i], dst[i]) : unfinished(ec);
     }
-    count_call(ec);
+    count_call(c, ec);
     return ec;
   }
 
@@ -171,9 +173,10 @@ class remote_store {
       } else {
         status[i] = chunk_status::error;  // e.g. OOM with maxmemory and noeviction
         bump(stats_.errors);
+        note_reply("SET", keys[i], s.batch.reply(i));
       }
     }
-    count_call(ec);
+    count_call(c, ec);
     return ec;
   }
 
@@ -194,6 +197,13 @@ class remote_store {
   }
 
   const key_namespace& ns() const noexcept { return ns_; }
+  /// The last failure in words (empty before any): a failed call's connection error with the
+  /// server's address and text ("127.0.0.1:6379: SELECT: ERR DB index is out of range (server
+  /// replied with an error)"), or a key's error reply ("127.0.0.1:6379: GET kv:...: WRONGTYPE ...").
+  std::string last_error() const {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    return last_error_;
+  }
   /// The connection pool (e.g. for its stats()).
   resp::connection_pool<Connection>& pool() noexcept { return pool_; }
 
@@ -242,6 +252,7 @@ class remote_store {
     if (ec || expired(dl)) {
       std::fill(status.begin(), status.end(), chunk_status::timeout);
       bump(stats_.timeouts);
+      note(pool_.options().server.describe() + ": no pooled connection came free by the deadline");
       return make_error_code(errc::timeout);
     }
     c.s = &scratch_[c.lease.index()];
@@ -252,9 +263,22 @@ class remote_store {
     return ec == errc::timeout ? chunk_status::timeout : chunk_status::error;
   }
 
-  void count_call(const std::error_code& ec) noexcept {
+  void count_call(const call& c, const std::error_code& ec) {
     if (!ec) return;
     bump(ec == errc::timeout ? stats_.timeouts : stats_.errors);
+    note(c.conn().last_error());
+  }
+
+  void note(std::string text) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    last_error_ = std::move(text);
+  }
+  // A key's error reply (or a reply of the wrong type): the command, the key, the server's words.
+  void note_reply(std::string_view command, const chunk_key& key, const resp::value& r) {
+    std::string text = pool_.options().server.describe() + ": " + std::string(command) + " " +
+                       remote_key_text(ns_, key) + ": ";
+    text += r.is_error() ? r.str : "reply of type " + std::string(resp::to_string(r.kind));
+    note(std::move(text));
   }
 
   static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
@@ -273,6 +297,7 @@ class remote_store {
     }
     if (r.kind != resp::type::bulk_string) {
       bump(stats_.errors);  // WRONGTYPE and the like
+      note_reply("GET", key, r);
       return chunk_status::error;
     }
     if (r.refused_by_gate) {  // the header failed: nothing was written to dst
@@ -308,6 +333,8 @@ class remote_store {
   resp::connection_pool<Connection> pool_;
   std::vector<scratch> scratch_;
   counters stats_;
+  mutable std::mutex error_mu_;
+  std::string last_error_;
 };
 
 }  // namespace kvtier
