@@ -203,6 +203,8 @@ class redis_server {
     std::string harness_user{};
     std::string harness_password{};
     std::string executable = "/usr/bin/redis-server";
+    /// Highest port to use (a cluster node needs port + 10000 for its bus, so <= 55535).
+    std::uint16_t max_port = 65535;
   };
 
   redis_server() : redis_server(options{}) {}
@@ -214,7 +216,8 @@ class redis_server {
     // retry with a fresh port a few times.
     for (int attempt = 0;; ++attempt) {
       port_ = detail::pick_free_port();
-      if (launch()) return;
+      for (int pick = 0; port_ > opt_.max_port && pick < 1000; ++pick) port_ = detail::pick_free_port();
+      if (port_ <= opt_.max_port && launch()) return;
       if (attempt == 4) {
         std::string log = read_log();
         cleanup_dir();
