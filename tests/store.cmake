@@ -8,3 +8,4 @@ if(TARGET kvtier::asio)
   kvtier_add_test(test_store_integration SOURCES store/test_store_integration.cpp LABELS integration
                   LIBS kvtier::asio TIMEOUT 120)
 endif()
+kvtier_add_test(test_rendezvous_store SOURCES store/test_rendezvous_store.cpp LABELS unit tsan)

@@ -323,8 +323,9 @@ int run_replay(int argc, char** argv) {
   }
 #if defined(PCP_HAVE_RESP)
   if (o.l2.rfind("resp", 0) != 0)
-    throw usage_error("--l2 '" + o.l2 + "': expected embedded, none, or a resp:// / resp+unix:// URL");
-  auto pools = pcp::make_resp_l2s(o.l2, W, chunk.ns(), o.eng.fetch_workers + 3);
+    throw usage_error("--l2 '" + o.l2 +
+                      "': expected embedded, none, or a resp:// / resp+unix:// / resp+cluster:// URL");
+  auto pools = pcp::make_resp_l2s(o.l2, W, chunk.ns(), o.eng.fetch_workers + 3);  // per server
   std::vector<pcp::resp_l2*> l2s;
   for (auto& p : pools) l2s.push_back(p.get());
   std::cout << "  L2 real servers: " << o.l2

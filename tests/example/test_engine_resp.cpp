@@ -7,13 +7,15 @@
 #include "engine_rig.hpp"
 #include "report.hpp"
 #include "resp_l2.hpp"
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 
 using namespace pcp;
 
 namespace {
 
-struct real_rig {
+// The engine's inputs and one L2 store per rank; the derived rigs give each rank's --l2 URL.
+struct rig_base {
   static constexpr std::uint32_t world = 2;
   timing_model tm;
   model_clock clk{0};
@@ -21,10 +23,10 @@ struct real_rig {
   std::unique_ptr<kvtier::chunker<>> chunk;
   std::vector<prepared_request> prepared;
   std::vector<std::unique_ptr<modeled_l1>> l1;
-  kvtier::test::redis_server srv0, srv1;
   std::vector<std::unique_ptr<resp_l2>> pools;
 
-  real_rig() {
+  template <class UrlOf>
+  void attach(UrlOf url_of) {
     tm.time_scale = 0.01;
     tm.payload_scale = 1.0 / 4096;
     reqs = test::small_hit_heavy_trace(10, 5, 11);
@@ -32,12 +34,8 @@ struct real_rig {
     chunk = std::make_unique<kvtier::chunker<>>(ns);
     prepared = prepare(reqs, *chunk);
     for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(tm, clk, 64 << 20));
-    for (auto* s : {&srv0, &srv1}) {
-      const auto url = kvtier::resp::parse_url(s->url());
-      REQUIRE(url);
-      pools.push_back(std::make_unique<resp_l2>(ns, kvtier::resp::connection_options{.server = url.value},
-                                                kvtier::resp::pool_options{.connections = 5}));
-    }
+    for (std::uint32_t r = 0; r < world; ++r)
+      pools.push_back(std::make_unique<resp_l2>(url_of(r), static_cast<int>(r), ns, 5));
   }
   run_result run(engine_options opt) {
     opt.world = world;
@@ -48,6 +46,28 @@ struct real_rig {
   void prime() { test::prime(*this); }
 };
 
+// One redis-server per rank.
+struct real_rig : rig_base {
+  kvtier::test::redis_server srv0, srv1;
+  real_rig() {
+    attach([&](std::uint32_t r) { return (r == 0 ? srv0 : srv1).url(); });
+  }
+};
+
+// Each rank's partition over two servers of its own (rendezvous hash of the key).
+struct two_per_rank_rig : rig_base {
+  kvtier::test::redis_server a0, b0, a1, b1;
+  two_per_rank_rig() {
+    attach([&](std::uint32_t r) { return r == 0 ? a0.url() + "," + b0.url() : a1.url() + "," + b1.url(); });
+  }
+};
+
+// Both ranks on one loopback cluster (3 masters + 3 replicas), `query` choosing the placement.
+struct cluster_rig : rig_base {
+  cluster_rig(const kvtier::test::redis_cluster& cluster, const std::string& query) {
+    attach([&](std::uint32_t) { return cluster.url() + query; });
+  }
+};
 }  // namespace
 
 TEST_CASE("engine over two real servers: primed async and sync replays verify every byte", "[integration]") {
@@ -88,4 +108,36 @@ TEST_CASE("engine over two real servers: one rank's server loses its data or die
   CHECK(r.mismatched_chunks == 0);
   CHECK(r.requests[0].cached_tokens <= g.tm.chunk_tokens);  // later ones may hit rank 1's L1 again
   for (const auto& q : r.requests) CHECK(q.ttft_s > 0);
+}
+
+TEST_CASE("engine over a real cluster: spread and pinned placements replay with zero mismatches",
+          "[integration]") {
+  kvtier::test::redis_cluster cluster;
+  for (const std::string query : {"", "?placement=pinned"}) {
+    INFO("placement query '" << query << "'");
+    cluster_rig g(cluster, query);
+    g.prime();
+    const auto r = g.run({.mode = load_mode::async});
+    REQUIRE(r.fatal.empty());
+    CHECK(r.mismatched_chunks == 0);
+    for (std::size_t i = 0; i < r.requests.size(); ++i) {
+      CHECK(r.requests[i].status == "hit");
+      CHECK(r.requests[i].cached_tokens == g.prepared[i].n_chunks() * g.tm.chunk_tokens);
+    }
+    std::uint64_t hits = 0;
+    for (const auto& p : g.pools) hits += p->stats().hits;
+    CHECK(hits > 0);  // the loads really came from the cluster
+  }
+}
+
+TEST_CASE("engine with each rank's partition over two servers replays with zero mismatches",
+          "[integration]") {
+  two_per_rank_rig g;
+  g.prime();
+  const auto r = g.run({.mode = load_mode::async});
+  REQUIRE(r.fatal.empty());
+  CHECK(r.mismatched_chunks == 0);
+  for (std::size_t i = 0; i < r.requests.size(); ++i) CHECK(r.requests[i].status == "hit");
+  // Both servers of each rank hold some of its chunks.
+  for (auto* s : {&g.a0, &g.b0, &g.a1, &g.b1}) CHECK(s->call({"DBSIZE"}) != "0");
 }

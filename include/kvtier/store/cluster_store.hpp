@@ -63,6 +63,19 @@ struct cluster_options {
   std::size_t small_request_bytes = 64 << 10;        ///< calls moving more are `large` (see pool.hpp)
 };
 
+/// cluster_options for rank `rank` from a parsed resp+cluster:// URL (its seeds, its placement):
+/// `pinned` tags every key with "{kvtier-rank-<rank>}" so the rank's partition stays in one slot,
+/// so on one master; `spread` leaves keys untagged, so they hash over every master. `base` gives
+/// the connection settings (timeouts, protocol, limits); its server is not used.
+inline cluster_options cluster_options_for(const resp::cluster_url& url, int rank,
+                                           resp::connection_options base = {}) {
+  cluster_options o;
+  o.seeds = url.seeds;
+  o.connection = std::move(base);
+  if (url.placement == resp::cluster_placement::pinned) o.hash_tag = "kvtier-rank-" + std::to_string(rank);
+  return o;
+}
+
 /// The L2 store on a Redis/Valkey Cluster.
 template <resp::connection Connection>
 class cluster_store {
