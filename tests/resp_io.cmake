@@ -26,3 +26,6 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_cluster_store SOURCES resp_io/test_cluster_store.cpp LABELS integration
                   LIBS kvtier::asio kvtier::uring TIMEOUT 300)
 endif()
+if(TARGET kvtier::tls)
+  kvtier_add_test(test_tls SOURCES resp_io/test_tls.cpp LABELS integration LIBS kvtier::tls TIMEOUT 120)
+endif()

@@ -129,7 +129,8 @@ inline redirect parse_redirect(std::string_view text, const cluster_node& from) 
   if (!detail::cluster_number(endpoint.substr(colon + 1), 65535, port) || port == 0) return r;
   std::string_view host = endpoint.substr(0, colon);
   // "[v6]:port": brackets only around a host with colons (as describe() writes it).
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']' && host.find(':') != std::string_view::npos)
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']' &&
+      host.find(':') != std::string_view::npos)
     host = host.substr(1, host.size() - 2);
   r.kind = word == "MOVED" ? redirect_kind::moved : redirect_kind::ask;
   r.slot = static_cast<std::uint16_t>(slot);

@@ -59,6 +59,16 @@
 
 namespace kvtier::resp {
 
+/// TLS settings for rediss:// and resp+tls:// endpoints (the Asio transport with OpenSSL,
+/// kvtier/resp/asio_tls_connection.hpp). Peer verification is on unless turned off.
+struct tls_options {
+  std::string ca_file{};      ///< PEM file of trusted CAs; empty: the system's default CA paths
+  std::string cert_file{};    ///< client certificate (PEM), for servers that ask for one
+  std::string key_file{};     ///< the client certificate's private key (PEM)
+  std::string server_name{};  ///< name to verify and send as SNI; empty: the endpoint's host
+  bool verify_peer = true;    ///< check the server's certificate chain and name
+};
+
 /// How a connection reaches and talks to its server.
 struct connection_options {
   endpoint server{};  ///< where (from parse_url)
@@ -71,6 +81,7 @@ struct connection_options {
   std::string client_name{};                              ///< CLIENT SETNAME when non-empty
   parser_limits limits{};                                 ///< reply limits (bulk, aggregate, depth, buffer)
   int socket_buffer_bytes = 0;  ///< SO_RCVBUF/SO_SNDBUF when > 0 (else kernel autotuning)
+  tls_options tls{};            ///< used when server.tls (rediss://, resp+tls://)
 };
 
 /// Counters of one connection (monotonic since construction).
@@ -300,6 +311,8 @@ class connection_base {
   /// Every reply of the batch has arrived.
   bool replies_done() const noexcept { return cur_->completed_ >= cur_->size(); }
   const connection_options& opts() const noexcept { return opt_; }
+  /// Why transport_connect() failed, in words (e.g. "TLS: certificate has expired").
+  void set_transport_text(std::string text) { transport_text_ = std::move(text); }
 
  private:
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
@@ -364,8 +377,9 @@ class connection_base {
     }
     const deadline cdl =
         std::min(dl, clock::now() + std::chrono::duration_cast<clock::duration>(opt_.connect_timeout));
+    transport_text_.clear();
     std::error_code ec = self().transport_connect(cdl);
-    std::string server_text;
+    std::string server_text = transport_text_;  // e.g. a TLS failure's reason
     if (!ec) {
       connected_ = true;
       parser_.reset();
@@ -469,6 +483,7 @@ class connection_base {
   std::chrono::milliseconds backoff_;
   std::error_code last_connect_error_;
   std::string last_error_;
+  std::string transport_text_;
   batch ping_;   // ping()
   batch probe_;  // health checks and the handshake (never at the same time as a caller's batch)
   batch* cur_ = nullptr;

@@ -4,6 +4,8 @@
 //   resp://[user[:password]@]host[:port][/db]          TCP; port defaults to 6379, db to 0
 //   resp://[user[:password]@][v6addr]:port[/db]        IPv6 literal in brackets
 //   resp+unix://[user[:password]@]/path/to.sock[?db=N] Unix socket (absolute path)
+//   rediss://... or resp+tls://...                      TCP with TLS (as resp://; see
+//                                                       connection_options::tls)
 // User and password may be percent-encoded (%40 for '@', %3A for ':').
 //
 // Templates: "{rank}" is replaced by the rank anywhere in the text, and "{rank+N}"
@@ -38,6 +40,7 @@ struct endpoint {
   std::string user;           ///< empty: AUTH with password only (the "default" user)
   std::string password;       ///< empty: no AUTH
   int db = 0;                 ///< SELECT db after connecting when non-zero
+  bool tls = false;           ///< TCP with TLS (rediss://, resp+tls://)
 
   /// "host:port/db" or "unix:/path/db" without credentials, for messages and logs.
   std::string describe() const {
@@ -147,25 +150,31 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
           url, "unknown placeholder " + std::string(ph) + " (only {rank} anywhere and {rank+N} as the port)");
     if (!rank)
       return conn_url_error(url, "contains the placeholder " + std::string(ph) + " but no rank was given");
-    const bool port_position =
-        b > 0 && s[b - 1] == ':' && (e + 1 == s.size() || s[e + 1] == '/') && s.substr(0, 7) == "resp://";
+    const bool port_position = b > 0 && s[b - 1] == ':' && (e + 1 == s.size() || s[e + 1] == '/') &&
+                               s.substr(0, 12) != "resp+unix://";
     if (!port_position) return conn_url_error(url, std::string(ph) + " is only allowed as the port");
   }
 
   endpoint ep;
   constexpr std::string_view tcp_scheme = "resp://", unix_scheme = "resp+unix://";
+  constexpr std::string_view tls_schemes[] = {"rediss://", "resp+tls://"};
   std::string_view rest;
   if (s.substr(0, tcp_scheme.size()) == tcp_scheme) {
     rest = s.substr(tcp_scheme.size());
+  } else if (s.substr(0, tls_schemes[0].size()) == tls_schemes[0] ||
+             s.substr(0, tls_schemes[1].size()) == tls_schemes[1]) {
+    ep.tls = true;
+    rest = s.substr(s.find("://") + 3);
   } else if (s.substr(0, unix_scheme.size()) == unix_scheme) {
     ep.kind = endpoint::transport::unix_socket;
     rest = s.substr(unix_scheme.size());
   } else {
     const auto colon = s.find("://");
-    return conn_url_error(url, colon == std::string_view::npos
-                                   ? "missing scheme (expected resp:// or resp+unix://)"
-                                   : "unsupported scheme '" + std::string(s.substr(0, colon)) +
-                                         "' (expected resp or resp+unix)");
+    return conn_url_error(url,
+                          colon == std::string_view::npos
+                              ? "missing scheme (expected resp://, resp+unix://, rediss:// or resp+tls://)"
+                              : "unsupported scheme '" + std::string(s.substr(0, colon)) +
+                                    "' (expected resp, resp+unix, rediss or resp+tls)");
   }
 
   // userinfo@: TCP: before the last '@' of the authority (up to the first '/');
