@@ -69,7 +69,8 @@ double one_rep(rank_t W, std::size_t N, std::size_t CB, int mode, int loads) {
                        .chunk_tokens = 256,
                        .chunk_bytes = CB,
                        .mode = static_cast<broadcast_mode>(std::max(mode, 0)),
-                       .staging = staging[r]};
+                       .staging = staging[r],
+                       .request_id = 1};
     const auto dl = deadline_after(std::chrono::seconds(60));
     std::uint32_t token = 0;
     (void)comm::all_reduce_value(c, token, comm::reduce_op::sum, dl);  // start together
@@ -110,8 +111,12 @@ double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, b
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     const rank_t r = c.rank();
     chunk_span_buffers b = wb.buffers(r);
-    const broadcast_params p{
-        .n_chunks = N, .chunk_tokens = 256, .chunk_bytes = CB, .mode = mode, .staging = staging[r]};
+    const broadcast_params p{.n_chunks = N,
+                             .chunk_tokens = 256,
+                             .chunk_bytes = CB,
+                             .mode = mode,
+                             .staging = staging[r],
+                             .request_id = 1};
     const auto dl = deadline_after(std::chrono::seconds(60));
     const auto mine = owned_chunks(own, r, N);
     std::atomic<std::size_t> loaded{0};
@@ -128,7 +133,7 @@ double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, b
     broadcast_result res;
     if (!pipelined) {
       fetcher.join();
-      res = chunk_broadcast(c, own, loaded_prefix_tokens(own, r, N, 256, loaded.load()), b, p, dl);
+      res = chunk_broadcast(c, own, rank_answer_loaded(own, r, N, 256, loaded.load()), b, p, dl);
     } else {
       pipelined_broadcast pb(c, own, b, p);
       std::size_t reported = 0;
@@ -138,7 +143,7 @@ double fetch_rep(rank_t W, std::size_t N, std::size_t CB, broadcast_mode mode, b
              i < 100000 && loaded.load(std::memory_order_acquire) == reported && reported < mine.size(); ++i)
           std::this_thread::sleep_for(std::chrono::microseconds(50));
         reported = loaded.load(std::memory_order_acquire);
-        pb.step(loaded_prefix_tokens(own, r, N, 256, reported), reported == mine.size(), dl);
+        pb.step(rank_answer_loaded(own, r, N, 256, reported), reported == mine.size(), dl);
       }
       res = pb.result();
       fetcher.join();

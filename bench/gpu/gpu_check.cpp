@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
                              .chunk_tokens = 256,
                              .chunk_bytes = chunk_bytes,
                              .mode = static_cast<broadcast_mode>(m),
-                             .staging = staging.bytes()};
+                             .staging = staging.bytes(),
+                             .request_id = 1};
     cudaMemset(dst.data(), 0, dst.size());
     cudaDeviceSynchronize();
     std::vector<double> t;

@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   std::vector<chunk_status> st(batch);
   for (auto& c : cfgs) {
     if (c.put(keys, s, st) ||
-        std::any_of(st.begin(), st.end(), [](auto x) { return x != chunk_status::hit; })) {
+        std::any_of(st.begin(), st.end(), [](auto x) { return x != chunk_status::stored; })) {
       std::fprintf(stderr, "bench_l2_scaleout: %s: put failed: %s\n", c.name.c_str(), c.last_error().c_str());
       return 1;
     }

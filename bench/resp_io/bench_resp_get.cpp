@@ -406,7 +406,7 @@ server_data make_server(const config& cfg, int index) {
       kvtier::chunk_status st{};
       std::error_code ec = writer.store().put(std::span(&ck, 1), std::span(&src, 1), std::span(&st, 1),
                                               kvtier::deadline_after(std::chrono::seconds(30)));
-      if (ec || st != kvtier::chunk_status::hit) throw std::runtime_error("remote_store put failed");
+      if (ec || st != kvtier::chunk_status::stored) throw std::runtime_error("remote_store put failed");
     }
 #endif
     d.keys.push_back(key);

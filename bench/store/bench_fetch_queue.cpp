@@ -71,7 +71,7 @@ struct fixture {
     std::vector<chunk_status> st(n);
     store.put(keys, src, st, deadline_after(10s));
     for (auto s : st)
-      if (s != chunk_status::hit) std::fprintf(stderr, "setup: put failed\n");
+      if (s != chunk_status::stored) std::fprintf(stderr, "setup: put failed\n");
   }
   void direct_get(std::size_t n) {
     std::vector<chunk_status> st(n);

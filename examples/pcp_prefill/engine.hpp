@@ -6,7 +6,7 @@
 // collective, so every rank issues the same collectives in the same order.
 //
 // Per rank: L1 = modeled_l1 (a kvtier::memory_store), L2 = the caller's store,
-// kvtier::tiered_store over both, kvtier::sharded_store views (owned chunks
+// kvtier::tiered_store over both, kvtier::rank_view views (owned chunks
 // only, c mod W), a kvtier::fetch_queue (async mode) and a write-behind thread
 // for L2 puts outside the step. Lookup answers are kvtier::rank_answer values
 // reduced with a min all-reduce; loaded chunks move owner -> all ranks with
@@ -26,6 +26,8 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,7 +39,7 @@
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/lookup.hpp"
 #include "kvtier/ownership.hpp"
-#include "kvtier/store/sharded_store.hpp"
+#include "kvtier/store/rank_view.hpp"
 #include "kvtier/store/tiered_store.hpp"
 #include "model_stores.hpp"
 #include "timing_model.hpp"
@@ -172,8 +174,8 @@ class write_behind {
 template <class L2>
 class engine {
   using tiers_t = kvtier::tiered_store<modeled_l1, L2>;
-  using view_t = kvtier::sharded_store<tiers_t, kvtier::modulo_ownership>;
-  using l1_view_t = kvtier::sharded_store<modeled_l1, kvtier::modulo_ownership>;
+  using view_t = kvtier::rank_view<tiers_t, kvtier::modulo_ownership>;
+  using l1_view_t = kvtier::rank_view<modeled_l1, kvtier::modulo_ownership>;
   using comm_t = kvtier::comm::inproc_communicator;
   static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
 
@@ -264,8 +266,9 @@ class engine {
   void all_reduce_min(rank_env& env, std::vector<std::uint64_t>& v) {
     if (v.empty()) return;
     ++env.collectives;
-    if (auto ec = env.comm->all_reduce(v.data(), v.data(), v.size(), kvtier::comm::dtype::u64,
-                                       kvtier::comm::reduce_op::min, coll_dl()))
+    if (auto ec =
+            kvtier::comm::all_reduce(*env.comm, std::span<const std::uint64_t>(v),
+                                     std::span<std::uint64_t>(v), kvtier::comm::reduce_op::min, coll_dl()))
       throw std::runtime_error("all_reduce failed: " + ec.message() + ": " + env.comm->last_error());
   }
 
@@ -294,18 +297,18 @@ class engine {
   std::pair<std::uint64_t, std::uint64_t> lookup_answers(rank_env& env, std::size_t i,
                                                          const kvtier::fetch_result* async_res) {
     const auto keys = std::span<const kvtier::chunk_key>(reqs_[i].keys);
+    const std::uint64_t keyed_tokens = reqs_[i].n_chunks() * tm_.chunk_tokens;  // full chunks only
     const auto dl = load_dl();
     std::uint64_t a = 0;
     if (async_res) {
-      a = async_res->prefix_tokens;  // a failed lookup reports the first owned start: nothing cached
+      a = async_res->answer_tokens;  // a failed lookup reports the first owned start: nothing cached
     } else {
-      a = timed_io(env, [&] {
-        std::error_code ec;
-        const auto v = env.view->lookup(keys, tm_.chunk_tokens, dl, &ec);
-        return v;
-      });
+      // A failed lookup only shrinks the answer (its error is counted by the store).
+      a = timed_io(env,
+                   [&] { return env.view->lookup(keys, tm_.chunk_tokens, keyed_tokens, dl).answer_tokens; });
     }
-    const std::uint64_t a1 = env.l1_view->lookup(keys, tm_.chunk_tokens, dl);  // host memory, no I/O
+    const std::uint64_t a1 =
+        env.l1_view->lookup(keys, tm_.chunk_tokens, keyed_tokens, dl).answer_tokens;  // host memory, no I/O
     return {a, a1};
   }
 
@@ -549,7 +552,7 @@ class engine {
       if (!lookups_done.empty()) {
         std::vector<std::uint64_t> answers;
         for (std::size_t i : lookups_done) {
-          const auto res = env.queue->poll(env.loc[i].lookup);
+          const auto res = env.queue->poll(env.loc[i].lookup).value();
           const auto [a, a1] = lookup_answers(env, i, &res);
           answers.push_back(a), answers.push_back(a1);
         }
@@ -559,8 +562,8 @@ class engine {
           if (env.ctl[i].loading) start_load(env, i), env.loads.push_back(i);
       }
       for (std::size_t i : loads_done) {
-        const auto res = env.queue->poll(env.loc[i].load);
-        const std::uint64_t loaded = res.state == kvtier::fetch_state::done ? res.prefix_tokens : 0;
+        const auto res = env.queue->poll(env.loc[i].load).value();
+        const std::uint64_t loaded = res.state == kvtier::fetch_state::done ? res.answer_tokens : 0;
         // The lookup and the load together are this request's load time.
         finish_load(env, i, loaded, kvtier::clock::now() - env.loc[i].load_started);
       }
@@ -639,7 +642,7 @@ class engine {
   }
 
   std::uint64_t queue_done(rank_env& env, const kvtier::fetch_handle& h) {
-    return env.queue->poll(h).state != kvtier::fetch_state::pending ? 1 : 0;
+    return env.queue->poll(h).has_value() ? 1 : 0;
   }
 
   void note_stall(rank_env& env) {

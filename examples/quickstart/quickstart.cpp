@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,7 +65,7 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   kvtier::memory_store l1(64u << 20);
   kvtier::metrics m;
   kvtier::tiered_store tiers(l1, l2, {.metrics = &m});
-  kvtier::sharded_store view(tiers, own, r);
+  kvtier::rank_view view(tiers, own, r);
   kvtier::fetch_queue queue(tiers, {.workers = 1, .metrics = &m});
 
   // Every rank ends with the whole prompt's KV (as after PCP's all-gather).
@@ -74,7 +75,8 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
 
   // 1. Lookup: this rank's answer, then the scheduler's minimum over ranks.
   outcome out;
-  std::uint64_t hit = view.lookup(keys, chunk_tokens, dl());
+  // A failed lookup only shrinks the answer (recompute more); .ec says why.
+  std::uint64_t hit = view.lookup(keys, chunk_tokens, tokens.size(), dl()).answer_tokens;
   if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, dl())) {
     out.error = "lookup all-reduce: " + ec.message();
     return out;
@@ -88,10 +90,11 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   for (std::size_t c : view.owned_chunks(hit_chunks)) my_keys.push_back(keys[c]), my_dst.push_back(dst[c]);
   auto h = queue.submit(1, my_keys, my_dst,
                         kvtier::chunk_layout::owned(view.owned_starts(hit_chunks, chunk_tokens), hit), dl());
-  kvtier::fetch_result res;
-  while ((res = queue.poll(h)).state == kvtier::fetch_state::pending)
-    std::this_thread::yield();  // an engine steps its other requests here
-  const std::uint64_t loaded_r = res.state == kvtier::fetch_state::done ? res.prefix_tokens : 0;
+  std::optional<kvtier::fetch_result> res;
+  while (!(res = queue.poll(h)))  // empty while pending: never read as "0 tokens loaded"
+    std::this_thread::yield();    // an engine steps its other requests here
+  // A failed load reports this rank's first owned start (nothing of its own loaded).
+  const std::uint64_t loaded_r = res->answer_tokens;
 
   // 3. Agree on the loaded prefix and move each chunk from its owner to every rank.
   kvtier::chunk_span_buffers bufs;
@@ -101,7 +104,8 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
                                          {.n_chunks = hit_chunks,
                                           .chunk_tokens = chunk_tokens,
                                           .chunk_bytes = chunk_bytes,
-                                          .mode = kvtier::broadcast_mode::grouped},
+                                          .mode = kvtier::broadcast_mode::grouped,
+                                          .request_id = 1},
                                          dl());
   if (b.ec) out.error = "chunk_broadcast: " + b.message;
   out.loaded = b.agreed_tokens;  // 0 on error: recompute everything

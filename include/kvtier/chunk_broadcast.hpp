@@ -12,8 +12,8 @@
 //   kvtier::modulo_ownership own(W);
 //   kvtier::chunk_span_buffers bufs{sources, destinations};   // per rank
 //   kvtier::broadcast_params p{.n_chunks = 64, .chunk_tokens = 256, .chunk_bytes = 12'400'000,
-//                              .mode = kvtier::broadcast_mode::grouped};
-//   std::uint64_t loaded = kvtier::loaded_prefix_tokens(own, comm.rank(), 64, 256, n_loaded_owned);
+//                              .mode = kvtier::broadcast_mode::grouped, .request_id = req};
+//   std::uint64_t loaded = kvtier::rank_answer_loaded(own, comm.rank(), 64, 256, n_loaded_owned);
 //   auto r = kvtier::chunk_broadcast(comm, own, loaded, bufs, p, kvtier::deadline_after(2s));
 //   if (r.ec) recompute_from(0); else recompute_from(r.agreed_tokens);
 //
@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -58,7 +59,7 @@ namespace kvtier {
 
 enum class broadcast_mode : std::uint8_t { per_chunk, grouped, gathered };
 
-inline const char* to_string(broadcast_mode m) noexcept {
+constexpr std::string_view to_string(broadcast_mode m) noexcept {
   switch (m) {
     case broadcast_mode::per_chunk:
       return "per_chunk";
@@ -94,6 +95,16 @@ struct chunk_span_buffers {
   }
 };
 
+/// Which load a chunk_broadcast belongs to (e.g. the engine's request number).
+/// It has no default on purpose: a broadcast_params that omits it does not
+/// compile, so the guard it feeds (see broadcast_params::request_id) cannot be
+/// switched off by forgetting it.
+struct load_id {
+  constexpr load_id(std::uint64_t v) noexcept : value(v) {}  // NOLINT: implicit from the caller's id
+  std::uint64_t value;
+  friend constexpr bool operator==(load_id, load_id) = default;
+};
+
 /// Parameters every rank must pass identically (staging excepted).
 struct broadcast_params {
   std::size_t n_chunks = 0;        ///< chunks of the request
@@ -103,11 +114,11 @@ struct broadcast_params {
   /// gathered mode only: this rank's staging buffer in backend memory, at least
   /// gathered_staging_bytes(owners, n_chunks, chunk_bytes) bytes.
   std::span<std::byte> staging{};
-  /// Which load this is (e.g. the engine's request number). Folded into the
-  /// agreement's fingerprint: a rank that fell one load behind its peers (it
+  /// Which load this is (e.g. the engine's request number); required. Folded into
+  /// the agreement's fingerprint: a rank that fell one load behind its peers (it
   /// skipped a call) fails the agreement on every rank instead of pairing its
   /// broadcasts with another request's.
-  std::uint64_t request_id = 0;
+  load_id request_id;
 };
 
 struct broadcast_result {
@@ -123,8 +134,8 @@ struct broadcast_result {
 /// chunk not loaded, or n_chunks * chunk_tokens when all its owned chunks loaded
 /// (a rank that owns none reports the full length, never 0).
 template <ownership_policy P>
-std::uint64_t loaded_prefix_tokens(const P& owners, rank_t rank, std::size_t n_chunks,
-                                   std::uint64_t chunk_tokens, std::size_t loaded_owned) {
+std::uint64_t rank_answer_loaded(const P& owners, rank_t rank, std::size_t n_chunks,
+                                 std::uint64_t chunk_tokens, std::size_t loaded_owned) {
   std::size_t k = 0;
   for (std::size_t c = 0; c < n_chunks; ++c) {
     if (static_cast<rank_t>(owners.owner(c)) != rank) continue;
@@ -209,7 +220,7 @@ template <ownership_policy P>
 std::uint64_t fingerprint(const P& owners, const broadcast_params& p) {
   std::uint64_t fp =
       fp_mix(fp_mix(fp_mix(p.n_chunks, p.chunk_tokens), p.chunk_bytes), static_cast<std::uint64_t>(p.mode));
-  fp = fp_mix(fp, p.request_id);
+  fp = fp_mix(fp, p.request_id.value);
   for (char ch : owners.geometry()) fp = fp_mix(fp, static_cast<unsigned char>(ch));
   return fp;
 }
@@ -221,7 +232,8 @@ template <comm::communicator C, std::size_t N>
 bool agree(C& comm, std::uint64_t (&v)[N], const std::string& local_problem, broadcast_result& res,
            deadline dl) {
   ++res.collectives;
-  if (auto ec = comm.all_reduce(v, v, N, comm::dtype::u64, comm::reduce_op::min, dl)) {
+  if (auto ec = kvtier::comm::all_reduce(comm, std::span<const std::uint64_t>(v), std::span<std::uint64_t>(v),
+                                         kvtier::comm::reduce_op::min, dl)) {
     res.ec = ec;
     res.message = "agreement: " + std::string(comm.last_error());
     return false;

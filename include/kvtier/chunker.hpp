@@ -28,10 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#ifndef XXH_INLINE_ALL
-#define XXH_INLINE_ALL
-#endif
-#include <xxhash.h>
+#include "kvtier/detail/xxhash.hpp"
 
 namespace kvtier {
 
@@ -136,13 +133,31 @@ struct key_namespace {
   static constexpr std::uint64_t root_seed = 0x6b76746965720001ull;
 };
 
-/// The remote store's name for a chunk: "kvtier:<namespace 16 hex>:<key 32 hex>".
-inline std::string remote_key_text(const key_namespace& ns, const chunk_key& key) {
+/// The namespace part of every remote key name, "kvtier:<namespace 16 hex>:".
+/// Hashes the namespace: compute it once (remote_store does) and pass it to
+/// remote_key_text(prefix, key) for each key.
+inline std::string remote_key_prefix(const key_namespace& ns) {
   std::string out = "kvtier:";
   out += ns.text();
   out += ':';
-  out += key.to_hex();
   return out;
+}
+
+/// The remote store's name for a chunk, "<prefix><key 32 hex>", from a prefix made
+/// by remote_key_prefix(). No hashing: one allocation per key.
+inline std::string remote_key_text(std::string_view prefix, const chunk_key& key) {
+  std::string out;
+  out.reserve(prefix.size() + 32);
+  out += prefix;
+  out.resize(prefix.size() + 32);
+  key.to_hex(out.data() + prefix.size());
+  return out;
+}
+
+/// The remote store's name for a chunk: "kvtier:<namespace 16 hex>:<key 32 hex>".
+/// Convenience form that hashes the namespace on every call.
+inline std::string remote_key_text(const key_namespace& ns, const chunk_key& key) {
+  return remote_key_text(remote_key_prefix(ns), key);
 }
 
 /// What to do with the tokens after the last full chunk.

@@ -13,20 +13,31 @@
 //   auto layout = kvtier::chunk_layout::owned(owned_starts, end_tokens);
 //   auto h = q.submit(req_id, owned_keys, destinations, layout, kvtier::deadline_after(500ms));
 //   ... engine steps other requests ...
-//   kvtier::fetch_result r = q.poll(h);        // pending / done / failed, never blocks
-//   if (r.state != kvtier::fetch_state::pending) use(r.prefix_tokens);  // recompute from there
+//   if (std::optional<kvtier::fetch_result> r = q.poll(h))  // empty while pending; never blocks
+//     use(r->answer_tokens);                                // done or failed: recompute from there
 //
 // Lookup (exists) and prefetch (get into queue-owned staging) report the same
 // prefix as kvtier::rank_answer over the layout. A later submit() with the same
 // request id takes the prefetched chunks from staging (one memcpy each) instead
 // of reading them from the store again.
 //
-// The request types (request_id, chunk_layout, fetch_state, fetch_result) are
-// defined in kvtier/detail/queue_request.hpp and are part of this header's API.
+// The request types (request_id, chunk_layout, fetch_state, fetch_result,
+// fetch_handle, fetch_queue_options) are in kvtier/fetch_types.hpp.
 //
-// Destinations must stay valid until the request is no longer pending; after
-// that the queue never touches them (a cancelled running request still completes
-// only when its store call has returned).
+// Destinations must stay valid, and must not be reused, until the request has
+// completed (poll()/wait() return a value); after that the queue never touches
+// them. A cancelled running request completes only when its store call has
+// returned, so reusing buffers after cancel() means waiting for the completion.
+//
+// Deadlines: kvtier::no_deadline means "no limit" here as everywhere (waits
+// without a timeout, never an overflowed one).
+//
+// Failures never throw out of a worker: a store that throws, or an allocation
+// that fails in a worker, completes the request as failed/backend_error. A
+// failed allocation in submit() before anything was queued may throw
+// std::bad_alloc to the caller; once queue bookkeeping starts, it is rolled back
+// and the request completes as failed/queue_full. If a worker thread cannot be
+// started the constructor joins the ones it started and rethrows.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +51,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <span>
 #include <system_error>
 #include <thread>
@@ -49,61 +61,40 @@
 
 #include "kvtier/chunker.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/detail/queue_request.hpp"
 #include "kvtier/detail/store_common.hpp"
 #include "kvtier/errc.hpp"
+#include "kvtier/fetch_types.hpp"
 #include "kvtier/lookup.hpp"
 #include "kvtier/metrics.hpp"
 #include "kvtier/store/chunk_store.hpp"
 
 namespace kvtier {
 
-struct fetch_queue_options {
-  std::size_t workers = 2;                                 ///< threads calling the store
-  std::size_t max_requests = 256;                          ///< submitted and not completed
-  std::size_t max_bytes_in_flight = std::size_t{4} << 30;  ///< destinations + prefetch staging
-  std::size_t max_batch_chunks = 0;    ///< split a request into store calls of this many keys (0: one call);
-                                       ///< cancellation is noticed between calls
-  kvtier::metrics* metrics = nullptr;  ///< optional
-};
-
-template <chunk_store Store>
-class fetch_queue;
-
-/// A submitted request. Cheap to copy; keeps the request's state alive.
-class fetch_handle {
- public:
-  fetch_handle() = default;
-  bool valid() const noexcept { return req_ != nullptr; }
-  request_id id() const noexcept { return req_ ? req_->id : 0; }
-
- private:
-  template <chunk_store S>
-  friend class fetch_queue;
-  explicit fetch_handle(std::shared_ptr<detail::queue_request> r) : req_(std::move(r)) {}
-  std::shared_ptr<detail::queue_request> req_;
-};
-
-/// Counts at one instant.
-struct fetch_queue_stats {
-  std::size_t queued = 0;              ///< waiting for a worker
-  std::size_t requests_in_flight = 0;  ///< submitted and not completed
-  std::size_t bytes_in_flight = 0;     ///< destinations of unfinished loads + staged prefetches
-  std::size_t prefetches_held = 0;     ///< prefetches kept for a later load
-};
-
 template <chunk_store Store>
 class fetch_queue {
   using req_ptr = std::shared_ptr<detail::queue_request>;
   using detail_kind = detail::queue_kind;
   using where = detail::queue_where;
+  using access = detail::fetch_handle_access;
 
  public:
   /// Starts opt.workers threads. The store is held by reference and must outlive the queue.
-  explicit fetch_queue(Store& store, fetch_queue_options opt = {}) : store_(store), opt_(opt) {
+  /// Throws what thread creation throws (std::system_error) after joining the
+  /// workers it did start.
+  explicit fetch_queue(Store& store, fetch_queue_options opt = {}) : store_(store), opt_(std::move(opt)) {
     if (opt_.workers == 0) opt_.workers = 1;
-    workers_.reserve(opt_.workers);
-    for (std::size_t i = 0; i < opt_.workers; ++i) workers_.emplace_back([this] { work(); });
+    try {
+      workers_.reserve(opt_.workers);
+      for (std::size_t i = 0; i < opt_.workers; ++i) {
+        inject(fetch_queue_fault::start_thread);
+        workers_.emplace_back([this] { work(); });
+      }
+    } catch (...) {
+      shutdown();  // destroying a joinable std::thread would terminate the process
+      throw;
+    }
   }
   fetch_queue(const fetch_queue&) = delete;
   fetch_queue& operator=(const fetch_queue&) = delete;
@@ -124,13 +115,13 @@ class fetch_queue {
     return enqueue(std::move(r));
   }
 
-  /// Asks the store which keys exist; prefix_tokens is the rank answer.
+  /// Asks the store which keys exist; answer_tokens is the rank answer.
   fetch_handle lookup(request_id id, std::span<const chunk_key> keys, chunk_layout layout, deadline dl) {
     return enqueue(make(detail_kind::lookup, id, keys, std::move(layout), dl));
   }
 
   /// Reads the keys (chunk_bytes each) into queue-owned staging and keeps them
-  /// for a later submit() with the same id; prefix_tokens is the rank answer over
+  /// for a later submit() with the same id; answer_tokens is the rank answer over
   /// what was staged, so a prefetch doubles as the lookup. A held prefetch counts
   /// against bytes in flight until a load consumes it or release_prefetch(id); one
   /// that completes failed (cancelled, shut down) is dropped at once.
@@ -167,21 +158,23 @@ class fetch_queue {
     held_.erase(it);
   }
 
-  /// Never blocks. The status vector is copied only once the request has completed.
-  fetch_result poll(const fetch_handle& h) const {
+  /// Never blocks. Empty while the request is pending; once it has completed,
+  /// its result (and the caller owns the destinations again). An invalid handle
+  /// gives a failed result (errc::invalid_argument).
+  std::optional<fetch_result> poll(const fetch_handle& h) const {
     if (!h.valid()) return failed_result(errc::invalid_argument);
-    if (h.req_->state.load(std::memory_order_acquire) == fetch_state::pending) return {};
-    return h.req_->result;
+    const auto& r = access::get(h);
+    if (!r->completed.load(std::memory_order_acquire)) return std::nullopt;
+    return r->result;
   }
 
-  /// Blocks until the request completes or `dl` passes (then the result is pending).
-  fetch_result wait(const fetch_handle& h, deadline dl) const {
+  /// Blocks until the request completes (its result) or `dl` passes (empty).
+  std::optional<fetch_result> wait(const fetch_handle& h, deadline dl) const {
     if (!h.valid()) return failed_result(errc::invalid_argument);
-    auto& r = *h.req_;
+    auto& r = *access::get(h);
     std::unique_lock lock(r.mu);
-    r.cv.wait_until(lock, dl,
-                    [&] { return r.state.load(std::memory_order_acquire) != fetch_state::pending; });
-    if (r.state.load(std::memory_order_acquire) == fetch_state::pending) return {};
+    detail::wait_until(r.cv, lock, dl, [&] { return r.completed.load(std::memory_order_acquire); });
+    if (!r.completed.load(std::memory_order_acquire)) return std::nullopt;
     return r.result;
   }
 
@@ -194,10 +187,10 @@ class fetch_queue {
   /// program); close() still completes every other queued request first.
   void on_complete(const fetch_handle& h, std::function<void(const fetch_result&)> cb) {
     if (!h.valid()) return;
-    auto& r = *h.req_;
+    auto& r = *access::get(h);
     {
       std::lock_guard lock(r.mu);
-      if (r.state.load(std::memory_order_acquire) == fetch_state::pending) {
+      if (!r.completed.load(std::memory_order_acquire)) {
         r.callback = std::move(cb);
         return;
       }
@@ -210,7 +203,7 @@ class fetch_queue {
   /// False if it had already completed (or its completion was already decided).
   bool cancel(const fetch_handle& h) {
     if (!h.valid()) return false;
-    const req_ptr& r = h.req_;
+    const req_ptr& r = access::get(h);
     bool was_queued = false;
     {
       std::lock_guard lock(mu_);
@@ -279,11 +272,15 @@ class fetch_queue {
   Store& store() noexcept { return store_; }
 
  private:
-  static fetch_result failed_result(errc e) {
+  static fetch_result failed_result(errc e) noexcept {
     fetch_result res;
     res.state = fetch_state::failed;
     res.ec = make_error_code(e);
     return res;
+  }
+
+  void inject(fetch_queue_fault at) const {
+    if (opt_.fault_injector) opt_.fault_injector(at);
   }
 
   void gauge_add(gauge metrics::*g, std::int64_t n) {
@@ -307,7 +304,7 @@ class fetch_queue {
     r->where = where::detached;
     publish(r, fail_status(*r, e));
     if (opt_.metrics) opt_.metrics->rejected.add();
-    return fetch_handle(r);
+    return access::make(r);
   }
 
   fetch_handle enqueue(req_ptr r) {
@@ -320,13 +317,14 @@ class fetch_queue {
         refused = errc::shutdown;
       } else if (requests_ + 1 > opt_.max_requests || r->bytes > opt_.max_bytes_in_flight - bytes_) {
         refused = errc::queue_full;
+      } else if (!reserve_slot(r)) {
+        refused = errc::queue_full;  // out of memory for the bookkeeping: nothing changed
       } else {
+        // Nothing below allocates or throws: the counters never run ahead of the queue.
         ++requests_;
         bytes_ += r->bytes;
         ++queued_;
         if (r->kind == detail_kind::load) adopt_prefetch(*r);
-        if (r->kind == detail_kind::prefetch) hold_prefetch(r);
-        pending_.push_back(r);
         gauge_add(&metrics::queue_depth, 1);
         gauge_add(&metrics::requests_in_flight, 1);
         gauge_add(&metrics::bytes_in_flight, static_cast<std::int64_t>(r->bytes));
@@ -334,7 +332,26 @@ class fetch_queue {
     }
     if (refused != errc{}) return reject(r, refused);
     cv_.notify_one();
-    return fetch_handle(std::move(r));
+    return access::make(std::move(r));
+  }
+
+  // Under mu_: the allocating steps of enqueue (the pending_ entry, a prefetch's
+  // entry in held_), all or nothing. False if one threw (bad_alloc).
+  bool reserve_slot(const req_ptr& r) noexcept {
+    try {
+      inject(fetch_queue_fault::enqueue);
+      pending_.push_back(r);
+    } catch (...) {
+      return false;
+    }
+    if (r->kind != detail_kind::prefetch) return true;
+    try {
+      hold_prefetch(r);
+    } catch (...) {
+      pending_.pop_back();
+      return false;
+    }
+    return true;
   }
 
   // Under mu_: a load takes the held prefetch with its id, if any.
@@ -347,11 +364,12 @@ class fetch_queue {
     held_.erase(it);
   }
 
-  // Under mu_: a new prefetch replaces an older one with the same id.
+  // Under mu_: a new prefetch replaces an older one with the same id. Only the
+  // map insertion can throw, and then nothing has changed.
   void hold_prefetch(const req_ptr& p) {
+    auto [it, inserted] = held_.try_emplace(p->id, p);
     p->staging_accounted = p->bytes;
     p->retained = true;
-    auto [it, inserted] = held_.try_emplace(p->id, p);
     if (!inserted) {
       it->second->retained = false;
       maybe_release_staging(*it->second);
@@ -391,10 +409,12 @@ class fetch_queue {
   }
 
   void run(const req_ptr& r) {
-    std::vector<chunk_status> status(r->keys.size(), chunk_status::error);
+    std::vector<chunk_status> status;
     std::error_code ec;
     bool cancelled = false;
-    try {
+    try {  // everything that allocates is inside: a bad_alloc fails the request, not the process
+      inject(fetch_queue_fault::worker_alloc);
+      status.assign(r->keys.size(), chunk_status::error);
       if (cancel_requested(*r)) {
         cancelled = true;
       } else if (expired(r->dl)) {
@@ -431,11 +451,10 @@ class fetch_queue {
     detail::queue_request& p = *r.source;
     {  // FIFO: the prefetch was popped before this load, so it is running or done.
       std::unique_lock lock(p.mu);
-      p.cv.wait_until(lock, r.dl,
-                      [&] { return p.state.load(std::memory_order_acquire) != fetch_state::pending; });
+      detail::wait_until(p.cv, lock, r.dl, [&] { return p.completed.load(std::memory_order_acquire); });
     }
     std::vector<std::size_t> todo;
-    if (p.state.load(std::memory_order_acquire) == fetch_state::pending) {
+    if (!p.completed.load(std::memory_order_acquire)) {
       todo.resize(r.keys.size());  // the load's deadline passed first: call_store marks timeouts
       for (std::size_t i = 0; i < todo.size(); ++i) todo[i] = i;
       return todo;
@@ -495,12 +514,16 @@ class fetch_queue {
     return first_ec;
   }
 
-  static fetch_result fail_status(const detail::queue_request& r, errc e) {
+  // noexcept: it runs on the failure paths, where a throw would end the process.
+  static fetch_result fail_status(const detail::queue_request& r, errc e) noexcept {
     fetch_result res = failed_result(e);
     const bool never_ran = e == errc::queue_full || e == errc::too_large || e == errc::invalid_argument;
-    res.status.assign(r.keys.size(), never_ran ? chunk_status::error : chunk_status::cancelled);
-    res.prefix_tokens = r.layout.starts.empty() ? r.layout.end_tokens : r.layout.starts.front();
-    if (r.layout.starts.size() != r.keys.size()) res.prefix_tokens = 0;
+    try {
+      res.status.assign(r.keys.size(), never_ran ? chunk_status::error : chunk_status::cancelled);
+    } catch (...) {  // out of memory: the result stays valid with an empty status vector
+    }
+    res.answer_tokens = r.layout.starts.empty() ? r.layout.end_tokens : r.layout.starts.front();
+    if (r.layout.starts.size() != r.keys.size()) res.answer_tokens = 0;
     return res;
   }
 
@@ -528,17 +551,17 @@ class fetch_queue {
     res.ec = ec;
     res.status = std::move(status);
     const detail::store_hit_view hits{res.status};
-    res.prefix_tokens =
+    res.answer_tokens =
         rank_answer(std::span<const std::uint64_t>(r->layout.starts), hits, r->layout.end_tokens);
-    res.prefix_chunks = contiguous_hit_count(hits, res.status.size());
+    res.answer_chunks = contiguous_hit_count(hits, res.status.size());
     if (auto* m = opt_.metrics) {
       const auto latency = clock::now() - r->submitted;
       if (r->kind == detail_kind::load) {
         m->loads.add();
         m->load_latency.observe(latency);
-        m->chunks_loaded.add(res.prefix_chunks);
+        m->chunks_loaded.add(res.answer_chunks);
         std::uint64_t b = 0;
-        for (std::size_t i = 0; i < res.prefix_chunks; ++i) b += r->dst[i].size();
+        for (std::size_t i = 0; i < res.answer_chunks; ++i) b += r->dst[i].size();
         m->bytes_loaded.add(b);
       } else {
         m->lookups.add();
@@ -598,7 +621,7 @@ class fetch_queue {
       std::lock_guard lock(r->mu);
       r->claimed = true;
       r->result = std::move(res);
-      r->state.store(r->result.state, std::memory_order_release);
+      r->completed.store(true, std::memory_order_release);
       cb = std::move(r->callback);
     }
     r->cv.notify_all();

@@ -8,6 +8,7 @@
 #pragma once
 
 // pure primitives
+#include "kvtier/chunk_status.hpp"
 #include "kvtier/chunker.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
@@ -17,11 +18,12 @@
 
 // stores and the fetch queue
 #include "kvtier/fetch_queue.hpp"
+#include "kvtier/fetch_types.hpp"
 #include "kvtier/metrics.hpp"
 #include "kvtier/store/chunk_store.hpp"
 #include "kvtier/store/memory_store.hpp"
+#include "kvtier/store/rank_view.hpp"
 #include "kvtier/store/remote_store.hpp"
-#include "kvtier/store/sharded_store.hpp"
 #include "kvtier/store/tiered_store.hpp"
 #include "kvtier/store/value_header.hpp"
 

@@ -20,8 +20,15 @@
 //   std::uint64_t a = kvtier::rank_answer(starts, present, n_chunks * 256);
 //   std::uint64_t hit = comm.all_reduce_min(a);    // == kvtier::min_over_ranks(all answers)
 //
-// The partial tail chunk never takes part: it is not stored, so the answer is
-// at most the end of the last full chunk (see full_chunks_end_tokens()).
+// Under tail_policy::drop the partial tail chunk never takes part, so the answer
+// is at most the end of the last full chunk (see full_chunks_end_tokens()). Under
+// tail_policy::hash_partial the last key covers a shorter tail: pass the prompt's
+// token count as end_tokens (rank_view::lookup does), never keys * chunk_tokens.
+//
+// Names: every function here that returns a rank's answer in tokens says
+// "rank_answer" (rank_answer, rank_answer_cumulative; chunk_broadcast.hpp has
+// rank_answer_loaded; fetch_result and rank_lookup carry answer_tokens).
+// contiguous_hit_count() counts chunks, not tokens.
 #pragma once
 
 #include <algorithm>
@@ -120,12 +127,12 @@ std::vector<std::uint64_t> owned_cumulative_lengths(const P& policy, rank_t r, s
 /// same rank; the property tests check that. An empty vector (malformed input)
 /// gives 0, the safe "nothing cached" answer.
 ///
-/// Example: contiguous_hits({256, 768, 1024}, {true, false}) == 768
-///          contiguous_hits({256, 768, 1024}, {false, false}) == 256
-///          contiguous_hits({1024}, {}) == 1024
+/// Example: rank_answer_cumulative({256, 768, 1024}, {true, false}) == 768
+///          rank_answer_cumulative({256, 768, 1024}, {false, false}) == 256
+///          rank_answer_cumulative({1024}, {}) == 1024
 template <class Present>
-requires presence_view<Present> std::uint64_t contiguous_hits(std::span<const std::uint64_t> cumulative,
-                                                              const Present& present) {
+requires presence_view<Present> std::uint64_t rank_answer_cumulative(
+    std::span<const std::uint64_t> cumulative, const Present& present) {
   if (cumulative.empty()) return 0;
   return cumulative[contiguous_hit_count(present, cumulative.size() - 1)];
 }

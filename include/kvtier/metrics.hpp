@@ -23,7 +23,8 @@
 #include <string>
 #include <string_view>
 
-#include "kvtier/store/chunk_store.hpp"
+#include "kvtier/chunk_status.hpp"
+#include "kvtier/deadline.hpp"
 
 namespace kvtier {
 
@@ -85,14 +86,15 @@ class histogram {
   std::atomic<std::uint64_t> sum_ns_{0};
 };
 
-/// Per-tier outcomes of store calls (exists and get), counted per key.
+/// Per-tier outcomes of store calls (exists and get), counted per key
+/// (`stored`, a put's status, is not counted here: puts count bytes_written).
 struct tier_metrics {
   counter hits, misses, corrupt, timeouts, errors;
   counter bytes_read, bytes_written;
 
   /// Counts `status` of one batched call.
   void record(std::span<const chunk_status> status) noexcept {
-    std::uint64_t n[6] = {};
+    std::uint64_t n[7] = {};  // one per chunk_status
     for (chunk_status s : status) ++n[static_cast<std::size_t>(s)];
     if (n[0]) hits.add(n[0]);
     if (n[1]) misses.add(n[1]);

@@ -145,8 +145,12 @@ TEST_CASE("checked: chunk_broadcast through the checker issues the same collecti
         b.sources.push_back(std::span<const std::byte>(src).subspan(k * CB, CB));
         b.destinations.push_back(std::span<std::byte>(dst[r]).subspan(k * CB, CB));
       }
-      broadcast_params p{
-          .n_chunks = N, .chunk_tokens = 16, .chunk_bytes = CB, .mode = mode, .staging = staging[r]};
+      broadcast_params p{.n_chunks = N,
+                         .chunk_tokens = 16,
+                         .chunk_bytes = CB,
+                         .mode = mode,
+                         .staging = staging[r],
+                         .request_id = 1};
       res[r] = chunk_broadcast(c, own, N * 16, b, p, soon());
       outer[r] = collective_count(c.calls());
       inner[r] = collective_count(c.inner().inner().calls());

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <iostream>
+#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -46,9 +47,13 @@ world_run run(const P& own, std::size_t n, std::size_t chunk_bytes, broadcast_mo
       b.sources.push_back(std::span<const std::byte>(out.src).subspan(k * chunk_bytes, chunk_bytes));
       b.destinations.push_back(std::span<std::byte>(out.dst[r]).subspan(k * chunk_bytes, chunk_bytes));
     }
-    broadcast_params p{
-        .n_chunks = n, .chunk_tokens = 256, .chunk_bytes = chunk_bytes, .mode = mode, .staging = staging[r]};
-    std::uint64_t loaded = loaded_prefix_tokens(own, r, n, 256, loaded_owned[r]);
+    broadcast_params p{.n_chunks = n,
+                       .chunk_tokens = 256,
+                       .chunk_bytes = chunk_bytes,
+                       .mode = mode,
+                       .staging = staging[r],
+                       .request_id = 1};
+    std::uint64_t loaded = rank_answer_loaded(own, r, n, 256, loaded_owned[r]);
     if (!tweak(r, p, loaded)) return;  // this rank never joins
     out.results[r] = chunk_broadcast(c, own, loaded, b, p, dl);
     out.calls[r] = c.calls();
@@ -123,9 +128,9 @@ TEST_CASE("chunk_broadcast: a rank cut short limits the agreed prefix; nothing p
 
 TEST_CASE("chunk_broadcast: a rank with no hits reports its first owned chunk, not 0", "[unit]") {
   const modulo_ownership own(4);
-  CHECK(loaded_prefix_tokens(own, 1, 16, 256, 0) == 256u);
-  CHECK(loaded_prefix_tokens(own, 1, 16, 256, 4) == 16u * 256);
-  CHECK(loaded_prefix_tokens(own, 3, 2, 256, 0) == 2u * 256);  // owns nothing among 2 chunks
+  CHECK(rank_answer_loaded(own, 1, 16, 256, 0) == 256u);
+  CHECK(rank_answer_loaded(own, 1, 16, 256, 4) == 16u * 256);
+  CHECK(rank_answer_loaded(own, 3, 2, 256, 0) == 2u * 256);  // owns nothing among 2 chunks
   std::vector<std::size_t> loaded{16, 0, 16, 16};
   auto out = run(own, 16, 4, broadcast_mode::grouped, loaded, no_tweak);
   for (const auto& r : out.results) CHECK(r.agreed_chunks == 1u);
@@ -186,7 +191,8 @@ TEST_CASE("gathered_staging_bytes saturates instead of wrapping, so the staging 
     const broadcast_params p{.n_chunks = 4,
                              .chunk_tokens = 256,
                              .chunk_bytes = huge,
-                             .mode = broadcast_mode::gathered};  // empty staging
+                             .mode = broadcast_mode::gathered,
+                             .request_id = 1};  // empty staging
     res[c.rank()] = chunk_broadcast(c, own, 0, none, p, deadline_after(20s));
   });
   for (const auto& r : res) {
@@ -236,13 +242,17 @@ TEST_CASE("pipelined_broadcast: stages follow the fetch; every rank ends on the 
         b.sources.push_back(std::span<const std::byte>(src).subspan(k * CB, CB));
         b.destinations.push_back(std::span<std::byte>(dst[r]).subspan(k * CB, CB));
       }
-      pipelined_broadcast pb(
-          c, own, b,
-          {.n_chunks = N, .chunk_tokens = 256, .chunk_bytes = CB, .mode = mode, .staging = staging[r]});
+      pipelined_broadcast pb(c, own, b,
+                             {.n_chunks = N,
+                              .chunk_tokens = 256,
+                              .chunk_bytes = CB,
+                              .mode = mode,
+                              .staging = staging[r],
+                              .request_id = 1});
       const std::size_t final_loaded = r == 5 ? 5 : 8;
       for (std::size_t s = 1; !pb.done() && s <= 10; ++s) {
         const std::size_t have = std::min<std::size_t>(2 * s, final_loaded);
-        pb.step(loaded_prefix_tokens(own, r, N, 256, have), have == final_loaded, deadline_after(20s));
+        pb.step(rank_answer_loaded(own, r, N, 256, have), have == final_loaded, deadline_after(20s));
         stages[r].push_back(pb.agreed_chunks());
       }
       res[r] = pb.result();
@@ -261,3 +271,15 @@ TEST_CASE("pipelined_broadcast: stages follow the fetch; every rank ends on the 
     }
   }
 }
+
+// broadcast_params::request_id has no default: a parameter set that omits it does
+// not compile (it used to default to 0, silently turning the one-load-behind guard off).
+template <class P>
+concept omits_request_id_ok = requires {
+  P{.n_chunks = 1, .chunk_tokens = 16, .chunk_bytes = 8};
+};
+static_assert(!omits_request_id_ok<broadcast_params>);
+static_assert(!std::is_default_constructible_v<load_id>);
+static_assert(requires {
+  broadcast_params{.n_chunks = 1, .chunk_tokens = 16, .chunk_bytes = 8, .request_id = 7};
+});

@@ -99,10 +99,11 @@ void check_case(const P& own, const case_params& k) {
                        .chunk_tokens = k.chunk_tokens,
                        .chunk_bytes = CB,
                        .mode = k.mode,
-                       .staging = staging[r]};
+                       .staging = staging[r],
+                       .request_id = 1};
     const auto dl = deadline_after(std::chrono::seconds(30));
     if (!k.pipelined) {
-      const auto loaded_tokens = loaded_prefix_tokens(own, r, N, k.chunk_tokens, loaded_owned[r]);
+      const auto loaded_tokens = rank_answer_loaded(own, r, N, k.chunk_tokens, loaded_owned[r]);
       results[r] = chunk_broadcast(c, own, loaded_tokens, b, p, dl);
     } else {
       // Rank r's fetch advances by its own random schedule; all ranks step in lockstep.
@@ -112,7 +113,7 @@ void check_case(const P& own, const case_params& k) {
       for (const auto& pr : k.progress) max_steps = std::max(max_steps, pr.size());
       for (std::size_t s = 0; !pb.done() && s < max_steps + 2; ++s) {  // same bound on every rank
         const std::size_t have = std::min(s < prog.size() ? prog[s] : loaded_owned[r], loaded_owned[r]);
-        pb.step(loaded_prefix_tokens(own, r, N, k.chunk_tokens, have), s + 1 >= prog.size(), dl);
+        pb.step(rank_answer_loaded(own, r, N, k.chunk_tokens, have), s + 1 >= prog.size(), dl);
         steps[r] = s + 1;
       }
       results[r] = pb.result();

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -242,6 +243,41 @@ TEST_CASE("inproc: an invalid argument on one rank fails the round on every rank
   for (const auto& o : out) {
     CHECK(o.ec == errc::invalid_argument);
     CHECK(o.msg.find("rank 0") != std::string::npos);
+  }
+}
+
+// Demonstration (issue 13): the sum of signed integers was `a + b` in T, so
+// INT_MAX + INT_MAX was undefined behaviour (UBSan: signed-integer-overflow).
+// Now sum wraps modulo 2^bits, the same bits MPI and NCCL produce in practice.
+TEST_CASE("inproc: sum wraps modulo 2^bits for signed and unsigned integers (no UB)", "[unit]") {
+  constexpr auto i32max = std::numeric_limits<std::int32_t>::max();
+  constexpr auto i64min = std::numeric_limits<std::int64_t>::min();
+  auto out = each_rank(2, [&](inproc_communicator& c) -> std::error_code {
+    std::int32_t a = i32max;
+    if (auto ec = all_reduce_value(c, a, reduce_op::sum, soon())) return ec;
+    if (a != -2) return errc::backend_error;  // 2 * (2^31 - 1) mod 2^32 == -2
+    std::int64_t b = i64min;
+    if (auto ec = all_reduce_value(c, b, reduce_op::sum, soon())) return ec;
+    if (b != 0) return errc::backend_error;  // 2 * -2^63 mod 2^64 == 0
+    std::uint32_t u = 0xffffffffu;
+    if (auto ec = all_reduce_value(c, u, reduce_op::sum, soon())) return ec;
+    if (u != 0xfffffffeu) return errc::backend_error;
+    return {};
+  });
+  for (const auto& o : out) CHECK(!o.ec);
+}
+
+TEST_CASE("inproc: all_reduce takes byte spans; sizes that are not whole elements are refused", "[unit]") {
+  auto out = each_rank(2, [](inproc_communicator& c) -> std::error_code {
+    std::uint64_t v[2] = {c.rank() + 1u, 7};
+    const auto bytes = std::as_writable_bytes(std::span<std::uint64_t>(v));
+    if (auto ec = c.all_reduce(bytes, bytes, dtype::u64, reduce_op::max, soon())) return ec;
+    if (v[0] != 2 || v[1] != 7) return errc::backend_error;
+    return c.all_reduce(bytes.first(12), bytes.first(12), dtype::u64, reduce_op::max, soon());
+  });
+  for (const auto& o : out) {
+    CHECK(o.ec == errc::invalid_argument);
+    CHECK(o.msg.find("whole number") != std::string::npos);
   }
 }
 

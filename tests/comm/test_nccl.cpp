@@ -70,8 +70,12 @@ TEST_CASE("nccl: one-rank communicator runs collectives and the load protocol", 
       b.sources.push_back(std::span<const std::byte>(src.bytes()).subspan(k * cb, cb));
       b.destinations.push_back(dst.bytes().subspan(k * cb, cb));
     }
-    broadcast_params p{
-        .n_chunks = n, .chunk_tokens = 256, .chunk_bytes = cb, .mode = mode, .staging = staging.bytes()};
+    broadcast_params p{.n_chunks = n,
+                       .chunk_tokens = 256,
+                       .chunk_bytes = cb,
+                       .mode = mode,
+                       .staging = staging.bytes(),
+                       .request_id = 1};
     auto r = chunk_broadcast(c, own, 6 * 256, b, p, deadline_after(30s));  // 6 of 8 chunks loaded
     INFO(r.message);
     REQUIRE(!r.ec);

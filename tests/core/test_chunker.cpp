@@ -10,6 +10,14 @@
 
 #include "core/chunker_kat.hpp"
 #include "kvtier/chunker.hpp"
+#include "kvtier/store/value_header.hpp"
+
+// kvtier inlines xxHash but must not leave its configuration macros defined in the
+// user's code: a user's own later #include <xxhash.h> would then compile xxHash's
+// definitions into every such translation unit (duplicate symbols at link time).
+#if defined(XXH_INLINE_ALL) || defined(XXH_IMPLEMENTATION) || defined(XXH_STATIC_LINKING_ONLY)
+#error "a kvtier header leaked XXH_INLINE_ALL / XXH_IMPLEMENTATION / XXH_STATIC_LINKING_ONLY"
+#endif
 
 namespace {
 
@@ -41,8 +49,11 @@ TEST_CASE("chunker: known-answer vectors", "[unit]") {
     const auto keys = ch.keys(kvtier::test::kat_tokens(kat.n_tokens));
     REQUIRE(keys.size() == kat.expected.size());
     REQUIRE(keys.size() == ch.key_count(kat.n_tokens));
-    for (std::size_t c = 0; c < keys.size(); ++c)
+    const std::string prefix = kvtier::remote_key_prefix(kat.ns);  // hashed once, as remote_store does
+    for (std::size_t c = 0; c < keys.size(); ++c) {
       CHECK(kvtier::remote_key_text(kat.ns, keys[c]) == kat.expected[c]);
+      CHECK(kvtier::remote_key_text(prefix, keys[c]) == kat.expected[c]);
+    }
   }
 }
 

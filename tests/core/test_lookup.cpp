@@ -30,7 +30,7 @@ ranks_view answers(const Policy& policy, const std::vector<bool>& present, std::
     const auto starts = kvtier::owned_starts(policy, r, n, chunk_tokens);
     v.direct.push_back(kvtier::rank_answer(starts, p, end));
     v.storage.push_back(
-        kvtier::contiguous_hits(kvtier::owned_cumulative_lengths(policy, r, n, chunk_tokens), p));
+        kvtier::rank_answer_cumulative(kvtier::owned_cumulative_lengths(policy, r, n, chunk_tokens), p));
   }
   return v;
 }
@@ -50,7 +50,7 @@ TEST_CASE("lookup: a rank with no hits reports its first owned start, not 0", "[
   const starts_t starts{256, 768};
   const std::vector<bool> none{false, false};
   CHECK(kvtier::rank_answer(starts, none, 1024) == 256);
-  CHECK(kvtier::contiguous_hits(kvtier::cumulative_lengths(starts, 1024), none) == 256);
+  CHECK(kvtier::rank_answer_cumulative(kvtier::cumulative_lengths(starts, 1024), none) == 256);
   // Outside shard mode the first owned start is 0, so the old answer is kept.
   CHECK(kvtier::rank_answer(starts_t{0, 256}, none, 512) == 0);
   // Nothing present anywhere: the whole prompt is recomputed.
@@ -64,7 +64,7 @@ TEST_CASE("lookup: a rank that owns nothing reports the end", "[unit]") {
   const starts_t nothing;
   const std::vector<bool> no_presence;
   CHECK(kvtier::rank_answer(nothing, no_presence, 768) == 768);
-  CHECK(kvtier::contiguous_hits(kvtier::cumulative_lengths(nothing, 768), no_presence) == 768);
+  CHECK(kvtier::rank_answer_cumulative(kvtier::cumulative_lengths(nothing, 768), no_presence) == 768);
   // W = 8, 3 full chunks (plus a tail): ranks 3..7 own nothing and must not pull the minimum down.
   const auto v = answers(kvtier::modulo_ownership(8), {true, true, false}, 256);
   CHECK(v.direct == starts_t{768, 768, 512, 768, 768, 768, 768, 768});
@@ -116,10 +116,10 @@ TEST_CASE("lookup: storage layer's cumulative-length vector", "[unit]") {
   CHECK(kvtier::owned_cumulative_lengths(kvtier::modulo_ownership(2), 1, 4, 256) == starts_t{256, 768, 1024});
   CHECK(kvtier::owned_cumulative_lengths(kvtier::modulo_ownership(8), 5, 3, 256) == starts_t{768});
   const starts_t cum{256, 768, 1024};
-  CHECK(kvtier::contiguous_hits(cum, std::vector<bool>{true, false}) == 768);
-  CHECK(kvtier::contiguous_hits(cum, std::vector<bool>{false, false}) == 256);
-  CHECK(kvtier::contiguous_hits(cum, std::vector<bool>{true, true}) == 1024);
-  CHECK(kvtier::contiguous_hits(starts_t{}, std::vector<bool>{}) == 0);  // malformed: nothing cached
+  CHECK(kvtier::rank_answer_cumulative(cum, std::vector<bool>{true, false}) == 768);
+  CHECK(kvtier::rank_answer_cumulative(cum, std::vector<bool>{false, false}) == 256);
+  CHECK(kvtier::rank_answer_cumulative(cum, std::vector<bool>{true, true}) == 1024);
+  CHECK(kvtier::rank_answer_cumulative(starts_t{}, std::vector<bool>{}) == 0);  // malformed: nothing cached
 }
 
 TEST_CASE("lookup: min over ranks", "[unit]") {

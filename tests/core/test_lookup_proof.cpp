@@ -1,7 +1,7 @@
 // The lookup proof: for random world sizes, prompt lengths (with and without a
 // partial tail), presence patterns and every ownership policy,
 //   min over ranks of rank_answer() == longest_present_prefix_tokens(), and
-//   the storage-layer form contiguous_hits() == rank_answer() on every rank.
+//   the storage-layer form rank_answer_cumulative() == rank_answer() on every rank.
 // 10,000 cases per property (KVTIER_PROPERTY_CASES overrides).
 #include <catch2/catch.hpp>
 
@@ -83,7 +83,8 @@ void check_policy(const Policy& policy, const scenario& s) {
   std::vector<std::uint64_t> answers(w);
   for (kvtier::rank_t r = 0; r < w; ++r) {
     answers[r] = kvtier::rank_answer(starts[r], present[r], end);
-    const auto storage = kvtier::contiguous_hits(kvtier::cumulative_lengths(starts[r], end), present[r]);
+    const auto storage =
+        kvtier::rank_answer_cumulative(kvtier::cumulative_lengths(starts[r], end), present[r]);
     RC_ASSERT(storage == answers[r]);
     // No rank answers before its first owned chunk (a rank with no hits is not 0).
     RC_ASSERT((starts[r].empty() ? answers[r] == end : answers[r] >= starts[r].front()));

@@ -242,7 +242,7 @@ TEST_CASE("modeled stores: chunk_store semantics and server accounting (untimed)
   std::vector<std::span<const std::byte>> src{v1, v1};
   std::vector<kvtier::chunk_status> st(2);
   REQUIRE(!a.put(keys, src, st, kvtier::deadline_after(std::chrono::seconds(5))));
-  CHECK(st[0] == kvtier::chunk_status::hit);
+  CHECK(st[0] == kvtier::chunk_status::stored);
   std::vector<kvtier::chunk_key> k3{k1, kvtier::chunk_key{9, 9}};
   REQUIRE(!b.exists(k3, st, kvtier::deadline_after(std::chrono::seconds(5))));
   CHECK(st[0] == kvtier::chunk_status::hit);

@@ -203,7 +203,7 @@ TEMPLATE_TEST_CASE("cluster_store: 12.4 MB values bit-exact across the masters",
   for (unsigned i = 0; i < keys.size(); ++i) src.push_back(pattern(12'400'000, i));
   std::vector<chunk_status> st(keys.size());
   REQUIRE_FALSE(store.put(keys, cspans(src), st, deadline_after(30s)));
-  for (auto s : st) REQUIRE(s == chunk_status::hit);
+  for (auto s : st) REQUIRE(s == chunk_status::stored);
   std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(12'400'000));
   auto d = spans(dst);
   REQUIRE_FALSE(store.get(keys, d, st, deadline_after(30s)));
@@ -230,7 +230,7 @@ TEST_CASE("cluster_store: many keys over every master come back in the caller's 
     if (i % 3 != 0) stored_keys.push_back(keys[i]), stored_src.emplace_back(src[i]);
   std::vector<chunk_status> pst(stored_keys.size());
   REQUIRE_FALSE(store.put(stored_keys, stored_src, pst, deadline_after(10s)));
-  for (auto s : pst) REQUIRE(s == chunk_status::hit);
+  for (auto s : pst) REQUIRE(s == chunk_status::stored);
   std::vector<chunk_status> st(keys.size());
   REQUIRE_FALSE(store.exists(keys, st, deadline_after(10s)));
   for (std::size_t i = 0; i < keys.size(); ++i)
@@ -307,7 +307,7 @@ TEST_CASE("cluster_store: a slot migrated while loads run: verified hits, ASK th
   for (unsigned i = 0; i < keys.size(); ++i) src.push_back(pattern(300'000 + i, 2000 + i));
   std::vector<chunk_status> st(keys.size());
   REQUIRE_FALSE(writer.put(keys, cspans(src), st, deadline_after(10s)));
-  for (auto s : st) REQUIRE(s == chunk_status::hit);
+  for (auto s : st) REQUIRE(s == chunk_status::stored);
   const std::size_t from = c.master_of_slot(slot);
   REQUIRE(from < c.size());
   std::size_t to = 0;

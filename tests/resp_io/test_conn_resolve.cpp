@@ -75,6 +75,18 @@ TEST_CASE("conn_resolve: a resolver that hangs times out at the deadline", "[uni
   REQUIRE(addrs.empty());
 }
 
+// no_deadline means "no limit" here as in every other component: the wait uses no
+// timeout (never wait_until(time_point::max()), which overflows on some libraries).
+TEST_CASE("conn_resolve: no_deadline waits for a slow resolver instead of timing out", "[unit]") {
+  auto slow = [](const std::string&, std::uint16_t port, conn_addresses& out) {
+    std::this_thread::sleep_for(20ms);
+    return kvtier::resp::detail::conn_getaddrinfo("127.0.0.1", port, true, out);
+  };
+  conn_addresses addrs;
+  REQUIRE_FALSE(conn_resolve("slow.example", 6379, kvtier::no_deadline, addrs, slow));
+  REQUIRE(addrs.size() == 1);
+}
+
 TEST_CASE("conn_resolve: the real resolver with a name under .invalid fails by the deadline", "[unit]") {
   conn_addresses addrs;
   const auto dl = deadline_after(1s);

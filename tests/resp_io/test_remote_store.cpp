@@ -82,7 +82,7 @@ TEMPLATE_TEST_CASE("remote_store: missing keys are misses at once; put, exists, 
   const auto all_src = cspans(src);
   const std::vector<std::span<const std::byte>> first3_src(all_src.begin(), all_src.begin() + 3);
   REQUIRE_FALSE(store.put(first3, first3_src, st3, deadline_after(2s)));
-  for (auto s : st3) REQUIRE(s == chunk_status::hit);
+  for (auto s : st3) REQUIRE(s == chunk_status::stored);
 
   REQUIRE_FALSE(store.exists(keys, st, deadline_after(2s)));
   CHECK(st == std::vector{chunk_status::hit, chunk_status::hit, chunk_status::hit, chunk_status::miss,
@@ -179,7 +179,7 @@ TEMPLATE_TEST_CASE("remote_store: a foreign value of the right length never reac
     std::vector<chunk_status> st(1);
     std::vector<std::span<const std::byte>> src{std::span<const std::byte>(payload)};
     REQUIRE_FALSE(store.put(std::span(&a, 1), src, st, deadline_after(5s)));
-    REQUIRE(st[0] == chunk_status::hit);
+    REQUIRE(st[0] == chunk_status::stored);
     // b: the raw bytes of a's value, copied server-side (valid frame, a's key in the header)
     REQUIRE(srv.call({"COPY", name(a), name(b)}) == "1");
     // c: a valid frame for key c, written under another namespace's fingerprint
@@ -224,7 +224,7 @@ TEMPLATE_TEST_CASE("remote_store: 12.4 MB chunks round-trip bit-exact", "[integr
     INFO(url);
     remote_store<TestType> store(test_ns(), options_for(url));
     REQUIRE_FALSE(store.put(keys, cspans(src), st, deadline_after(20s)));
-    for (auto s : st) REQUIRE(s == chunk_status::hit);
+    for (auto s : st) REQUIRE(s == chunk_status::stored);
     for (auto& v : dst) std::fill(v.begin(), v.end(), std::byte{0});
     auto d = spans(dst);
     REQUIRE_FALSE(store.get(keys, d, st, deadline_after(20s)));
@@ -297,8 +297,8 @@ TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the s
     REQUIRE_FALSE(store.put(keys, cspans(src), st, deadline_after(5s)));
     std::size_t stored = 0;
     for (auto s : st) {
-      REQUIRE((s == chunk_status::hit || s == chunk_status::error));
-      stored += s == chunk_status::hit;
+      REQUIRE((s == chunk_status::stored || s == chunk_status::error));
+      stored += s == chunk_status::stored;
     }
     REQUIRE(stored < keys.size());  // 4 MiB never fit in 2 MB
     REQUIRE(store.stats().errors == keys.size() - stored);

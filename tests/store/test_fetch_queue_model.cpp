@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <thread>
 #include <vector>
@@ -165,18 +166,20 @@ void sync_and_check(const qmodel& m, qsut& s) {
   for (std::size_t i = 0; i < m.reqs.size(); ++i) {
     const mreq& r = m.reqs[i];
     if (r.st == mstate::running && !r.cancelled) RC_ASSERT(s.store.wait_started(tag(r.gate)));
-    fetch_result got = (r.st == mstate::done || r.st == mstate::failed)
-                           ? s.q->wait(s.handles[i], deadline_after(10s))
-                           : s.q->poll(s.handles[i]);
+    const std::optional<fetch_result> completed = (r.st == mstate::done || r.st == mstate::failed)
+                                                      ? s.q->wait(s.handles[i], deadline_after(10s))
+                                                      : s.q->poll(s.handles[i]);
     if (r.st == mstate::queued || r.st == mstate::running) {
-      RC_ASSERT(got.state == fetch_state::pending);
+      RC_ASSERT(!completed.has_value());
       continue;
     }
+    RC_ASSERT(completed.has_value());
+    const fetch_result& got = *completed;
     const std::uint64_t first_start = static_cast<std::uint64_t>(r.first) * T;
     if (r.st == mstate::failed) {
       RC_ASSERT(got.state == fetch_state::failed);
       RC_ASSERT(got.ec == make_error_code(r.why));
-      RC_ASSERT(got.prefix_tokens == first_start);
+      RC_ASSERT(got.answer_tokens == first_start);
       RC_ASSERT(got.status.size() == r.n);
       for (auto st : got.status) RC_ASSERT(st != chunk_status::hit);
       continue;
@@ -186,8 +189,8 @@ void sync_and_check(const qmodel& m, qsut& s) {
     RC_ASSERT(got.status.size() == r.n);
     std::uint32_t lead = 0;
     while (lead < r.n && ((r.mask >> lead) & 1u)) ++lead;
-    RC_ASSERT(got.prefix_chunks == lead);
-    RC_ASSERT(got.prefix_tokens == first_start + static_cast<std::uint64_t>(lead) * T);
+    RC_ASSERT(got.answer_chunks == lead);
+    RC_ASSERT(got.answer_tokens == first_start + static_cast<std::uint64_t>(lead) * T);
     const auto keys = keys_of(r);
     for (std::uint32_t c = 0; c < r.n; ++c) {
       const bool present = (r.mask >> c) & 1u;
@@ -441,7 +444,7 @@ TEST_CASE("fetch_queue: stateful model of submit/prefetch/reuse/release/cancel/p
         s.store.release_all();
         s.q->shutdown();
         for (std::size_t i = 0; i < s.handles.size(); ++i) {
-          RC_ASSERT(s.q->poll(s.handles[i]).state != fetch_state::pending);
+          RC_ASSERT(s.q->poll(s.handles[i]).has_value());
           RC_ASSERT(s.completions[i].load() == 1);
         }
         RC_ASSERT(s.q->stats().requests_in_flight == 0u);
@@ -479,11 +482,11 @@ TEST_CASE("fetch_queue: async per-rank lookup equals the synchronous rank answer
         const std::uint64_t end = n * T;
 
         auto h = q.lookup(r, keys, chunk_layout::owned(starts, end), deadline_after(10s));
-        const auto res = q.wait(h, deadline_after(10s));
+        const auto res = q.wait(h, deadline_after(10s)).value();
         RC_ASSERT(res.state == fetch_state::done);
         const std::uint64_t sync = rank_answer(std::span<const std::uint64_t>(starts), mine_present, end);
-        RC_ASSERT(res.prefix_tokens == sync);
-        RC_ASSERT(res.prefix_tokens == contiguous_hits(cumulative_lengths(starts, end), mine_present));
+        RC_ASSERT(res.answer_tokens == sync);
+        RC_ASSERT(res.answer_tokens == rank_answer_cumulative(cumulative_lengths(starts, end), mine_present));
       },
       3000);
 }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -52,20 +53,21 @@ struct submission {
 // Checks a finished submission: nothing past the prefix is claimed, and every
 // chunk inside the prefix holds exactly the right bytes. Returns what is wrong,
 // or nullptr (Catch2 assertions are not thread-safe, so threads only count).
-const char* check(const fetch_result& r, const submission& s) {
-  if (r.state == fetch_state::pending) return "still pending";
+const char* check(const std::optional<fetch_result>& completed, const submission& s) {
+  if (!completed) return "still pending";
+  const fetch_result& r = *completed;
   if (r.status.size() != s.ids.size()) return "status size";
-  if (r.state == fetch_state::failed) return r.prefix_chunks == 0 ? nullptr : "failed request with a prefix";
-  if (r.prefix_chunks > s.ids.size()) return "prefix too long";
-  for (std::size_t c = 0; c < r.prefix_chunks; ++c)
+  if (r.state == fetch_state::failed) return r.answer_chunks == 0 ? nullptr : "failed request with a prefix";
+  if (r.answer_chunks > s.ids.size()) return "prefix too long";
+  for (std::size_t c = 0; c < r.answer_chunks; ++c)
     if (r.status[c] != chunk_status::hit) return "non-hit inside the prefix";
-  if (r.prefix_chunks < s.ids.size() && r.status[r.prefix_chunks] == chunk_status::hit)
+  if (r.answer_chunks < s.ids.size() && r.status[r.answer_chunks] == chunk_status::hit)
     return "prefix stops at a hit";
   const std::uint64_t want =
-      r.prefix_chunks < s.ids.size() ? s.ids[r.prefix_chunks] * T : s.ids.back() * T + T;
-  if (r.prefix_tokens != want) return "prefix tokens";
+      r.answer_chunks < s.ids.size() ? s.ids[r.answer_chunks] * T : s.ids.back() * T + T;
+  if (r.answer_tokens != want) return "prefix tokens";
   if (s.is_load)
-    for (std::size_t c = 0; c < r.prefix_chunks; ++c)
+    for (std::size_t c = 0; c < r.answer_chunks; ++c)
       for (std::size_t j = 0; j < B; ++j)
         if (s.bufs[c][j] != byte_of(s.ids[c], j)) return "wrong byte inside the loaded prefix";
   return nullptr;
@@ -146,10 +148,10 @@ void stress(std::size_t workers, std::size_t max_batch, bool use_tiers) {
           if (rng() % 8 == 0) {
             note(check(q->wait(s->h, deadline_after(10s)), *s));
           } else {
-            auto r = q->poll(s->h);
-            if (r.state != fetch_state::pending) note(check(r, *s));
+            if (auto r = q->poll(s->h)) note(check(r, *s));
           }
-          const bool full = q->poll(s->h).ec == errc::queue_full;
+          const auto now = q->poll(s->h);
+          const bool full = now && now->ec == errc::queue_full;
           if (rng() % 7 == 0) q->release_prefetch(id);
           if (op >= 2) q->release_prefetch(id - 1);  // the scheduler drops stale prefetches
           ++submitted;
@@ -170,9 +172,9 @@ void stress(std::size_t workers, std::size_t max_batch, bool use_tiers) {
     std::size_t done = 0, hits = 0, cancelled = 0, full = 0, shut = 0, other = 0;
     for (auto& per : all)
       for (auto& s : per) {
-        const auto r = q->poll(s->h);
+        const auto r = q->poll(s->h).value();
         if (r.state == fetch_state::done)
-          ++done, hits += r.prefix_chunks;
+          ++done, hits += r.answer_chunks;
         else if (r.ec == errc::cancelled)
           ++cancelled;
         else if (r.ec == errc::queue_full)

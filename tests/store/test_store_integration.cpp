@@ -21,8 +21,8 @@
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/resp/url.hpp"
 #include "kvtier/store/memory_store.hpp"
+#include "kvtier/store/rank_view.hpp"
 #include "kvtier/store/remote_store.hpp"
-#include "kvtier/store/sharded_store.hpp"
 #include "kvtier/store/tiered_store.hpp"
 #include "support/redis_server.hpp"
 
@@ -49,7 +49,7 @@ struct engine_rank {
   l2_store l2;
   metrics m;
   tiers_t tiers;
-  sharded_store<tiers_t, modulo_ownership> view;
+  rank_view<tiers_t, modulo_ownership> view;
   fetch_queue<tiers_t> queue;
   engine_rank(const std::string& url, rank_t r)
       : l2(test_ns(), resp::connection_options{.server = resp::parse_url(url).value}),
@@ -89,7 +89,7 @@ rank_load load_owned(engine_rank& er, const std::vector<chunk_key>& keys, std::u
   std::vector<std::span<std::byte>> dst(out.bufs.begin(), out.bufs.end());
   auto h = er.queue.submit(id, owned, dst, chunk_layout::owned(er.view.owned_starts(below, T), hit),
                            deadline_after(5s));
-  out.result = er.queue.wait(h, deadline_after(10s));
+  out.result = er.queue.wait(h, deadline_after(10s)).value();
   return out;
 }
 
@@ -140,7 +140,7 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
       auto& er = *a.ranks[r];
       std::vector<chunk_status> st(er.view.owned_chunks(C).size(), chunk_status::error);
       REQUIRE_FALSE(er.view.put_owned(keys, src, st, deadline_after(5s)));
-      for (auto s : st) REQUIRE(s == chunk_status::hit);
+      for (auto s : st) REQUIRE(s == chunk_status::stored);
     }
   }
   for (rank_t r = 0; r < W; ++r)  // rank r's server holds exactly rank r's chunks
@@ -151,12 +151,12 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
   std::vector<std::uint64_t> answers;
   for (rank_t r = 0; r < W; ++r) {
     auto& er = *b.ranks[r];
-    const std::uint64_t sync = er.view.lookup(keys, T, deadline_after(5s));
+    const std::uint64_t sync = er.view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens;
     auto h = er.queue.lookup(1, er.view.owned_keys(keys),
                              chunk_layout::owned(er.view.owned_starts(C, T), C * T), deadline_after(5s));
-    const auto async = er.queue.wait(h, deadline_after(10s));
+    const auto async = er.queue.wait(h, deadline_after(10s)).value();
     REQUIRE(async.state == fetch_state::done);
-    REQUIRE(async.prefix_tokens == sync);
+    REQUIRE(async.answer_tokens == sync);
     answers.push_back(sync);
   }
   const std::uint64_t hit = min_over_ranks(answers);
@@ -166,14 +166,14 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
     auto& er = *b.ranks[r];
     auto ld = load_owned(er, keys, hit, 2);
     REQUIRE(ld.result.state == fetch_state::done);
-    REQUIRE(ld.result.prefix_tokens == hit);
+    REQUIRE(ld.result.answer_tokens == hit);
     const auto mine = er.view.owned_chunks(C);
     for (std::size_t k = 0; k < mine.size(); ++k) REQUIRE(ld.bufs[k] == payload[mine[k]]);
     REQUIRE(er.m.l2.hits.value() >= mine.size());  // came from the shared L2 ...
     REQUIRE(er.l1.entry_count() == mine.size());   // ... and was promoted into this engine's L1
     const auto l1_before = er.m.l1.hits.value();
     auto again = load_owned(er, keys, hit, 3);
-    REQUIRE(again.result.prefix_tokens == hit);
+    REQUIRE(again.result.answer_tokens == hit);
     REQUIRE(er.m.l1.hits.value() == l1_before + mine.size());  // second load: all from L1
   }
 
@@ -185,12 +185,12 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
     const auto mine = er.view.owned_chunks(C);
     auto h = er.queue.prefetch(7, er.view.owned_keys(keys), B,
                                chunk_layout::owned(er.view.owned_starts(C, T), C * T), deadline_after(5s));
-    const auto pre = er.queue.wait(h, deadline_after(10s));
+    const auto pre = er.queue.wait(h, deadline_after(10s)).value();
     REQUIRE(pre.state == fetch_state::done);
-    REQUIRE(pre.prefix_tokens == er.view.lookup(keys, T, deadline_after(5s)));
+    REQUIRE(pre.answer_tokens == er.view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens);
     const auto l2_gets = er.l2.stats().hits;
     auto ld = load_owned(er, keys, hit, 7);
-    REQUIRE(ld.result.prefix_tokens == hit);
+    REQUIRE(ld.result.answer_tokens == hit);
     for (std::size_t k = 0; k < mine.size(); ++k) REQUIRE(ld.bufs[k] == payload[mine[k]]);
     REQUIRE(er.l2.stats().hits == l2_gets);  // no second read from the server
     REQUIRE(er.m.prefetch_reused.value() == mine.size());
@@ -211,11 +211,12 @@ TEST_CASE("integration: keys deleted on the server between lookup and load trunc
   for (rank_t r = 0; r < W; ++r) {
     auto& er = *e.ranks[r];
     std::vector<chunk_status> st(er.view.owned_chunks(C).size());
-    sharded_store l2_view(er.l2, modulo_ownership(W), r);
+    rank_view l2_view(er.l2, modulo_ownership(W), r);
     REQUIRE_FALSE(l2_view.put_owned(keys, src, st, deadline_after(5s)));
   }
   std::vector<std::uint64_t> answers;
-  for (rank_t r = 0; r < W; ++r) answers.push_back(e.ranks[r]->view.lookup(keys, T, deadline_after(5s)));
+  for (rank_t r = 0; r < W; ++r)
+    answers.push_back(e.ranks[r]->view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens);
   const std::uint64_t hit = min_over_ranks(answers);
   REQUIRE(hit == C * T);
 
@@ -227,12 +228,12 @@ TEST_CASE("integration: keys deleted on the server between lookup and load trunc
   for (rank_t r = 0; r < W; ++r) {
     auto ld = load_owned(*e.ranks[r], keys, hit, 9);
     REQUIRE(ld.result.state == fetch_state::done);
-    loaded.push_back(ld.result.prefix_tokens);
+    loaded.push_back(ld.result.answer_tokens);
     const auto mine = e.ranks[r]->view.owned_chunks(C);
-    for (std::size_t k = 0; k < ld.result.prefix_chunks; ++k) REQUIRE(ld.bufs[k] == payload[mine[k]]);
+    for (std::size_t k = 0; k < ld.result.answer_chunks; ++k) REQUIRE(ld.bufs[k] == payload[mine[k]]);
     if (r == gone % W)  // the owner of the gap: nothing at or past it counts as loaded
       for (std::size_t k = 0; k < mine.size(); ++k)
-        if (mine[k] >= gone) REQUIRE(k >= ld.result.prefix_chunks);
+        if (mine[k] >= gone) REQUIRE(k >= ld.result.answer_chunks);
   }
   REQUIRE(loaded[gone % W] == gone * T);
   REQUIRE(min_over_ranks(loaded) == gone * T);  // the agreed prefix: recompute from chunk 5

@@ -1,4 +1,4 @@
-// Unit tests: memory_store (L1), tiered_store, sharded_store, metrics.
+// Unit tests: memory_store (L1), tiered_store, rank_view, metrics.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -10,11 +10,12 @@
 
 #include <catch2/catch.hpp>
 
+#include "kvtier/fetch_types.hpp"
 #include "kvtier/lookup.hpp"
 #include "kvtier/metrics.hpp"
 #include "kvtier/ownership.hpp"
 #include "kvtier/store/memory_store.hpp"
-#include "kvtier/store/sharded_store.hpp"
+#include "kvtier/store/rank_view.hpp"
 #include "kvtier/store/tiered_store.hpp"
 
 using namespace kvtier;
@@ -65,7 +66,7 @@ struct counting_allocator {
 TEST_CASE("memory_store: put then get copies the exact bytes; absent is a miss", "[unit]") {
   memory_store s(1 << 20);
   auto v = bytes(1000, 1);
-  REQUIRE(put1(s, key(1), v) == chunk_status::hit);
+  REQUIRE(put1(s, key(1), v) == chunk_status::stored);
   std::vector<std::byte> out(1000);
   REQUIRE(get1(s, key(1), out) == chunk_status::hit);
   REQUIRE(out == v);
@@ -102,11 +103,11 @@ TEST_CASE("memory_store: size mismatch is invalid_argument; passed deadline is t
 TEST_CASE("memory_store: LRU by bytes; get refreshes recency; too-large values are refused", "[unit]") {
   memory_store s(300);
   auto v = bytes(100, 3);
-  for (int i = 0; i < 3; ++i) REQUIRE(put1(s, key(i), v) == chunk_status::hit);
+  for (int i = 0; i < 3; ++i) REQUIRE(put1(s, key(i), v) == chunk_status::stored);
   REQUIRE(s.size_bytes() == 300);
   std::vector<std::byte> out(100);
   REQUIRE(get1(s, key(0), out) == chunk_status::hit);  // 0 is now most recent; 1 is the LRU
-  REQUIRE(put1(s, key(3), v) == chunk_status::hit);
+  REQUIRE(put1(s, key(3), v) == chunk_status::stored);
   REQUIRE_FALSE(s.contains(key(1)));
   REQUIRE(s.contains(key(0)));
   REQUIRE(s.contains(key(2)));
@@ -118,7 +119,7 @@ TEST_CASE("memory_store: LRU by bytes; get refreshes recency; too-large values a
   REQUIRE(s.entry_count() == 3);  // nothing evicted for a value that can never fit
 
   auto v2 = bytes(100, 5);  // replacing keeps one entry with the new bytes
-  REQUIRE(put1(s, key(2), v2) == chunk_status::hit);
+  REQUIRE(put1(s, key(2), v2) == chunk_status::stored);
   REQUIRE(get1(s, key(2), out) == chunk_status::hit);
   REQUIRE(out == v2);
   REQUIRE(s.size_bytes() == 300);
@@ -193,7 +194,7 @@ TEST_CASE("tiered_store: write-through by default; l1_only and l2_only", "[unit]
   auto v = bytes(16, 3);
   {
     tiered_store t(l1, l2);
-    REQUIRE(put1(t, key(1), v) == chunk_status::hit);
+    REQUIRE(put1(t, key(1), v) == chunk_status::stored);
     REQUIRE(l1.contains(key(1)));
     REQUIRE(l2.contains(key(1)));
   }
@@ -211,6 +212,61 @@ TEST_CASE("tiered_store: write-through by default; l1_only and l2_only", "[unit]
   }
 }
 
+namespace {
+// A store whose put fails the whole batch (e.g. L1 out of memory, or a lost connection).
+struct failing_put_store {
+  memory_store inner{1 << 20};
+  std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> s, deadline dl) {
+    return inner.exists(k, s, dl);
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> s, deadline dl) {
+    return inner.get(k, d, s, dl);
+  }
+  std::error_code put(std::span<const chunk_key>, std::span<const std::span<const std::byte>>,
+                      std::span<chunk_status> s, deadline) {
+    for (auto& x : s) x = chunk_status::error;
+    return make_error_code(errc::connection_lost);
+  }
+};
+}  // namespace
+
+// Regression (issue 13): write-through overwrote L1's error and statuses with L2's,
+// so a failed L1 write reported `stored` and no error. Fails on the old put().
+TEST_CASE("tiered_store: write-through reports L1's failure, not only L2's", "[unit]") {
+  failing_put_store l1;
+  memory_store l2(1 << 20);
+  metrics m;
+  tiered_store t(l1, l2, {.metrics = &m});
+  auto v = bytes(16, 4);
+  const chunk_key k = key(1);
+  std::span<const std::byte> src[1] = {v};
+  chunk_status st[1];
+  const std::error_code ec = t.put(std::span<const chunk_key>(&k, 1), src, st, deadline_after(1s));
+  REQUIRE(ec == errc::connection_lost);
+  REQUIRE(st[0] == chunk_status::error);  // not stored in every tier
+  REQUIRE(l2.contains(k));                // L2's write still happened
+  REQUIRE(m.l1.bytes_written.value() == 0);
+  REQUIRE(m.l2.bytes_written.value() == 16);
+
+  // An L1 failure per key (too large for L1) is reported per key, the call itself worked.
+  memory_store small(8), l2b(1 << 20);
+  tiered_store t2(small, l2b);
+  REQUIRE(put1(t2, key(2), v) == chunk_status::error);
+  REQUIRE(l2b.contains(key(2)));
+}
+
+TEST_CASE("stores: a successful put reports stored, never hit", "[unit]") {
+  memory_store l1(1 << 20), l2(1 << 20);
+  tiered_store t(l1, l2);
+  auto v = bytes(16, 5);
+  REQUIRE(put1(l1, key(7), v) == chunk_status::stored);
+  REQUIRE(put1(t, key(8), v) == chunk_status::stored);
+  std::vector<std::byte> out(16);
+  REQUIRE(get1(t, key(8), out) == chunk_status::hit);
+  REQUIRE(to_string(chunk_status::stored) == "stored");
+}
+
 TEST_CASE("tiered_store: a wrong-length L1 value falls through to L2", "[unit]") {
   memory_store l1(1 << 20), l2(1 << 20);
   tiered_store t(l1, l2);
@@ -222,7 +278,7 @@ TEST_CASE("tiered_store: a wrong-length L1 value falls through to L2", "[unit]")
   REQUIRE(out == good);
 }
 
-TEST_CASE("sharded_store: rank r touches only the chunks it owns", "[unit]") {
+TEST_CASE("rank_view: rank r touches only the chunks it owns", "[unit]") {
   constexpr std::size_t W = 3, C = 10, T = 16;
   std::deque<memory_store> backends;
   for (std::size_t r = 0; r < W; ++r) backends.emplace_back(1 << 20);
@@ -233,7 +289,7 @@ TEST_CASE("sharded_store: rank r touches only the chunks it owns", "[unit]") {
   std::vector<std::span<const std::byte>> src(payload.begin(), payload.end());
 
   for (rank_t r = 0; r < W; ++r) {
-    sharded_store view(backends[r], modulo_ownership(W), r);
+    rank_view view(backends[r], modulo_ownership(W), r);
     auto mine = view.owned_chunks(C);
     std::vector<chunk_status> st(mine.size());
     REQUIRE_FALSE(view.put_owned(keys, src, st, deadline_after(1s)));
@@ -247,20 +303,85 @@ TEST_CASE("sharded_store: rank r touches only the chunks it owns", "[unit]") {
   backends[2].erase(keys[8]);
   std::vector<std::uint64_t> answers;
   for (rank_t r = 0; r < W; ++r) {
-    sharded_store view(backends[r], modulo_ownership(W), r);
-    answers.push_back(view.lookup(keys, T, deadline_after(1s)));
+    rank_view view(backends[r], modulo_ownership(W), r);
+    answers.push_back(view.lookup(keys, T, C * T, deadline_after(1s)).answer_tokens);
   }
   REQUIRE(answers == std::vector<std::uint64_t>{C * T, 4 * T, 8 * T});
   REQUIRE(min_over_ranks(answers) == 4 * T);
 
   // get_owned fills only owned destinations.
-  sharded_store view(backends[0], modulo_ownership(W), 0);
+  rank_view view(backends[0], modulo_ownership(W), 0);
   std::vector<std::vector<std::byte>> out(C, std::vector<std::byte>(8));
   std::vector<std::span<std::byte>> dst(out.begin(), out.end());
   std::vector<chunk_status> st(view.owned_chunks(C).size());
   REQUIRE_FALSE(view.get_owned(keys, dst, st, deadline_after(1s)));
   for (std::size_t c = 0; c < C; ++c) REQUIRE((out[c] == payload[c]) == (c % W == 0));
-  REQUIRE_THROWS_AS(sharded_store(backends[0], modulo_ownership(W), 3), std::invalid_argument);
+  REQUIRE_THROWS_AS(rank_view(backends[0], modulo_ownership(W), 3), std::invalid_argument);
+}
+
+// Demonstration (issue 13): with tail_policy::hash_partial a 300-token prompt with
+// 256-token chunks has 2 keys; the old lookup took the end as 2 * 256 = 512, so
+// prompt_tokens - cached wrapped around. Fails on the old code (answer 512).
+TEST_CASE("rank_view: a hashed partial tail never yields an answer past the prompt", "[unit]") {
+  constexpr std::size_t T = 256;
+  constexpr std::uint64_t prompt = 300;
+  memory_store backend(1 << 20);
+  const std::vector<chunk_key> keys{key(0), key(1)};  // chunk 0 full, chunk 1 the 44-token tail
+  std::vector<std::vector<std::byte>> payload{bytes(8, 0), bytes(8, 1)};
+  std::vector<std::span<const std::byte>> src(payload.begin(), payload.end());
+  rank_view view(backend, modulo_ownership(1), 0);
+  std::vector<chunk_status> st(2);
+  REQUIRE_FALSE(view.put_owned(keys, src, st, deadline_after(1s)));
+
+  const rank_lookup a = view.lookup(keys, T, prompt, deadline_after(1s));
+  REQUIRE_FALSE(a.ec);
+  REQUIRE(a.answer_tokens == prompt);  // not 512
+  REQUIRE(prompt - a.answer_tokens == 0);
+  REQUIRE(chunk_layout::contiguous(0, 2, T, prompt).end_tokens == prompt);
+
+  // Two ranks: each answers within the prompt; the minimum is the whole prompt.
+  std::deque<memory_store> b2;
+  b2.emplace_back(1 << 20), b2.emplace_back(1 << 20);
+  std::vector<std::uint64_t> answers;
+  for (rank_t r = 0; r < 2; ++r) {
+    rank_view v2(b2[r], modulo_ownership(2), r);
+    std::vector<chunk_status> s1(1);
+    REQUIRE_FALSE(v2.put_owned(keys, src, s1, deadline_after(1s)));
+    const rank_lookup ar = v2.lookup(keys, T, prompt, deadline_after(1s));
+    REQUIRE_FALSE(ar.ec);
+    REQUIRE(ar.answer_tokens <= prompt);
+    answers.push_back(ar.answer_tokens);
+  }
+  REQUIRE(min_over_ranks(answers) == prompt);
+
+  // The drop policy (no tail key) still works: 300 tokens, 1 key, answer 256.
+  REQUIRE(
+      view.lookup(std::span<const chunk_key>(keys).first(1), T, prompt, deadline_after(1s)).answer_tokens ==
+      256);
+  // A token count that does not match the keys is refused by name, with no store call.
+  const rank_lookup bad = view.lookup(keys, T, 768, deadline_after(1s));  // 3 keys long
+  REQUIRE(bad.ec == errc::invalid_argument);
+  REQUIRE(bad.answer_tokens == 0);
+  REQUIRE(view.lookup(keys, T, 256, deadline_after(1s)).ec == errc::invalid_argument);
+  REQUIRE(view.lookup(keys, 0, 300, deadline_after(1s)).ec == errc::invalid_argument);
+}
+
+TEST_CASE("rank_view: select deduces the element type from a vector", "[unit]") {
+  memory_store backend(1 << 20);
+  rank_view view(backend, modulo_ownership(3), 1);
+  const std::vector<int> items{10, 11, 12, 13, 14};
+  REQUIRE(view.select(items) == std::vector<int>{11, 14});
+  REQUIRE(view.select(std::span<const int>(items)) == std::vector<int>{11, 14});
+}
+
+TEST_CASE("rank_view: a failed lookup reports the rank's first owned start, not 0", "[unit]") {
+  constexpr std::size_t T = 16;
+  memory_store backend(1 << 20);
+  rank_view view(backend, modulo_ownership(2), 1);
+  std::vector<chunk_key> keys{key(0), key(1), key(2), key(3)};
+  const rank_lookup a = view.lookup(keys, T, 4 * T, clock::now() - 1ms);  // deadline already passed
+  REQUIRE(a.ec == errc::timeout);
+  REQUIRE(a.answer_tokens == 1 * T);  // rank 1's first owned chunk is chunk 1
 }
 
 TEST_CASE("metrics: histogram buckets and Prometheus text", "[unit]") {
@@ -371,9 +492,9 @@ TEST_CASE("store contract: size mismatch touches no key; a passed deadline times
     tiered_store t(l1, l2);
     check_argument_contract(t, [&] { return l1.entry_count() + l2.entry_count(); });
   }
-  SECTION("sharded_store") {
+  SECTION("rank_view") {
     constexpr std::size_t W = 2, C = 4;
-    sharded_store view(l1, modulo_ownership(W), 1);  // owns chunks 1 and 3
+    rank_view view(l1, modulo_ownership(W), 1);  // owns chunks 1 and 3
     std::vector<chunk_key> keys;
     for (std::size_t c = 0; c < C; ++c) keys.push_back(key(c));
     auto v = bytes(8, 2);

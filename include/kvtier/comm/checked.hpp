@@ -42,20 +42,20 @@ class checked {
 
   std::error_code broadcast(std::span<const std::byte> send, std::span<std::byte> recv, rank_t root,
                             kvtier::deadline dl) {
-    op o{kind_call(op_kind::broadcast, root, recv.size()), send, recv, nullptr, nullptr, 0};
+    op o{kind_call(op_kind::broadcast, root, recv.size()), send, recv};
     return submit(o, dl);
   }
   std::error_code all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
                              kvtier::deadline dl) {
-    op o{kind_call(op_kind::all_gather, 0, send.size()), send, recv, nullptr, nullptr, 0};
+    op o{kind_call(op_kind::all_gather, 0, send.size()), send, recv};
     return submit(o, dl);
   }
-  std::error_code all_reduce(const void* send, void* recv, std::size_t count, dtype type, reduce_op rop,
-                             kvtier::deadline dl) {
-    collective_call c = kind_call(op_kind::all_reduce, 0, count * dtype_size(type));
+  std::error_code all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, dtype type,
+                             reduce_op rop, kvtier::deadline dl) {
+    collective_call c = kind_call(op_kind::all_reduce, 0, recv.size());
     c.type = type;
     c.reduce = rop;
-    op o{c, {}, {}, send, recv, count};
+    op o{c, send, recv};
     return submit(o, dl);
   }
   std::error_code group_start() {
@@ -88,9 +88,6 @@ class checked {
     collective_call call;
     std::span<const std::byte> send;
     std::span<std::byte> recv;
-    const void* rsend;
-    void* rrecv;
-    std::size_t count;
   };
   static constexpr std::size_t fields = 5;
 
@@ -137,7 +134,7 @@ class checked {
       case op_kind::all_gather:
         return inner_.all_gather(o.send, o.recv, dl);
       case op_kind::all_reduce:
-        return inner_.all_reduce(o.rsend, o.rrecv, o.count, o.call.type, o.call.reduce, dl);
+        return inner_.all_reduce(o.send, o.recv, o.call.type, o.call.reduce, dl);
       case op_kind::group:
         break;
     }
@@ -164,8 +161,8 @@ class checked {
     mine[2] = c.bytes;
     mine[3] = (static_cast<std::uint64_t>(c.type) << 8) | static_cast<std::uint64_t>(c.reduce);
     mine[4] = list_hash;
-    if (auto ec =
-            inner_.all_reduce(slots_.data(), slots_.data(), slots_.size(), dtype::u64, reduce_op::sum, dl))
+    const auto bytes = std::as_writable_bytes(std::span<std::uint64_t>(slots_));
+    if (auto ec = inner_.all_reduce(bytes, bytes, dtype::u64, reduce_op::sum, dl))
       return fail(ec, "checked: call check failed: " + std::string(inner_.last_error()));
     const std::uint64_t* ref = slots_.data();
     for (rank_t j = 1; j < w; ++j) {

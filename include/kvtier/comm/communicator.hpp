@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <type_traits>
 
@@ -41,7 +42,9 @@ namespace kvtier::comm {
 
 using kvtier::rank_t;
 
-/// Reduction of all_reduce (integers only).
+/// Reduction of all_reduce (integers only). `sum` wraps modulo 2^bits for signed
+/// and unsigned types alike (two's complement, as MPI and NCCL behave in
+/// practice): never undefined behaviour, and the same bits on every backend.
 enum class reduce_op : std::uint8_t { min, max, sum };
 
 /// Element type of all_reduce; `bytes` for byte-wise collectives.
@@ -76,6 +79,16 @@ constexpr dtype dtype_of() noexcept {
     return std::is_signed_v<T> ? dtype::i64 : dtype::u64;
 }
 
+/// Why all_reduce's byte spans are unusable for `t`, or "" if they are fine
+/// (sizes equal, a whole number of elements, not dtype::bytes). Backends call it.
+constexpr std::string_view all_reduce_args_problem(std::size_t send_bytes, std::size_t recv_bytes,
+                                                   dtype t) noexcept {
+  if (t == dtype::bytes) return "all_reduce: dtype::bytes cannot be reduced";
+  if (send_bytes != recv_bytes) return "all_reduce: send and recv sizes differ";
+  if (recv_bytes % dtype_size(t) != 0) return "all_reduce: size is not a whole number of elements";
+  return {};
+}
+
 /// Integer types all_reduce accepts.
 template <class T>
 concept reducible = std::is_integral_v<T> &&(sizeof(T) == 4 || sizeof(T) == 8);
@@ -95,7 +108,7 @@ struct collective_call {
   friend bool operator==(const collective_call&, const collective_call&) = default;
 };
 
-inline const char* to_string(op_kind k) noexcept {
+constexpr std::string_view to_string(op_kind k) noexcept {
   switch (k) {
     case op_kind::broadcast:
       return "broadcast";
@@ -108,7 +121,7 @@ inline const char* to_string(op_kind k) noexcept {
   }
   return "?";
 }
-inline const char* to_string(dtype t) noexcept {
+constexpr std::string_view to_string(dtype t) noexcept {
   switch (t) {
     case dtype::bytes:
       return "bytes";
@@ -123,7 +136,7 @@ inline const char* to_string(dtype t) noexcept {
   }
   return "?";
 }
-inline const char* to_string(reduce_op r) noexcept {
+constexpr std::string_view to_string(reduce_op r) noexcept {
   switch (r) {
     case reduce_op::min:
       return "min";
@@ -137,7 +150,7 @@ inline const char* to_string(reduce_op r) noexcept {
 
 /// "broadcast(root=1, bytes=4096)", "all_reduce(u64 x2, min)", "group(3 ops)".
 inline std::string to_string(const collective_call& c) {
-  std::string s = to_string(c.op);
+  std::string s(to_string(c.op));
   switch (c.op) {
     case op_kind::broadcast:
       s += "(root=" + std::to_string(c.root) + ", bytes=" + std::to_string(c.bytes) + ")";
@@ -146,8 +159,11 @@ inline std::string to_string(const collective_call& c) {
       s += "(bytes per rank=" + std::to_string(c.bytes) + ")";
       break;
     case op_kind::all_reduce:
-      s += std::string("(") + to_string(c.type) + " x" + std::to_string(c.bytes / dtype_size(c.type)) + ", " +
-           to_string(c.reduce) + ")";
+      s += "(";
+      s += to_string(c.type);
+      s += " x" + std::to_string(c.bytes / dtype_size(c.type)) + ", ";
+      s += to_string(c.reduce);
+      s += ")";
       break;
     case op_kind::group:
       s += "(" + std::to_string(c.bytes) + " ops)";
@@ -165,19 +181,19 @@ inline std::string to_string(const collective_call& c) {
 ///   and may equal `recv` (in place).
 /// - all_gather(send, recv, dl): recv.size() == size() * send.size(); rank j's
 ///   `send` lands at recv[j * send.size()]. In place when send is this rank's slot.
-/// - all_reduce(send, recv, count, type, op, dl): host memory, `count` elements of
-///   `type`; send may equal recv.
+/// - all_reduce(send, recv, type, op, dl): host memory, recv.size() / dtype_size(type)
+///   elements of `type`; send.size() == recv.size(), a multiple of dtype_size(type)
+///   (else invalid_argument); send may equal recv.
 /// - local_copy(dst, src): a copy within this rank's backend memory, ordered with
 ///   this rank's collectives (not a collective, never recorded).
 template <class C>
 concept communicator = requires(C& c, const C& cc, std::span<const std::byte> in, std::span<std::byte> out,
-                                rank_t root, kvtier::deadline dl, const void* src, void* dst, std::size_t n,
-                                dtype t, reduce_op op) {
+                                rank_t root, kvtier::deadline dl, dtype t, reduce_op op) {
   { cc.rank() } -> std::convertible_to<rank_t>;
   { cc.size() } -> std::convertible_to<rank_t>;
   { c.broadcast(in, out, root, dl) } -> std::same_as<std::error_code>;
   { c.all_gather(in, out, dl) } -> std::same_as<std::error_code>;
-  { c.all_reduce(src, dst, n, t, op, dl) } -> std::same_as<std::error_code>;
+  { c.all_reduce(in, out, t, op, dl) } -> std::same_as<std::error_code>;
   { c.group_start() } -> std::same_as<std::error_code>;
   { c.group_end(dl) } -> std::same_as<std::error_code>;
   { c.local_copy(out, in, dl) } -> std::same_as<std::error_code>;
@@ -189,13 +205,14 @@ template <communicator C, reducible T>
 std::error_code all_reduce(C& c, std::span<const T> send, std::span<T> recv, reduce_op op,
                            kvtier::deadline dl) {
   if (send.size() != recv.size()) return kvtier::errc::invalid_argument;
-  return c.all_reduce(send.data(), recv.data(), recv.size(), dtype_of<T>(), op, dl);
+  return c.all_reduce(std::as_bytes(send), std::as_writable_bytes(recv), dtype_of<T>(), op, dl);
 }
 
 /// All-reduce of one integer in place: every rank ends with the reduction.
 template <communicator C, reducible T>
 std::error_code all_reduce_value(C& c, T& value, reduce_op op, kvtier::deadline dl) {
-  return c.all_reduce(&value, &value, 1, dtype_of<T>(), op, dl);
+  std::span<T, 1> v(&value, 1);
+  return c.all_reduce(std::as_bytes(v), std::as_writable_bytes(v), dtype_of<T>(), op, dl);
 }
 
 }  // namespace kvtier::comm

@@ -45,9 +45,11 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/comm/communicator.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 
 namespace kvtier::comm {
 
@@ -81,13 +83,15 @@ struct inproc_round {
 
 template <class T>
 void reduce_into(std::byte* acc, const std::byte* in, std::size_t count, reduce_op op) {
+  using U = std::make_unsigned_t<T>;
   for (std::size_t i = 0; i < count; ++i) {
     T a, b;
     std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
     std::memcpy(&b, in + i * sizeof(T), sizeof(T));
+    // sum wraps modulo 2^bits (reduce_op): added as unsigned, where overflow is defined.
     T r = op == reduce_op::min   ? std::min(a, b)
           : op == reduce_op::max ? std::max(a, b)
-                                 : static_cast<T>(a + b);
+                                 : static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
     std::memcpy(acc + i * sizeof(T), &r, sizeof(T));
   }
 }
@@ -196,18 +200,17 @@ class inproc_communicator {
     return queue_or_run(op, {}, dl);
   }
 
-  std::error_code all_reduce(const void* send, void* recv, std::size_t count, dtype type, reduce_op rop,
-                             kvtier::deadline dl) {
+  std::error_code all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, dtype type,
+                             reduce_op rop, kvtier::deadline dl) {
     detail::inproc_op op;
     op.call.op = op_kind::all_reduce;
     op.call.type = type;
     op.call.reduce = rop;
-    op.call.bytes = count * dtype_size(type);
-    op.send = static_cast<const std::byte*>(send);
-    op.recv = static_cast<std::byte*>(recv);
-    op.count = count;
-    if (type == dtype::bytes) return queue_or_run(op, "all_reduce: dtype::bytes cannot be reduced", dl);
-    return queue_or_run(op, {}, dl);
+    op.call.bytes = recv.size();
+    op.send = send.data();
+    op.recv = recv.data();
+    op.count = recv.size() / dtype_size(type);
+    return queue_or_run(op, std::string(all_reduce_args_problem(send.size(), recv.size(), type)), dl);
   }
 
   std::error_code group_start() {
@@ -256,11 +259,7 @@ class inproc_communicator {
 
   static void wait(std::unique_lock<std::mutex>& lk, detail::inproc_round& rd, kvtier::deadline dl,
                    auto pred) {
-    // deadline::max() would overflow inside wait_until on some libraries.
-    if (dl == kvtier::no_deadline)
-      rd.cv.wait(lk, pred);
-    else
-      rd.cv.wait_until(lk, dl, pred);
+    kvtier::detail::wait_until(rd.cv, lk, dl, pred);
   }
 
   static std::string rank_list(const std::vector<bool>& arrived, bool want) {

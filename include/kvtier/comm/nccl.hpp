@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -195,25 +196,27 @@ class nccl_communicator {
                  "ncclAllGather", dl);
   }
 
-  std::error_code all_reduce(const void* send, void* recv, std::size_t count, dtype type, reduce_op op,
-                             kvtier::deadline dl) {
+  std::error_code all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, dtype type,
+                             reduce_op op, kvtier::deadline dl) {
     if (auto ec = usable()) return ec;
-    const std::size_t bytes = count * dtype_size(type);
-    if (type == dtype::bytes) return skipped(invalid("all_reduce: dtype::bytes cannot be reduced"));
+    if (const std::string_view why = all_reduce_args_problem(send.size(), recv.size(), type); !why.empty())
+      return skipped(invalid(why));
+    const std::size_t bytes = recv.size();
+    const std::size_t count = bytes / dtype_size(type);
     if (scratch_used_ + bytes > reduce_scratch_bytes)
       return skipped(invalid("all_reduce: more than reduce_scratch_bytes"));
     std::byte* host = host_scratch_.data() + scratch_used_;
     std::byte* dev = scratch_.data() + scratch_used_;
     if (group_depth_ > 0) scratch_used_ += (bytes + 15) / 16 * 16;
-    std::memcpy(host, send, bytes);
+    if (bytes) std::memcpy(host, send.data(), bytes);
     if (auto ec = cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync"))
       return skipped(ec);
     const ncclResult_t r = ncclAllReduce(dev, dev, count, nccl_type(type), nccl_op(op), comm_, stream_);
     if (group_depth_ > 0) {  // results are copied back after group_end
-      pending_host_.push_back({dev, host, static_cast<std::byte*>(recv), bytes});
+      pending_host_.push_back({dev, host, recv.data(), bytes});
       return r == ncclSuccess || r == ncclInProgress ? std::error_code{} : skipped(nccl(r, "ncclAllReduce"));
     }
-    pending_host_.push_back({dev, host, static_cast<std::byte*>(recv), bytes});
+    pending_host_.push_back({dev, host, recv.data(), bytes});
     return issue(r, "ncclAllReduce", dl);
   }
 
@@ -290,7 +293,7 @@ class nccl_communicator {
     return ec;
   }
 
-  std::error_code invalid(const char* what) {
+  std::error_code invalid(std::string_view what) {
     last_error_ = what;
     return kvtier::errc::invalid_argument;
   }

@@ -72,14 +72,14 @@ class recording {
     return record(c, inner_.all_gather(send, recv, dl));
   }
 
-  std::error_code all_reduce(const void* send, void* recv, std::size_t count, dtype type, reduce_op op,
-                             kvtier::deadline dl) {
+  std::error_code all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, dtype type,
+                             reduce_op op, kvtier::deadline dl) {
     collective_call c;
     c.op = op_kind::all_reduce;
     c.type = type;
     c.reduce = op;
-    c.bytes = count * dtype_size(type);
-    return record(c, inner_.all_reduce(send, recv, count, type, op, dl));
+    c.bytes = recv.size();
+    return record(c, inner_.all_reduce(send, recv, type, op, dl));
   }
 
   std::error_code group_start() {

@@ -7,9 +7,9 @@
 #include <span>
 #include <system_error>
 
+#include "kvtier/chunk_status.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
-#include "kvtier/store/chunk_store.hpp"
 
 namespace kvtier::detail {
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kvtier/deadline.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/resp/connection.hpp"
 
@@ -94,10 +95,7 @@ class connection_pool {
     std::unique_lock<std::mutex> lock(mu_);
     std::size_t index = npos;
     auto pick = [&] { return (index = find_free(kind)) != npos; };
-    if (dl == no_deadline)
-      cv_.wait(lock, pick);
-    else if (!cv_.wait_until(lock, dl, pick))
-      return make_error_code(errc::timeout);
+    if (!detail::wait_until(cv_, lock, dl, pick)) return make_error_code(errc::timeout);
     busy_[index] = true;
     out.pool_ = this;
     out.index_ = index;

@@ -7,6 +7,7 @@
 //   std::vector<kvtier::chunk_status> st(keys.size());
 //   std::error_code ec = store.get(keys, destinations, st, kvtier::deadline_after(50ms));
 //   // st[i] == chunk_status::hit  -> destinations[i] holds exactly the stored bytes
+//   // (put reports chunk_status::stored for each key it wrote)
 //   // anything else               -> destinations[i] must not be used (recompute it)
 //
 // Contract for every implementation:
@@ -19,48 +20,29 @@
 //    errors). A whole-batch failure (connection lost, deadline passed) returns the
 //    code AND marks every unfinished key timeout or error: no key is left unset.
 //  - The call returns by its deadline (plus scheduling noise), whatever the peer does.
+//  - put: a key reported chunk_status::stored was written. A put that returns
+//    errc::timeout (or marks a key timeout/error) may STILL have stored that value:
+//    the request may have reached the server before the deadline passed. Treat
+//    such a key as "unknown", never as "absent"; a later get verifies it anyway.
+//  - Deadline rule: a deadline bounds how long a call waits; it is not a validity
+//    window for the answer. A call whose work finished (every reply read and
+//    verified) reports ok even if it returns a few ms past its deadline (the
+//    scheduler ran it late); a call that is still waiting when the deadline
+//    passes stops and reports timeout.
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string_view>
 #include <system_error>
 
+#include "kvtier/chunk_status.hpp"
 #include "kvtier/chunker.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
 
 namespace kvtier {
-
-/// Outcome for one key of a batched store call.
-enum class chunk_status : std::uint8_t {
-  hit,        ///< present (exists) / bytes delivered and verified (get) / stored (put)
-  miss,       ///< not present
-  corrupt,    ///< present but failed the header, length or checksum check
-  timeout,    ///< the deadline passed before this key finished
-  error,      ///< I/O or server error for this key
-  cancelled,  ///< the request was cancelled before this key finished
-};
-
-constexpr std::string_view to_string(chunk_status s) noexcept {
-  switch (s) {
-    case chunk_status::hit:
-      return "hit";
-    case chunk_status::miss:
-      return "miss";
-    case chunk_status::corrupt:
-      return "corrupt";
-    case chunk_status::timeout:
-      return "timeout";
-    case chunk_status::error:
-      return "error";
-    case chunk_status::cancelled:
-      return "cancelled";
-  }
-  return "unknown";
-}
 
 /// The batched store interface: exists, get into caller spans, put from caller spans.
 template <class S>

@@ -111,7 +111,7 @@ class basic_memory_store {
   }
 
   /// Stores a copy of src[i] under keys[i] (replacing any older value), evicting
-  /// least recently used values to make room. hit = stored; error = not stored
+  /// least recently used values to make room. stored = written; error = not stored
   /// (larger than the whole capacity, or the allocator failed). The copy into the
   /// new value runs outside the store's lock.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
@@ -221,7 +221,7 @@ class basic_memory_store {
     }
     used_ += value.size();
     ++stats_.stores;
-    return chunk_status::hit;
+    return chunk_status::stored;
   }
 
   std::size_t capacity_;

@@ -32,7 +32,7 @@ namespace kvtier {
 
 /// Which tiers put() writes.
 enum class write_policy {
-  write_through,  ///< both; the status is L2's (the tier other engines see)
+  write_through,  ///< both; a key is stored only if both stored it (see put())
   l1_only,        ///< L1 only (L2 filled elsewhere)
   l2_only,        ///< L2 only (L1 filled by promotion on read)
 };
@@ -87,19 +87,23 @@ class tiered_store {
     return count(status, ec, rest.size());
   }
 
+  /// Write-through: a key is `stored` only if every tier written stored it; a key
+  /// one tier failed reports that tier's status (L2's when both failed), and the
+  /// call returns L2's error, else L1's, so an L1 failure is never dropped.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
-    std::error_code ec;
-    if (opt_.writes != write_policy::l2_only) {
-      ec = l1_.put(keys, src, status, dl);
-      if (opt_.metrics) add_written(opt_.metrics->l1, status, src);
-    }
-    if (opt_.writes != write_policy::l1_only) {
-      ec = l2_.put(keys, src, status, dl);  // the status callers see is L2's
-      if (opt_.metrics) add_written(opt_.metrics->l2, status, src);
-    }
-    return ec;
+    if (opt_.writes == write_policy::l1_only)
+      return put_tier(l1_, opt_.metrics ? &opt_.metrics->l1 : nullptr, keys, src, status, dl);
+    if (opt_.writes == write_policy::l2_only)
+      return put_tier(l2_, opt_.metrics ? &opt_.metrics->l2 : nullptr, keys, src, status, dl);
+    std::vector<chunk_status> s1(status.size(), chunk_status::error);
+    const std::error_code ec1 = put_tier(l1_, opt_.metrics ? &opt_.metrics->l1 : nullptr, keys, src, s1, dl);
+    const std::error_code ec2 =
+        put_tier(l2_, opt_.metrics ? &opt_.metrics->l2 : nullptr, keys, src, status, dl);
+    for (std::size_t i = 0; i < status.size(); ++i)
+      if (status[i] == chunk_status::stored && s1[i] != chunk_status::stored) status[i] = s1[i];
+    return ec2 ? ec2 : ec1;
   }
 
   stats_type stats() const {
@@ -133,12 +137,17 @@ class tiered_store {
       if (status[i] == chunk_status::hit) bytes += dst[i].size();
     if (bytes) m.bytes_read.add(bytes);
   }
-  static void add_written(tier_metrics& m, std::span<const chunk_status> status,
-                          std::span<const std::span<const std::byte>> src) {
+  template <chunk_store S>
+  static std::error_code put_tier(S& s, tier_metrics* m, std::span<const chunk_key> keys,
+                                  std::span<const std::span<const std::byte>> src,
+                                  std::span<chunk_status> status, deadline dl) {
+    const std::error_code ec = s.put(keys, src, status, dl);
+    if (!m) return ec;
     std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < src.size(); ++i)
-      if (status[i] == chunk_status::hit) bytes += src[i].size();
-    if (bytes) m.bytes_written.add(bytes);
+      if (status[i] == chunk_status::stored) bytes += src[i].size();
+    if (bytes) m->bytes_written.add(bytes);
+    return ec;
   }
 
   // L2 hits go into L1 from the caller's destination (already verified bytes).
@@ -154,7 +163,7 @@ class tiered_store {
     // skips promotion (L1 reports timeout) rather than running late.
     l1_.put(pk, ps, st, dl);
     std::size_t ok = 0;
-    for (chunk_status s : st) ok += s == chunk_status::hit;
+    for (chunk_status s : st) ok += s == chunk_status::stored;
     std::lock_guard lock(mu_);
     stats_.promoted += ok;
   }

@@ -40,10 +40,7 @@
 #include <span>
 #include <string_view>
 
-#ifndef XXH_INLINE_ALL
-#define XXH_INLINE_ALL
-#endif
-#include <xxhash.h>
+#include "kvtier/detail/xxhash.hpp"
 
 #include "kvtier/chunker.hpp"
 

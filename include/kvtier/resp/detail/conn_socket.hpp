@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kvtier/deadline.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 
 namespace kvtier::resp::detail {
@@ -115,7 +116,8 @@ inline std::error_code conn_resolve(
     return make_error_code(errc::backend_error);
   }
   std::unique_lock lk(j->m);
-  if (!j->cv.wait_until(lk, dl, [&] { return j->done; })) return make_error_code(errc::timeout);
+  if (!kvtier::detail::wait_until(j->cv, lk, dl, [&] { return j->done; }))
+    return make_error_code(errc::timeout);
   if (!j->ok) return make_error_code(errc::resolve_failed);
   out = std::move(j->addrs);
   return {};

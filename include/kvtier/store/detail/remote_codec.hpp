@@ -64,16 +64,12 @@ class remote_codec {
  public:
   /// `hash_tag` non-empty: every key name carries "{hash_tag}", so a cluster keeps them in one slot.
   explicit remote_codec(key_namespace ns, std::string hash_tag = {})
-      : ns_(std::move(ns)), fingerprint_(ns_.fingerprint()), tag_(std::move(hash_tag)) {}
+      : ns_(std::move(ns)), fingerprint_(ns_.fingerprint()), prefix_(key_prefix(ns_, hash_tag)) {}
 
   const key_namespace& ns() const noexcept { return ns_; }
 
   /// The server-side key name of `key`.
-  std::string key_text(const chunk_key& key) const {
-    std::string name = remote_key_text(ns_, key);
-    if (!tag_.empty()) name.insert(name.find(':') + 1, "{" + tag_ + "}:");
-    return name;
-  }
+  std::string key_text(const chunk_key& key) const { return remote_key_text(prefix_, key); }
 
   void add_exists(resp::batch& b, std::string_view name) const { b.add({"EXISTS", name}); }
 
@@ -108,7 +104,7 @@ class remote_codec {
                           std::string_view name) {
     if (r.kind == resp::type::simple_string) {
       bump(stats_.bytes_stored, bytes);
-      return chunk_status::hit;
+      return chunk_status::stored;
     }
     return key_error("SET", r, where, name);  // e.g. OOM with maxmemory and noeviction
   }
@@ -223,9 +219,16 @@ class remote_codec {
                header_check::ok;
   }
 
+  // "kvtier:<ns>:", or "kvtier:{<tag>}:<ns>:" with a hash tag; built once.
+  static std::string key_prefix(const key_namespace& ns, const std::string& tag) {
+    std::string p = remote_key_prefix(ns);
+    if (!tag.empty()) p.insert(p.find(':') + 1, "{" + tag + "}:");
+    return p;
+  }
+
   key_namespace ns_;
   std::uint64_t fingerprint_;
-  std::string tag_;
+  std::string prefix_;
   counters stats_;
   mutable std::mutex error_mu_;
   std::string last_error_;

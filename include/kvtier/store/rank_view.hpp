@@ -1,5 +1,5 @@
-// kvtier/store/sharded_store.hpp: one rank's view of a store partitioned by
-// chunk ownership.
+// kvtier/store/rank_view.hpp: one rank's view of a store partitioned by chunk
+// ownership. (Not itself a chunk_store: its calls take the whole prompt's keys.)
 //
 // Rank r stores, looks up and loads only the chunks it owns under the ownership
 // policy, so rank r of every engine touches the same partition and can use its
@@ -7,9 +7,10 @@
 // keys (prompt_keys[c] is chunk c) and pick the owned ones themselves:
 //
 //   kvtier::remote_store<conn> l2_r(...);                 // this rank's instance
-//   kvtier::sharded_store view(l2_r, kvtier::modulo_ownership(8), rank);
-//   std::uint64_t a_r = view.lookup(keys, 256, dl);       // rank answer, in tokens
-//   std::uint64_t hit = comm.all_reduce_min(a_r);         // longest cached prefix
+//   kvtier::rank_view view(l2_r, kvtier::modulo_ownership(8), rank);
+//   kvtier::rank_lookup a = view.lookup(keys, 256, prompt_tokens, dl);  // rank answer, in tokens
+//   std::uint64_t hit = a.answer_tokens;
+//   all_reduce_value(comm, hit, reduce_op::min, dl);      // longest cached prefix
 //   auto mine = view.owned_chunks(hit / 256);             // chunks this rank loads
 //   std::vector<kvtier::chunk_status> st(mine.size());
 //   view.get_owned(keys, chunk_buffers, st, dl);          // chunk_buffers: one per prompt chunk
@@ -21,8 +22,11 @@
 // The backend is held by reference and must outlive the view.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <ranges>
 #include <span>
 #include <stdexcept>
 #include <system_error>
@@ -38,14 +42,21 @@
 
 namespace kvtier {
 
+/// What rank_view::lookup reports: the rank answer in tokens, and the store's
+/// error (empty when the call worked; misses are not errors).
+struct rank_lookup {
+  std::uint64_t answer_tokens = 0;
+  std::error_code ec;
+};
+
 template <chunk_store Store, ownership_policy Ownership>
-class sharded_store {
+class rank_view {
  public:
   /// Throws std::invalid_argument if rank >= policy.world_size().
-  sharded_store(Store& backend, Ownership policy, rank_t rank)
+  rank_view(Store& backend, Ownership policy, rank_t rank)
       : backend_(backend), policy_(std::move(policy)), rank_(rank) {
     if (rank >= static_cast<rank_t>(policy_.world_size()))
-      throw std::invalid_argument("kvtier::sharded_store: rank out of range");
+      throw std::invalid_argument("kvtier::rank_view: rank out of range");
   }
 
   rank_t rank() const noexcept { return rank_; }
@@ -62,12 +73,14 @@ class sharded_store {
   std::vector<std::uint64_t> owned_starts(std::size_t n_chunks, std::size_t chunk_tokens) const {
     return kvtier::owned_starts(policy_, rank_, n_chunks, chunk_tokens);
   }
-  /// The owned entries of a prompt-indexed sequence (keys, buffers, ...), in order.
-  template <class T>
-  std::vector<T> select(std::span<const T> prompt_items) const {
-    std::vector<T> out;
-    for (std::size_t c = 0; c < prompt_items.size(); ++c)
-      if (owns(c)) out.push_back(prompt_items[c]);
+  /// The owned entries of a prompt-indexed sequence (a std::vector, std::span,
+  /// std::array of keys, buffers, ...), in order.
+  template <std::ranges::random_access_range R>
+  std::vector<std::ranges::range_value_t<R>> select(const R& prompt_items) const {
+    std::vector<std::ranges::range_value_t<R>> out;
+    const auto n = static_cast<std::size_t>(std::ranges::size(prompt_items));
+    for (std::size_t c = 0; c < n; ++c)
+      if (owns(c)) out.push_back(std::ranges::begin(prompt_items)[static_cast<std::ptrdiff_t>(c)]);
     return out;
   }
   std::vector<chunk_key> owned_keys(std::span<const chunk_key> prompt_keys) const {
@@ -106,16 +119,28 @@ class sharded_store {
 
   /// The rank's lookup answer (kvtier::rank_answer over its owned chunks): the
   /// start token of its first owned chunk that is not present, or the end of the
-  /// prompt's last chunk. A failed call counts its unfinished keys as not
-  /// present, so the answer only ever shrinks ("recompute from here").
-  std::uint64_t lookup(std::span<const chunk_key> prompt_keys, std::size_t chunk_tokens, deadline dl,
-                       std::error_code* ec_out = nullptr) {
+  /// prompt's last keyed chunk, never past prompt_tokens (with a hashed partial
+  /// tail, tail_policy::hash_partial, the last key covers fewer tokens). A failed
+  /// call counts its unfinished keys as not present, so the answer only ever
+  /// shrinks ("recompute from here"): a rank whose call failed reports its first
+  /// owned start, not 0.
+  ///
+  /// prompt_tokens must match the keys (either tail policy): more than
+  /// (keys - 1) * chunk_tokens and less than (keys + 1) * chunk_tokens, and
+  /// chunk_tokens > 0; else {0, errc::invalid_argument} and no store call.
+  ///
+  /// Example: 300 tokens, 256-token chunks, hash_partial (2 keys), all present:
+  /// answer_tokens == 300 (not 512), so prompt_tokens - answer_tokens never wraps.
+  rank_lookup lookup(std::span<const chunk_key> prompt_keys, std::size_t chunk_tokens,
+                     std::uint64_t prompt_tokens, deadline dl) {
+    const std::uint64_t n = prompt_keys.size(), t = chunk_tokens;
+    if (t == 0 || (n > 0 && prompt_tokens <= (n - 1) * t) || prompt_tokens >= (n + 1) * t)
+      return {0, make_error_code(errc::invalid_argument)};
     const std::vector<std::uint64_t> starts = owned_starts(prompt_keys.size(), chunk_tokens);
     std::vector<chunk_status> status(starts.size(), chunk_status::error);
-    std::error_code ec = exists_owned(prompt_keys, status, dl);
-    if (ec_out) *ec_out = ec;
-    return rank_answer(std::span<const std::uint64_t>(starts), detail::store_hit_view{status},
-                       static_cast<std::uint64_t>(prompt_keys.size()) * chunk_tokens);
+    const std::error_code ec = exists_owned(prompt_keys, status, dl);
+    const std::uint64_t end = std::min(n * t, prompt_tokens);
+    return {rank_answer(std::span<const std::uint64_t>(starts), detail::store_hit_view{status}, end), ec};
   }
 
  private:
