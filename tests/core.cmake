@@ -5,6 +5,7 @@ kvtier_add_test(test_ownership SOURCES core/test_ownership.cpp LABELS unit)
 kvtier_add_test(test_lookup SOURCES core/test_lookup.cpp LABELS unit)
 kvtier_add_test(test_lookup_proof SOURCES core/test_lookup_proof.cpp LABELS property)
 kvtier_add_test(test_cost_model SOURCES core/test_cost_model.cpp LABELS unit tsan)
+kvtier_add_test(test_cost_model_split SOURCES core/test_cost_model_split.cpp LABELS property)
 
 # Two processes must print the same keys, equal to the known answers.
 if(NOT KVTIER_SANITIZE STREQUAL "thread")

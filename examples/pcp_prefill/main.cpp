@@ -2,8 +2,11 @@
 // request trace under an explicit timing model. See --help.
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -27,22 +30,34 @@ namespace {
 
 const char* usage = R"(usage:
   pcp_prefill [options]                      replay a trace through the engine
-  pcp_prefill gen-trace --kind hit-heavy|cold [--requests N] [--seed S] [--rate R] --out FILE
+  pcp_prefill gen-trace --kind hit-heavy|cold|mixed|long [--requests N] [--seed S] [--rate R] --out FILE
   pcp_prefill table NAME=SUMMARY_FILE ...     side-by-side table of replays (+ the reference's figures)
   pcp_prefill plot OUT.png NAME=REQUESTS_FILE ...
   pcp_prefill fit-t0 [--measured-s 0.40] [--tokens 16384] [--gbps 10.76]   T0 in ms from one measured hit
+                                              (a calibration: the fitted hit takes exactly the measured time)
+  pcp_prefill instance-gbps --sustained-gbps G --t0-ms T [--tokens 16384]
+                                              an instance's rate beside a separate T0, from what it sustained
 
 replay options:
   --trace FILE                JSONL trace (one request per line)
-  --generate hit-heavy|cold   use the generated stream instead of a file (--requests, --seed, --rate apply)
+  --generate KIND             use a generated stream instead of a file: hit-heavy, cold, mixed (questions
+                              about half of each prompt) or long (64k-200k tokens, slow arrivals);
+                              --requests, --seed, --rate apply
   --world W                   ranks (threads) in lockstep (8)
-  --mode recompute|sync|async loading mode (async)
+  --mode recompute|sync|async|split   loading mode (async); split computes the front of a hit while
+                              loading its back, at the cost model's split point
   --policy always|cost        load every hit, or let the cost model decide per request (always)
+  --closed-loop N             N clients, each sending its next request when its last completes
   --l2 embedded|none|URL      L2: in-process modeled servers (default), none, a resp:// URL template with
                               {rank} or {rank+N} (one server per rank), or a plain URL (one shared server)
+  --l2-password-env VAR       the L2 password from environment variable VAR (keeps it out of argv)
+  --l2-password-file FILE     the L2 password from the first line of FILE
   --l1-capacity-gb X          L1 capacity per rank, modeled decimal GB (64)
-  --prime                     replay the trace once untimed first, then clear L1
-  --keep-l1                   with --prime: keep L1 filled
+  --prime                     replay the whole trace once untimed first (stores every full chunk), then clear L1
+  --prime-first N             prime with the first N requests only, then replay the others: prefix
+                              sharing decides their hits
+  --prime-shared              prime with each request's shared segments only (all but its last)
+  --keep-l1                   with a --prime*: keep L1 filled
   --out FILE                  per-request JSON lines
   --plot FILE.png             TTFT against arrival time and TTFT CDF (gnuplot)
   --name NAME                 label of this run in the table (the mode)
@@ -52,12 +67,20 @@ timing model (modeled seconds; defaults are the reference's figures):
   --payload-scale X           stored bytes per modeled byte (1/8192)
   --chunk-tokens N            (256)
   --l2-model-instances K      (1)          --l2-model-gbps G       per instance (1.71)
-  --l2-model-t0-ms T          fixed cost per load request (330)
+  --l2-sustained-gbps G       instead of --l2-model-gbps: derive the instance rate from the rate an
+                              instance sustained per 16,384-token hit, T0 included (see instance-gbps)
+  --l2-model-t0-ms T          fixed cost per load and write-back request (330)
+  --l2-model-rtt-ms T         a lookup's round trip (0.5)   --l2-model-key-us T  server time per key (2)
   --l1-model-gbps G           per rank (0.5)   --l1-model-t0-ms T  (50)
-  --time-scale X              real seconds per modeled second (0.05)
+  --interconnect-gbps G       owner -> all broadcast: bytes a rank receives per second (100)
+  --collective-us T           latency of one collective (20)
 engine:
-  --max-batch-tokens N (32768)  --max-batch-requests N (256)  --load-timeout-s S (10, modeled)
+  --max-batch-tokens N (32768)  --max-batch-requests N (256)
+  --load-timeout-s S          one deadline per request, from its lookup, over every rank's I/O (10, modeled)
   --broadcast per_chunk|grouped|gathered (gathered)   --fetch-workers N (8)
+  --estimator-prior optimistic|model   the load estimator's starting (T0, B): optimistic (0 ms, 1000 GB/s;
+                              the first hits teach it) or model (the modeled tier's T0 and B, as a probe
+                              of the tier would report them); refined online by every load either way
   --cost-slack-ms X           --policy cost: also load when predicted at most X ms slower than recompute (0)
   --l2-fault-every N          cut every N-th L2 load short (fault injection; 0 = never)
 )";
@@ -85,14 +108,35 @@ std::uint64_t parse_uint(const std::string& flag, const std::string& v, std::uin
 }
 
 struct options {
-  std::string trace_file, generate, l2 = "embedded", out, plot, name;
+  std::string trace_file, generate, l2 = "embedded", out, plot, name, password_env, password_file;
   pcp::trace_spec spec;
+  bool requests_set = false, seed_set = false, rate_set = false;
   pcp::timing_model tm;
   pcp::engine_options eng;
   double l1_capacity_gb = 64;
-  bool prime = false, keep_l1 = false, quiet = false;
+  double sustained_gbps = 0;  ///< > 0: derive tm.l2_gbps from it
+  bool prime = false, prime_shared = false, keep_l1 = false, quiet = false, prior_from_model = false;
+  std::size_t prime_first = 0;
   std::uint64_t fault_every = 0;
 };
+
+/// The generated stream of kind `kind` (hit-heavy, cold, mixed, long).
+pcp::trace_spec generated_spec(const std::string& kind, const options& o) {
+  pcp::trace_spec spec;
+  if (kind == "long") spec = pcp::long_prompt_spec();
+  if (kind == "hit-heavy" || kind == "long")
+    spec.kind = pcp::trace_kind::hit_heavy;
+  else if (kind == "cold")
+    spec.kind = pcp::trace_kind::cold;
+  else if (kind == "mixed")
+    spec.kind = pcp::trace_kind::mixed;
+  else
+    throw usage_error("expected a stream kind hit-heavy, cold, mixed or long, got '" + kind + "'");
+  if (o.requests_set) spec.requests = o.spec.requests;
+  if (o.seed_set) spec.seed = o.spec.seed;
+  if (o.rate_set) spec.rate_per_s = o.spec.rate_per_s;
+  return spec;
+}
 
 options parse_replay(int argc, char** argv) {
   options o;
@@ -110,11 +154,37 @@ options parse_replay(int argc, char** argv) {
     else if (a == "--generate")
       o.generate = val();
     else if (a == "--requests")
-      o.spec.requests = parse_uint(a, val(), 1, 1'000'000);
+      o.spec.requests = parse_uint(a, val(), 1, 1'000'000), o.requests_set = true;
     else if (a == "--seed")
-      o.spec.seed = parse_uint(a, val(), 0, 1ull << 62);
+      o.spec.seed = parse_uint(a, val(), 0, 1ull << 62), o.seed_set = true;
     else if (a == "--rate")
-      o.spec.rate_per_s = parse_double(a, val(), 1e-6, 1e6);
+      o.spec.rate_per_s = parse_double(a, val(), 1e-6, 1e6), o.rate_set = true;
+    else if (a == "--estimator-prior") {
+      const std::string m = val();
+      if (m == "model")
+        o.prior_from_model = true;
+      else if (m != "optimistic")
+        throw usage_error("--estimator-prior: expected optimistic or model, got '" + m + "'");
+    } else if (a == "--closed-loop")
+      o.eng.closed_loop_clients = parse_uint(a, val(), 1, 1'000'000);
+    else if (a == "--l2-password-env")
+      o.password_env = val();
+    else if (a == "--l2-password-file")
+      o.password_file = val();
+    else if (a == "--prime-first")
+      o.prime_first = parse_uint(a, val(), 1, 1'000'000);
+    else if (a == "--prime-shared")
+      o.prime_shared = true;
+    else if (a == "--l2-sustained-gbps")
+      o.sustained_gbps = parse_double(a, val(), 1e-6, 1e6);
+    else if (a == "--l2-model-rtt-ms")
+      o.tm.l2_rtt_s = parse_double(a, val(), 0, 1e7) / 1e3;
+    else if (a == "--l2-model-key-us")
+      o.tm.l2_key_s = parse_double(a, val(), 0, 1e9) / 1e6;
+    else if (a == "--interconnect-gbps")
+      o.tm.interconnect_gbps = parse_double(a, val(), 1e-6, 1e9);
+    else if (a == "--collective-us")
+      o.tm.collective_s = parse_double(a, val(), 0, 1e9) / 1e6;
     else if (a == "--world")
       o.eng.world = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 256));
     else if (a == "--mode") {
@@ -125,8 +195,10 @@ options parse_replay(int argc, char** argv) {
         o.eng.mode = pcp::load_mode::sync;
       else if (m == "async")
         o.eng.mode = pcp::load_mode::async;
+      else if (m == "split")
+        o.eng.mode = pcp::load_mode::split;
       else
-        throw usage_error("--mode: expected recompute, sync or async, got '" + m + "'");
+        throw usage_error("--mode: expected recompute, sync, async or split, got '" + m + "'");
     } else if (a == "--policy") {
       const std::string m = val();
       if (m == "always")
@@ -169,8 +241,6 @@ options parse_replay(int argc, char** argv) {
       o.tm.l1_gbps = parse_double(a, val(), 1e-6, 1e6);
     else if (a == "--l1-model-t0-ms")
       o.tm.l1_t0_s = parse_double(a, val(), 0, 1e7) / 1e3;
-    else if (a == "--time-scale")
-      o.tm.time_scale = parse_double(a, val(), 1e-6, 1e3);
     else if (a == "--max-batch-tokens")
       o.eng.max_batch_tokens = parse_uint(a, val(), 1, 1ull << 32);
     else if (a == "--max-batch-requests")
@@ -198,46 +268,89 @@ options parse_replay(int argc, char** argv) {
   }
   if (o.trace_file.empty() == o.generate.empty())
     throw usage_error("give exactly one of --trace FILE or --generate hit-heavy|cold");
-  if (!o.generate.empty()) {
-    if (o.generate == "hit-heavy")
-      o.spec.kind = pcp::trace_kind::hit_heavy;
-    else if (o.generate == "cold")
-      o.spec.kind = pcp::trace_kind::cold;
-    else
-      throw usage_error("--generate: expected hit-heavy or cold, got '" + o.generate + "'");
+  if (!o.generate.empty()) o.spec = generated_spec(o.generate, o);
+  const int primes = int(o.prime) + int(o.prime_shared) + int(o.prime_first > 0);
+  if (primes > 1) throw usage_error("give at most one of --prime, --prime-first, --prime-shared");
+  if (o.keep_l1 && primes == 0) throw usage_error("--keep-l1 needs --prime, --prime-first or --prime-shared");
+  if (!o.password_env.empty() && !o.password_file.empty())
+    throw usage_error("give at most one of --l2-password-env and --l2-password-file");
+  if (o.prior_from_model && o.l2 != "embedded")
+    throw usage_error("--estimator-prior model needs --l2 embedded");
+  if (o.sustained_gbps > 0) {  // the instance rate beside T0, from the rate it sustained per hit
+    const double gb = kvtier::kv_gb(16384, o.tm.bytes_per_token);
+    o.tm.l2_gbps = kvtier::instance_rate_gb_per_s(o.sustained_gbps, gb, o.tm.l2_t0_s);
+    if (!std::isfinite(o.tm.l2_gbps))
+      throw usage_error(
+          "--l2-sustained-gbps: T0 is longer than a whole hit at that rate; no instance rate fits");
   }
-  if (o.keep_l1 && !o.prime) throw usage_error("--keep-l1 needs --prime");
+  if (o.prior_from_model)
+    o.eng.estimator_prior = {.fixed_cost_s = o.tm.l2_t0_s,
+                             .bandwidth_gb_per_s = o.tm.l2_total_gbps(o.eng.world)};
   if (o.name.empty())
     o.name =
         std::string(pcp::to_string(o.eng.mode)) + (o.eng.policy == pcp::load_policy::cost ? "+cost" : "");
   return o;
 }
 
+/// The sync queue's load (rho) or the L2 path's (async): arrival rate times the
+/// modeled time one hit holds the engine (sync: T0 + bytes / B, one at a time) or
+/// the tier (async: bytes / B). 0 when no modeled L2 is read.
+double l2_rho(const options& o, const std::vector<pcp::prepared_request>& reqs) {
+  if (o.l2 != "embedded" || o.eng.mode == pcp::load_mode::recompute || reqs.size() < 2 ||
+      o.eng.closed_loop_clients > 0)
+    return 0;
+  double tokens = 0;
+  for (const auto& r : reqs) tokens += static_cast<double>(r.n_chunks() * o.tm.chunk_tokens);
+  const double span = reqs.back().src->t - reqs.front().src->t;
+  if (!(span > 0)) return 0;
+  const double lambda = static_cast<double>(reqs.size() - 1) / span;
+  const double gb = kvtier::kv_gb(tokens / static_cast<double>(reqs.size()), o.tm.bytes_per_token);
+  const double hold = gb / o.tm.l2_total_gbps(o.eng.world);
+  return lambda * (o.eng.mode == pcp::load_mode::sync ? o.tm.l2_t0_s + hold : hold);
+}
+
+/// The untimed priming replay (recompute, storing every full chunk); false if it failed.
 template <class L2>
-int replay(const options& o, const std::vector<pcp::prepared_request>& prepared, pcp::model_clock& clk,
-           std::vector<pcp::modeled_l1*> l1s, std::vector<L2*> l2s,
-           const std::function<void()>& after_prime) {
-  if (o.prime) {
-    std::cerr << "priming: replaying the trace once, untimed\n";
+bool prime(const options& o, const std::vector<pcp::prepared_request>& prime_set,
+           const std::vector<pcp::modeled_l1*>& l1s, const std::vector<L2*>& l2s) {
+  if (!prime_set.empty()) {
+    std::cerr << "priming: replaying " << prime_set.size() << " requests once, untimed\n";
     pcp::engine_options po = o.eng;
     po.mode = pcp::load_mode::recompute;
     po.timed = false;
     po.progress = false;
-    pcp::engine<L2> primer(prepared, o.tm, clk, po, l1s, l2s);
+    po.closed_loop_clients = 0;
+    pcp::engine<L2> primer(prime_set, o.tm, po, l1s, l2s);
     const auto pr = primer.run();
     if (!pr.fatal.empty()) {
       std::cerr << "pcp_prefill: priming failed: " << pr.fatal << "\n";
-      return 1;
+      return false;
     }
     if (!o.keep_l1)
       for (auto* l1 : l1s) l1->data().clear();
-    after_prime();
   }
+  return true;
+}
+
+template <class L2>
+int replay(
+    const options& o, const std::vector<pcp::prepared_request>& prime_set,
+    const std::vector<pcp::prepared_request>& prepared, const std::vector<pcp::modeled_l1*>& l1s,
+    const std::vector<L2*>& l2s, const std::function<void()>& after_prime = [] {}) {
+  if (!prime(o, prime_set, l1s, l2s)) return 1;
+  after_prime();
   pcp::engine_options eo = o.eng;
   eo.progress = !o.quiet;
-  pcp::engine<L2> eng(prepared, o.tm, clk, eo, l1s, l2s);
+  pcp::engine<L2> eng(prepared, o.tm, eo, l1s, l2s);
+  const auto wall = std::chrono::steady_clock::now();
   const pcp::run_result r = eng.run();
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count();
   if (!r.fatal.empty()) std::cerr << "pcp_prefill: run aborted: " << r.fatal << "\n";
+  // A misconfigured tier degrades to recompute; say why, once per rank.
+  for (std::size_t k = 0; k < r.l2_errors.size(); ++k)
+    if (!r.l2_errors[k].empty())
+      std::cerr << "pcp_prefill: rank " << k
+                << ": L2 calls failed, recomputing instead (first: " << r.l2_errors[k] << ")\n";
   if (!o.out.empty()) {
     std::ofstream out(o.out);
     if (!out) {
@@ -246,10 +359,30 @@ int replay(const options& o, const std::vector<pcp::prepared_request>& prepared,
     }
     for (const auto& q : r.requests) out << pcp::request_json(q) << '\n';
   }
-  const pcp::summary s = pcp::summarize(r);
-  std::cout << "\n"
-            << s.requests << " requests, " << r.steps << " engine steps, makespan " << r.makespan_s
-            << " s (modeled), " << r.failed_loads << " loads cut short (recomputed from the agreed prefix)\n";
+  pcp::summary s = pcp::summarize(r);
+  s.rho = l2_rho(o, prepared);
+  const auto& c = r.costs;
+  char buf[512];
+  std::snprintf(
+      buf, sizeof buf,
+      "\n%zu requests, %llu engine steps, makespan %.3f s (modeled; replayed in %.2f s real), %llu loads "
+      "cut short (recomputed from the agreed prefix), %llu failed L2 calls\n"
+      "modeled costs: compute %.3f s; %llu lookups %.3f s; %llu loads %.3f s; %llu broadcasts %.3f s; "
+      "%llu write-backs %.3f s; longest step wait on I/O %.3f s (modeled), %.4f s in store calls (real "
+      "CPU)\n",
+      s.requests, static_cast<unsigned long long>(r.steps), r.makespan_s, wall_s,
+      static_cast<unsigned long long>(r.failed_loads), static_cast<unsigned long long>(r.failed_l2_calls),
+      c.compute_s, static_cast<unsigned long long>(c.lookups), c.lookup_s,
+      static_cast<unsigned long long>(c.loads), c.load_s, static_cast<unsigned long long>(c.broadcasts),
+      c.broadcast_s, static_cast<unsigned long long>(c.writebacks), c.writeback_s, r.max_io_stall_s,
+      r.max_step_io_wall_s);
+  std::cout << buf;
+  if (s.rho > 0) {
+    std::snprintf(
+        buf, sizeof buf, "offered load on the L2 path: rho = %.3f%s\n", s.rho,
+        s.rho >= 1 ? " (>= 1: overloaded, no steady state; the tail grows with the trace length)" : "");
+    std::cout << buf;
+  }
   pcp::print_table(std::cout, {{o.name, s}});
   if (!o.plot.empty()) {
     std::string err;
@@ -260,6 +393,42 @@ int replay(const options& o, const std::vector<pcp::prepared_request>& prepared,
   }
   std::cout << pcp::summary_json(s) << std::endl;
   return r.fatal.empty() ? 0 : 1;
+}
+
+/// `url` with its password (user-info after ':' and before '@') replaced by "***".
+std::string redact_url(const std::string& url) {
+  const auto scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  const auto at = url.find('@', scheme + 3);
+  if (at == std::string::npos) return url;
+  const auto colon = url.find(':', scheme + 3);
+  if (colon == std::string::npos || colon > at) return url;
+  return url.substr(0, colon + 1) + "***" + url.substr(at);
+}
+
+/// `url` with the password from --l2-password-env / --l2-password-file put in.
+std::string with_password(const options& o) {
+  std::string pw;
+  if (!o.password_env.empty()) {
+    const char* v = std::getenv(o.password_env.c_str());
+    if (!v) throw usage_error("--l2-password-env: environment variable " + o.password_env + " is not set");
+    pw = v;
+  } else if (!o.password_file.empty()) {
+    std::ifstream f(o.password_file);
+    if (!f || !std::getline(f, pw)) throw usage_error("--l2-password-file: cannot read " + o.password_file);
+    while (!pw.empty() && (pw.back() == '\r' || pw.back() == ' ')) pw.pop_back();
+  } else {
+    return o.l2;
+  }
+  const auto scheme = o.l2.find("://");
+  if (scheme == std::string::npos) throw usage_error("--l2: a password needs a resp:// URL");
+  const std::size_t host = scheme + 3;
+  const auto at = o.l2.find('@', host);
+  if (at != std::string::npos && o.l2.find('/', host) > at)
+    throw usage_error("--l2: the URL already has user-info; give the password in one place");
+  if (pw.find_first_of("@/:") != std::string::npos)
+    throw usage_error("the L2 password must not contain '@', '/' or ':'");
+  return o.l2.substr(0, host) + ":" + pw + "@" + o.l2.substr(host);
 }
 
 int run_replay(int argc, char** argv) {
@@ -274,63 +443,101 @@ int run_replay(int argc, char** argv) {
   } else {
     reqs = pcp::generate_trace(o.spec);
   }
+  if (o.prime_first >= reqs.size())
+    throw usage_error("--prime-first " + std::to_string(o.prime_first) + ": the trace has only " +
+                      std::to_string(reqs.size()) + " requests");
   const std::uint32_t W = o.eng.world;
   kvtier::key_namespace ns{.model = "pcp-prefill-example",
                            .kv_format = "synthetic-" + std::to_string(o.tm.chunk_bytes()),
                            .chunk_tokens = o.tm.chunk_tokens,
                            .ownership = kvtier::modulo_ownership(W).geometry()};
   kvtier::chunker<> chunk(ns);
-  const auto prepared = pcp::prepare(reqs, chunk);
+  // What primes the tier, and what is replayed.
+  std::vector<pcp::request> prime_reqs, replay_reqs;
+  if (o.prime) prime_reqs = reqs;
+  if (o.prime_first > 0) {
+    prime_reqs.assign(reqs.begin(), reqs.begin() + static_cast<std::ptrdiff_t>(o.prime_first));
+    replay_reqs.assign(reqs.begin() + static_cast<std::ptrdiff_t>(o.prime_first), reqs.end());
+  } else {
+    replay_reqs = reqs;
+  }
+  if (o.prime_shared) {
+    for (const auto& r : reqs) {
+      if (r.segments.size() < 2) continue;  // nothing shared
+      pcp::request p;
+      p.id = r.id;
+      p.segments.assign(r.segments.begin(), r.segments.end() - 1);
+      pcp::expand_segments(p.segments, p.tokens);
+      p.tokens.push_back(0);  // one more token, so the last shared chunk is a full, cacheable one
+      prime_reqs.push_back(std::move(p));
+    }
+  }
+  const auto prime_set = pcp::prepare(prime_reqs, chunk);
+  const auto prepared = pcp::prepare(replay_reqs, chunk);
 
   std::uint64_t tokens = 0;
-  for (const auto& r : reqs) tokens += r.tokens.size();
-  std::cout << "pcp_prefill: " << reqs.size() << " requests, " << tokens << " prompt tokens, W = " << W
+  for (const auto& r : replay_reqs) tokens += r.tokens.size();
+  const bool real_l2 = o.l2 != "embedded" && o.l2 != "none";
+  std::cout << "pcp_prefill: " << replay_reqs.size() << " requests, " << tokens << " prompt tokens, W = " << W
             << ", mode " << pcp::to_string(o.eng.mode) << ", policy " << pcp::to_string(o.eng.policy)
-            << ", L2 " << o.l2 << (o.prime ? ", primed" : "") << "\n";
-  o.tm.print(std::cout, W);
+            << ", L2 " << redact_url(o.l2);
+  if (o.prime) std::cout << ", primed with the whole trace";
+  if (o.prime_first) std::cout << ", primed with the first " << o.prime_first << " requests (not replayed)";
+  if (o.prime_shared) std::cout << ", primed with each request's shared segments";
+  if (o.eng.closed_loop_clients) std::cout << ", closed loop of " << o.eng.closed_loop_clients << " clients";
+  std::cout << "\n";
+  o.tm.print(std::cout, W,
+             real_l2          ? pcp::l2_kind::real
+             : o.l2 == "none" ? pcp::l2_kind::none
+                              : pcp::l2_kind::modeled);
+  if (o.sustained_gbps > 0 && !real_l2) {
+    char buf[256];
+    std::snprintf(
+        buf, sizeof buf,
+        "  L2 rate    %.4g GB/s per instance, derived: a %.2f GB hit held the engine %.3f s at %.3g GB/s "
+        "sustained, T0 included; %.3f s of it is T0\n",
+        o.tm.l2_gbps, kvtier::kv_gb(16384, o.tm.bytes_per_token),
+        kvtier::kv_gb(16384, o.tm.bytes_per_token) / o.sustained_gbps, o.sustained_gbps, o.tm.l2_t0_s);
+    std::cout << buf;
+  }
   std::cout.flush();
 
-  pcp::model_clock clk(o.tm.time_scale);
   const std::size_t l1_bytes = static_cast<std::size_t>(o.l1_capacity_gb * 1e9 * o.tm.payload_scale);
   std::vector<std::unique_ptr<pcp::modeled_l1>> l1_store;
   std::vector<pcp::modeled_l1*> l1s;
   for (std::uint32_t r = 0; r < W; ++r) {
-    l1_store.push_back(std::make_unique<pcp::modeled_l1>(o.tm, clk, l1_bytes));
+    l1_store.push_back(std::make_unique<pcp::modeled_l1>(l1_bytes));
     l1s.push_back(l1_store.back().get());
   }
 
   if (o.l2 == "embedded") {
     std::vector<std::unique_ptr<pcp::l2_server>> servers;
-    for (std::uint32_t k = 0; k < o.tm.l2_instances; ++k) {
-      servers.push_back(std::make_unique<pcp::l2_server>(o.tm, clk, std::size_t{1} << 40));
-      servers.back()->set_fault_every(o.fault_every);
-    }
+    for (std::uint32_t k = 0; k < o.tm.l2_instances; ++k)
+      servers.push_back(std::make_unique<pcp::l2_server>(std::size_t{1} << 40));
     std::vector<std::unique_ptr<pcp::modeled_l2>> clients;
     std::vector<pcp::modeled_l2*> l2s;
     for (std::uint32_t r = 0; r < W; ++r) {
       clients.push_back(std::make_unique<pcp::modeled_l2>(*servers[r % servers.size()]));
       l2s.push_back(clients.back().get());
     }
-    return replay(o, prepared, clk, l1s, l2s, [&] {
-      for (auto& s : servers) s->reset_timing();
+    return replay(o, prime_set, prepared, l1s, l2s, [&] {  // faults only in the measured replay
+      for (auto& s : servers) s->set_fault_every(o.fault_every);
     });
   }
   if (o.l2 == "none") {
     std::vector<pcp::null_store> nulls(W);
     std::vector<pcp::null_store*> l2s;
     for (auto& n : nulls) l2s.push_back(&n);
-    return replay(o, prepared, clk, l1s, l2s, [] {});
+    return replay(o, prime_set, prepared, l1s, l2s);
   }
 #if defined(PCP_HAVE_RESP)
   if (o.l2.rfind("resp", 0) != 0)
-    throw usage_error("--l2 '" + o.l2 +
+    throw usage_error("--l2 '" + redact_url(o.l2) +
                       "': expected embedded, none, or a resp:// / resp+unix:// / resp+cluster:// URL");
-  auto pools = pcp::make_resp_l2s(o.l2, W, chunk.ns(), o.eng.fetch_workers + 3);  // per server
+  auto pools = pcp::make_resp_l2s(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 3);  // per server
   std::vector<pcp::resp_l2*> l2s;
   for (auto& p : pools) l2s.push_back(p.get());
-  std::cout << "  L2 real servers: " << o.l2
-            << " (I/O takes real time; the --l2-model-* figures do not apply)\n";
-  const int rc = replay(o, prepared, clk, l1s, l2s, [] {});
+  const int rc = replay(o, prime_set, prepared, l1s, l2s);
   kvtier::remote_store_stats st;
   for (auto* p : l2s) {
     const auto x = p->stats();
@@ -341,7 +548,7 @@ int run_replay(int argc, char** argv) {
             << " corrupt, " << st.timeouts << " timed-out calls, " << st.errors << " failed calls\n";
   return rc;
 #else
-  throw usage_error("--l2 '" + o.l2 +
+  throw usage_error("--l2 '" + redact_url(o.l2) +
                     "': expected embedded or none (this build has no RESP client: kvtier::asio missing)");
 #endif
 }
@@ -365,12 +572,12 @@ int run_fit_t0(int argc, char** argv) {
       throw usage_error("fit-t0: unknown option '" + a + "'");
   }
   const double t0 = kvtier::fit_fixed_cost_s(measured, kvtier::kv_gb(tokens, s), gbps);
-  std::printf("%.1f\n", t0 * 1e3);  // milliseconds, for --l2-model-t0-ms
+  std::printf("%.1f\n", t0 * 1e3);  // milliseconds, for --l2-model-t0-ms (a calibration, not a prediction)
   return 0;
 }
 
 int run_gen_trace(int argc, char** argv) {
-  pcp::trace_spec spec;
+  options o;
   std::string out, kind;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -381,27 +588,48 @@ int run_gen_trace(int argc, char** argv) {
     if (a == "--kind")
       kind = val();
     else if (a == "--requests")
-      spec.requests = parse_uint(a, val(), 1, 1'000'000);
+      o.spec.requests = parse_uint(a, val(), 1, 1'000'000), o.requests_set = true;
     else if (a == "--seed")
-      spec.seed = parse_uint(a, val(), 0, 1ull << 62);
+      o.spec.seed = parse_uint(a, val(), 0, 1ull << 62), o.seed_set = true;
     else if (a == "--rate")
-      spec.rate_per_s = parse_double(a, val(), 1e-6, 1e6);
+      o.spec.rate_per_s = parse_double(a, val(), 1e-6, 1e6), o.rate_set = true;
     else if (a == "--out")
       out = val();
     else
       throw usage_error("gen-trace: unknown option '" + a + "'");
   }
-  if (kind == "hit-heavy")
-    spec.kind = pcp::trace_kind::hit_heavy;
-  else if (kind == "cold")
-    spec.kind = pcp::trace_kind::cold;
-  else
-    throw usage_error("gen-trace --kind: expected hit-heavy or cold, got '" + kind + "'");
+  const pcp::trace_spec spec = generated_spec(kind, o);
   if (out.empty()) throw usage_error("gen-trace: --out FILE is required");
   std::ofstream f(out);
   if (!f) throw usage_error("gen-trace: cannot write " + out);
   pcp::write_trace(f, pcp::generate_trace(spec));
   return f ? 0 : 1;
+}
+
+// An instance's rate beside a separate T0, from the rate it sustained per hit.
+int run_instance_gbps(int argc, char** argv) {
+  double sustained = 0, t0_ms = -1, tokens = 16384, s = 48.4e3;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) throw usage_error(a + ": missing value");
+    const std::string v = argv[++i];
+    if (a == "--sustained-gbps")
+      sustained = parse_double(a, v, 1e-6, 1e6);
+    else if (a == "--t0-ms")
+      t0_ms = parse_double(a, v, 0, 1e7);
+    else if (a == "--tokens")
+      tokens = parse_double(a, v, 1, 1e9);
+    else if (a == "--bytes-per-token")
+      s = parse_double(a, v, 1, 1e9);
+    else
+      throw usage_error("instance-gbps: unknown option '" + a + "'");
+  }
+  if (!(sustained > 0) || t0_ms < 0)
+    throw usage_error("instance-gbps: --sustained-gbps and --t0-ms are required");
+  const double r = kvtier::instance_rate_gb_per_s(sustained, kvtier::kv_gb(tokens, s), t0_ms / 1e3);
+  if (!std::isfinite(r)) throw usage_error("instance-gbps: T0 is longer than a whole hit at that rate");
+  std::printf("%.4f\n", r);
+  return 0;
 }
 
 bool last_line(const std::string& path, std::string& line) {
@@ -421,17 +649,42 @@ struct ref_row {
 const std::map<std::string, ref_row> reference = {
     {"recompute", {"-", "cold run: a 16k prompt recomputes in 0.31 s"}},
     {"l1", {"-", "L1 hit slightly faster than recompute"}},
-    {"l2_single_sync", {"83.32", "GPUs 7% busy; median 3.52 -> 52.30 s"}},
+    {"l2_single_sync", {"83.32", "p50 52.30 s (3.52 s at the start)"}},
     {"l2_single_async", {"-", ""}},
     {"l2_partitioned_sync", {"-", "rho ~ 0.09"}},
     {"l2_partitioned_async", {"0.67", "124x below single sync"}},
     {"l2_partitioned_async_policy", {"-", ""}},
 };
 
+/// Reads the summary on the last line of a replay's output.
+pcp::summary read_summary(const std::string& file) {
+  std::string line, err;
+  if (!last_line(file, line)) throw usage_error("table: " + file + ": empty or unreadable");
+  pcp::summary s;
+  if (!pcp::parse_summary(line, s, err)) throw usage_error("table: " + file + ": last line: " + err);
+  return s;
+}
+
 int run_table(int argc, char** argv) {
   std::vector<std::pair<std::string, pcp::summary>> rows;
+  std::vector<std::pair<std::string, std::vector<double>>> repeats;  // NAME -> p99 of each run
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a.rfind("repeat:", 0) == 0) {  // repeat:NAME=FILE,FILE,...
+      const auto eq = a.find('=');
+      if (eq == std::string::npos || eq == 7)
+        throw usage_error("table: expected repeat:NAME=FILE,FILE,..., got '" + a + "'");
+      std::vector<double> p99;
+      std::string files = a.substr(eq + 1);
+      for (std::size_t at = 0; at <= files.size();) {
+        const auto comma = std::min(files.find(',', at), files.size());
+        p99.push_back(read_summary(files.substr(at, comma - at)).ttft_p99_s);
+        at = comma + 1;
+      }
+      std::sort(p99.begin(), p99.end());
+      repeats.emplace_back(a.substr(7, eq - 7), std::move(p99));
+      continue;
+    }
     const auto eq = a.find('=');
     if (eq == std::string::npos || eq == 0) throw usage_error("table: expected NAME=FILE, got '" + a + "'");
     std::string line, err;
@@ -442,13 +695,19 @@ int run_table(int argc, char** argv) {
     rows.emplace_back(a.substr(0, eq), s);
   }
   pcp::print_table(std::cout, rows);
-  std::cout << "\nreference (hit-heavy subset, 98.5% of prompt tokens from L2):\n";
+  std::cout
+      << "(hit tok: cached / prompt tokens; after priming with the whole trace it is an input, set by the\n"
+         " chunking: mean of floor((n-1)/256)*256/n. compute: modeled compute / makespan, not the GPU\n"
+         " utilisation the reference sampled, so it is not shown beside its 7%.)\n";
+  char buf[320];
+  bool any_ref = false;
   for (const auto& [name, s] : rows) {
     auto it = reference.find(name);
     if (it == reference.end()) continue;
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "  %-28s measured p99 %8.3f s   reference p99 %6s s   %s", name.c_str(),
-                  s.ttft_p99_s, it->second.p99, it->second.note);
+    if (!any_ref) std::cout << "\nreference (hit-heavy subset, 98.5% of prompt tokens from L2):\n";
+    any_ref = true;
+    std::snprintf(buf, sizeof buf, "  %-28s measured p50 %8.3f p99 %8.3f s   reference p99 %6s s   %s",
+                  name.c_str(), s.ttft_p50_s, s.ttft_p99_s, it->second.p99, it->second.note);
     std::cout << buf << "\n";
   }
   auto find = [&](const char* n) -> const pcp::summary* {
@@ -460,12 +719,25 @@ int run_table(int argc, char** argv) {
   const auto* pp = find("l2_partitioned_async_policy");
   const auto* rc = find("recompute");
   std::cout << "\nratios:\n";
-  char buf[256];
-  for (const auto& [name, s] : rows) {  // l2_single_sync and its variants
+  for (const auto& [name, s] : rows) {  // l2_single_sync and its sensitivity rows
     if (name.rfind("l2_single_sync", 0) != 0 || !pa || !(pa->ttft_p99_s > 0)) continue;
-    std::snprintf(buf, sizeof buf,
-                  "  p99 %s / l2_partitioned_async = %.1fx (reference 83.32 / 0.67 = 124x; target >= 100x)",
-                  name.c_str(), s.ttft_p99_s / pa->ttft_p99_s);
+    const double ratio = s.ttft_p99_s / pa->ttft_p99_s;
+    if (name == "l2_single_sync")
+      std::snprintf(
+          buf, sizeof buf,
+          "  p99 %s / l2_partitioned_async = %.1fx (reference 83.32 / 0.67 = 124x; target >= 60x)%s",
+          name.c_str(), ratio,
+          s.rho >= 1 ? "; rho >= 1 as in the reference: it grows with the trace length" : "");
+    else if (s.rho >= 1)
+      std::snprintf(
+          buf, sizeof buf,
+          "  p99 %s / l2_partitioned_async = %.1fx  UNSTABLE (rho = %.2f >= 1: no steady state; the "
+          "ratio grows with the trace length; no target)",
+          name.c_str(), ratio, s.rho);
+    else
+      std::snprintf(buf, sizeof buf,
+                    "  p99 %s / l2_partitioned_async = %.1fx (rho = %.2f; sensitivity, no target)",
+                    name.c_str(), ratio, s.rho);
     std::cout << buf << "\n";
   }
   if (pa && rc && rc->ttft_p99_s > 0) {
@@ -474,10 +746,52 @@ int run_table(int argc, char** argv) {
     std::cout << buf << "\n";
   }
   if (pp && rc && rc->ttft_p99_s > 0) {
-    std::snprintf(buf, sizeof buf,
-                  "  p99 l2_partitioned_async_policy / recompute = %.3f (target <= 1.05); busy %.1f%% vs "
-                  "recompute %.1f%%",
-                  pp->ttft_p99_s / rc->ttft_p99_s, 100 * pp->busy_fraction, 100 * rc->busy_fraction);
+    std::snprintf(
+        buf, sizeof buf,
+        "  p99 l2_partitioned_async_policy / recompute = %.3f (target <= 1.05); modeled compute %.1f%% "
+        "of the makespan vs recompute %.1f%%",
+        pp->ttft_p99_s / rc->ttft_p99_s, 100 * pp->busy_fraction, 100 * rc->busy_fraction);
+    std::cout << buf << "\n";
+  }
+  // The long stream: split against the better of load and recompute, and the model beside it.
+  bool long_header = false;
+  for (const char* inst : {"1", "8"}) {
+    const auto* sp = find((std::string("long_split_") + inst).c_str());
+    const auto* ld = find((std::string("long_load_") + inst).c_str());
+    const auto* lr = find("long_recompute");
+    if (!sp || !ld || !lr) continue;
+    if (!long_header) std::cout << "\nlong stream (64k-200k tokens, slow arrivals), p50:\n";
+    long_header = true;
+    const double better = std::min(ld->ttft_p50_s, lr->ttft_p50_s);
+    std::snprintf(
+        buf, sizeof buf,
+        "  %s instance(s): split %.3f s (model %.3f s) vs load %.3f s (model %.3f s), recompute %.3f s: "
+        "split / better = %.3f (target <= %s)",
+        inst, sp->ttft_p50_s, sp->predicted_p50_s, ld->ttft_p50_s, ld->predicted_p50_s, lr->ttft_p50_s,
+        better > 0 ? sp->ttft_p50_s / better : 0.0, std::string(inst) == "1" ? "0.8" : "0.9");
+    std::cout << buf << "\n";
+  }
+  // Closed-loop saturated throughput.
+  for (const char* prefix : {"", "mixed_"}) {
+    const auto* tr = find((std::string(prefix) + "throughput_recompute").c_str());
+    const auto* ta = find((std::string(prefix) + "throughput_partitioned_async").c_str());
+    if (!tr || !ta || !(tr->prompt_tokens_per_s > 0)) continue;
+    std::snprintf(
+        buf, sizeof buf,
+        "%s  saturated throughput (%s stream): partitioned async %.0f vs recompute %.0f prompt tokens/s = "
+        "%.2fx%s (reference: the sharded store +14-34%%)",
+        *prefix ? "" : "\n", *prefix ? "mixed, about half cached" : "hit-heavy", ta->prompt_tokens_per_s,
+        tr->prompt_tokens_per_s, ta->prompt_tokens_per_s / tr->prompt_tokens_per_s,
+        *prefix ? "" : " (target >= 1.14)");
+    std::cout << buf << "\n";
+  }
+  if (!repeats.empty())
+    std::cout << "\nrepeated runs (p99 min / median / max, target: within +-10% of the median):\n";
+  for (const auto& [name, p] : repeats) {
+    const double med = p[p.size() / 2];
+    std::snprintf(buf, sizeof buf, "  %-28s %zu runs: %.3f / %.3f / %.3f s (spread %+.1f%% / %+.1f%%)",
+                  name.c_str(), p.size(), p.front(), med, p.back(),
+                  med > 0 ? 100 * (p.front() / med - 1) : 0.0, med > 0 ? 100 * (p.back() / med - 1) : 0.0);
     std::cout << buf << "\n";
   }
   std::string json = "{\"configs\": {";
@@ -486,7 +800,23 @@ int run_table(int argc, char** argv) {
     pcp::append_json_string(json, rows[k].first);
     json += ": " + pcp::summary_json(rows[k].second);
   }
-  std::cout << json << "}}" << std::endl;
+  json += "}";
+  if (!repeats.empty()) {
+    json += ", \"repeat\": {";
+    for (std::size_t k = 0; k < repeats.size(); ++k) {
+      const auto& p = repeats[k].second;
+      if (k) json += ", ";
+      pcp::append_json_string(json, repeats[k].first);
+      json += ": " + pcp::json_object_writer()
+                         .field("runs", static_cast<std::uint64_t>(p.size()))
+                         .field("p99_min_s", p.front())
+                         .field("p99_median_s", p[p.size() / 2])
+                         .field("p99_max_s", p.back())
+                         .str();
+    }
+    json += "}";
+  }
+  std::cout << json << "}" << std::endl;
   return 0;
 }
 
@@ -519,6 +849,7 @@ int main(int argc, char** argv) {
     if (cmd == "gen-trace") return run_gen_trace(argc, argv);
     if (cmd == "table") return run_table(argc, argv);
     if (cmd == "fit-t0") return run_fit_t0(argc, argv);
+    if (cmd == "instance-gbps") return run_instance_gbps(argc, argv);
     if (cmd == "plot") return run_plot(argc, argv);
     return run_replay(argc, argv);
   } catch (const usage_error& e) {

@@ -32,8 +32,14 @@ inline double percentile(const std::vector<double>& sorted, double p) {
 
 struct summary {
   double ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0, ttft_mean_s = 0;
-  double hit_token_fraction = 0, busy_fraction = 0, max_io_stall_s = 0;
+  double hit_token_fraction = 0;   ///< cached / prompt tokens: an input when the replay is fully primed
+  double busy_fraction = 0;        ///< modeled compute / makespan (not a GPU-utilisation figure)
+  double max_io_stall_s = 0;       ///< longest modeled wait of one step on store I/O
+  double prompt_tokens_per_s = 0;  ///< completed prompt tokens / makespan
+  double predicted_p50_s = 0;      ///< median of the cost model's per-request time (requests it predicted)
+  double rho = 0;                  ///< offered load on the modeled L2 path (>= 1: overloaded); 0 if none
   std::uint64_t errors = 0;
+  std::uint64_t failed_l2_calls = 0;
   // Shown in the table, not in the JSON line.
   std::size_t requests = 0;
   std::uint64_t failed_loads = 0;
@@ -44,7 +50,9 @@ inline summary summarize(const run_result& r) {
   summary s;
   std::vector<double> t;
   double prompt = 0, cached = 0, sum = 0;
+  std::vector<double> pred;
   for (const auto& q : r.requests) {
+    if (q.predicted_s > 0) pred.push_back(q.predicted_s);
     t.push_back(q.ttft_s);
     sum += q.ttft_s;
     prompt += static_cast<double>(q.prompt_tokens);
@@ -59,6 +67,10 @@ inline summary summarize(const run_result& r) {
   s.hit_token_fraction = prompt > 0 ? cached / prompt : 0;
   s.busy_fraction = r.makespan_s > 0 ? r.busy_s / r.makespan_s : 0;
   s.max_io_stall_s = r.max_io_stall_s;
+  s.prompt_tokens_per_s = r.makespan_s > 0 ? prompt / r.makespan_s : 0;
+  std::sort(pred.begin(), pred.end());
+  s.predicted_p50_s = percentile(pred, 0.5);
+  s.failed_l2_calls = r.failed_l2_calls;
   s.errors = r.mismatched_chunks + (r.fatal.empty() ? 0 : 1);
   s.failed_loads = r.failed_loads;
   s.makespan_s = r.makespan_s;
@@ -75,12 +87,15 @@ inline constexpr std::pair<const char*, double summary::*> summary_fields[] = {
     {"hit_token_fraction", &summary::hit_token_fraction},
     {"busy_fraction", &summary::busy_fraction},
     {"max_io_stall_s", &summary::max_io_stall_s},
+    {"prompt_tokens_per_s", &summary::prompt_tokens_per_s},
+    {"predicted_p50_s", &summary::predicted_p50_s},
+    {"rho", &summary::rho},
 };
 
 inline std::string summary_json(const summary& s) {
   json_object_writer w;
   for (const auto& [key, member] : summary_fields) w.field(key, s.*member);
-  return w.field("errors", s.errors).str();
+  return w.field("errors", s.errors).field("failed_l2_calls", s.failed_l2_calls).str();
 }
 
 /// Reads a summary back from its JSON line; false if a field is missing.
@@ -101,6 +116,9 @@ inline bool parse_summary(std::string_view line, summary& s, std::string& err) {
   double errors = 0;
   if (!num("errors", errors)) return false;
   s.errors = static_cast<std::uint64_t>(errors);
+  double failed = 0;
+  if (!num("failed_l2_calls", failed)) return false;
+  s.failed_l2_calls = static_cast<std::uint64_t>(failed);
   return true;
 }
 
@@ -114,6 +132,8 @@ inline std::string request_json(const request_result& q) {
       .field("l2_tokens", q.l2_tokens)
       .field("queue_s", q.queue_s)
       .field("load_s", q.load_s)
+      .field("split_tokens", q.split_tokens)
+      .field("predicted_s", q.predicted_s)
       .field("ttft_s", q.ttft_s)
       .field("status", q.status)
       .str();
@@ -122,7 +142,7 @@ inline std::string request_json(const request_result& q) {
 inline void print_table(std::ostream& os, const std::vector<std::pair<std::string, summary>>& rows) {
   char buf[320];
   std::snprintf(buf, sizeof buf, "%-28s %9s %9s %9s %9s %8s %8s %10s %7s", "config", "p50 s", "p90 s",
-                "p99 s", "mean s", "hit tok", "busy", "io stall s", "errors");
+                "p99 s", "mean s", "hit tok", "compute", "io stall s", "errors");
   os << buf << '\n';
   for (const auto& [name, s] : rows) {
     std::snprintf(buf, sizeof buf, "%-28s %9.3f %9.3f %9.3f %9.3f %7.1f%% %7.1f%% %10.3f %7llu", name.c_str(),

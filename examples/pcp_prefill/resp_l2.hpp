@@ -75,6 +75,15 @@ class resp_l2 {
     return visit([&](auto& s) { return s.put(keys, src, status, dl); });
   }
 
+  /// The last failure in words, with the server's own text where it sent one.
+  std::string last_error() const {
+    if (const auto* c = std::get_if<std::unique_ptr<cluster_t>>(&store_)) return (*c)->last_error();
+    std::string e;
+    for (const auto& one : singles_)
+      if (e.empty()) e = one->last_error();
+    return e;
+  }
+
   /// Counters summed over the servers.
   kvtier::remote_store_stats stats() const {
     if (const auto* c = std::get_if<std::unique_ptr<cluster_t>>(&store_)) return (*c)->stats();

@@ -1,19 +1,32 @@
 // examples/pcp_prefill/timing_model.hpp: the explicit timing model of the
-// example (this machine has no GPU), its clock, and the deterministic payloads.
+// example (this machine has no GPU), the modeled L2 servers' timeline, and the
+// deterministic payloads.
 //
-// Every modeled duration is a real sleep of (duration * time_scale), so a
-// 6-minute trace replays in ~20 s at time_scale 0.05 while queueing, overlap
-// and stalls still happen for real between threads. Reported times are
-// converted back to modeled seconds.
+// Time is modeled, not slept: the engine keeps a modeled clock that advances
+// by events (arrivals, the end of a compute step, the modeled end of a lookup,
+// a load, a broadcast or a write-back). The data path (stores, fetch queue,
+// collectives, byte checks) runs for real in between, as fast as the CPU goes,
+// and none of its real CPU time enters modeled time. A replay is therefore
+// reproducible (the same trace and flags give the same figures) and fast.
+//
+// Every modeled cost:
+//   compute       n tokens take n / R
+//   lookup        per rank: RTT + keys * per-key server time, queued at its L2 instance
+//   L2 load       per rank: T0 (client, network; does not hold the server), then its
+//                 bytes / per-instance GB/s in the instance's FIFO
+//   L1 load       per rank: T0_l1 + bytes / L1 GB/s (host memory, ranks in parallel)
+//   write-back    per rank: T0 + bytes / per-instance GB/s in the instance's FIFO
+//                 (async: off the step; sync: the step waits for it)
+//   broadcast     owner -> all: the bytes one rank receives / interconnect GB/s
+//                 + one collective latency per collective the protocol issued
 //
 //   pcp::timing_model tm;                        // the reference's figures
-//   tm.print(std::cout);
-//   pcp::model_clock clk(tm.time_scale);
-//   clk.sleep_for_model(tm.compute_s(16384));    // ~0.31 modeled s of prefill
+//   tm.print(std::cout, 8);
+//   pcp::l2_timeline line(tm);
+//   double end = line.serve(/*rank*/ 3, /*arrive*/ 1.0, /*hold_s*/ 0.06);
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -21,13 +34,16 @@
 #include <cstring>
 #include <ostream>
 #include <span>
-#include <thread>
+#include <utility>
+#include <vector>
 
 #include "kvtier/cost_model.hpp"
-#include "kvtier/deadline.hpp"
 #include "trace.hpp"
 
 namespace pcp {
+
+/// What the L2 tier is: the modeled servers, none, or real servers (timed by the wall clock).
+enum class l2_kind { modeled, none, real };
 
 struct timing_model {
   double prefill_tokens_per_s = 52.2e3;  ///< R (--prefill-tokens-per-s)
@@ -37,11 +53,15 @@ struct timing_model {
   // Modeled L2 (embedded): K single-threaded FIFO servers.
   std::uint32_t l2_instances = 1;  ///< K (--l2-model-instances)
   double l2_gbps = 1.71;           ///< per instance, decimal GB/s (--l2-model-gbps)
-  double l2_t0_s = 0.33;           ///< fixed cost of each load request (--l2-model-t0-ms)
+  double l2_t0_s = 0.33;           ///< fixed cost of each load and write-back request (--l2-model-t0-ms)
+  double l2_rtt_s = 0.5e-3;        ///< a lookup's round trip (--l2-model-rtt-ms)
+  double l2_key_s = 2e-6;          ///< server time per key of a lookup (--l2-model-key-us)
   // Modeled L1: host memory of each rank, read by that rank in parallel with the others.
-  double l1_gbps = 0.5;      ///< per rank (--l1-model-gbps)
-  double l1_t0_s = 0.05;     ///< fixed cost of each L1 load (--l1-model-t0-ms)
-  double time_scale = 0.05;  ///< real seconds per modeled second (--time-scale)
+  double l1_gbps = 0.5;   ///< per rank (--l1-model-gbps)
+  double l1_t0_s = 0.05;  ///< fixed cost of each L1 load (--l1-model-t0-ms)
+  // The owner -> all broadcast of loaded chunks between the node's GPUs.
+  double interconnect_gbps = 100;  ///< bytes one rank receives per second (--interconnect-gbps)
+  double collective_s = 20e-6;     ///< latency of one collective (--collective-us)
 
   /// Modeled bytes of one chunk.
   double chunk_model_bytes() const { return bytes_per_token * chunk_tokens; }
@@ -49,71 +69,102 @@ struct timing_model {
   std::size_t chunk_bytes() const {
     return static_cast<std::size_t>(std::max(8.0, std::round(chunk_model_bytes() * payload_scale)));
   }
-  /// Modeled bytes that `stored` real payload bytes stand for.
-  double model_bytes(std::size_t stored) const {
-    return static_cast<double>(stored) / static_cast<double>(chunk_bytes()) * chunk_model_bytes();
-  }
   double compute_s(double tokens) const { return tokens / prefill_tokens_per_s; }
+  /// Seconds an instance is held serving `model_bytes`.
+  double l2_hold_s(double model_bytes) const { return model_bytes / (l2_gbps * 1e9); }
+  double l1_load_s(double model_bytes) const {
+    return model_bytes > 0 ? l1_t0_s + model_bytes / (l1_gbps * 1e9) : 0.0;
+  }
+  double broadcast_s(double received_model_bytes, std::uint64_t collectives) const {
+    return received_model_bytes / (interconnect_gbps * 1e9) + static_cast<double>(collectives) * collective_s;
+  }
+  /// The whole tier's bandwidth when every rank loads: K instances (at most one per rank).
+  double l2_total_gbps(std::uint32_t world) const { return l2_gbps * std::min(l2_instances, world); }
   kvtier::prefill_node node() const {
     return {.kv_bytes_per_token = bytes_per_token, .prefill_tokens_per_s = prefill_tokens_per_s};
   }
 
-  void print(std::ostream& os, std::uint32_t world) const {
-    char buf[256];
+  /// The timing block. Real servers: their figures are measured, so the modeled ones are not shown.
+  void print(std::ostream& os, std::uint32_t world, l2_kind l2 = l2_kind::modeled) const {
+    char buf[320];
     auto line = [&](const char* fmt, auto... a) {
       std::snprintf(buf, sizeof buf, fmt, a...);
       os << buf << '\n';
     };
-    line("timing model (modeled seconds; every modeled duration is slept x%.4g in real time)", time_scale);
-    line("  prefill  R = %.1fk tokens/s on the node (W = %u ranks in lockstep); n tokens take n/R",
+    line("timing model (modeled seconds on a clock that advances by events; real CPU time is not counted)");
+    line("  prefill    R = %.1fk tokens/s on the node (W = %u ranks in lockstep); n tokens take n/R",
          prefill_tokens_per_s / 1e3, world);
     line(
-        "  KV       S = %.1f KB/token, %u-token chunks = %.2f MB modeled; stored payload x%.6g = %zu B/chunk",
+        "  KV         S = %.1f KB/token, %u-token chunks = %.2f MB modeled; stored payload x%.6g = %zu "
+        "B/chunk",
         bytes_per_token / 1e3, chunk_tokens, chunk_model_bytes() / 1e6, payload_scale, chunk_bytes());
     line("  B* = S*R = %.2f GB/s; a 16,384-token prompt: %.2f GB, recompute %.3f s",
          kvtier::break_even_bandwidth_gb_per_s(node()), kvtier::kv_gb(16384, bytes_per_token),
          compute_s(16384));
-    line("  L1       per rank: %.3g GB/s + %.0f ms per load", l1_gbps, l1_t0_s * 1e3);
-    line("  L2 model K = %u instance(s), each a single-threaded FIFO at %.3g GB/s (%.3g GB/s in all)",
-         l2_instances, l2_gbps, l2_gbps * l2_instances);
-    line(
-        "           + %.0f ms fixed cost per load request (not holding the server); rank r -> instance r mod "
-        "K",
-        l2_t0_s * 1e3);
+    line("  L1 load    per rank: %.0f ms + bytes / %.3g GB/s (host memory)", l1_t0_s * 1e3, l1_gbps);
+    if (l2 == l2_kind::modeled) {
+      line(
+          "  L2         K = %u instance(s), each a single-threaded FIFO at %.4g GB/s (%.4g GB/s in all); "
+          "rank r "
+          "-> instance r mod K",
+          l2_instances, l2_gbps, l2_total_gbps(world));
+      line("  L2 load    per rank: T0 = %.1f ms (not holding the server), then its bytes in the FIFO",
+           l2_t0_s * 1e3);
+      line("  L2 lookup  per rank: %.2f ms RTT + %.1f us per key in the FIFO", l2_rtt_s * 1e3,
+           l2_key_s * 1e6);
+      line(
+          "  write-back per rank: T0 = %.1f ms + its bytes in the FIFO (async: off the step; sync: the step "
+          "waits)",
+          l2_t0_s * 1e3);
+    } else if (l2 == l2_kind::none) {
+      line("  L2         none");
+    } else {
+      line(
+          "  L2         real servers: lookup, load and write-back times are measured (wall clock), not "
+          "modeled");
+    }
+    line("  broadcast  owner -> all: received bytes / %.4g GB/s + %.0f us per collective", interconnect_gbps,
+         collective_s * 1e6);
   }
 };
 
-/// Real clock <-> modeled seconds.
-class model_clock {
+/// The modeled L2 instances in modeled time: each serves one request at a time,
+/// in order of arrival. Requests are booked when the engine issues them, which
+/// can be before an earlier-arriving one is booked (a load's arrival is T0
+/// ahead, a lookup's only an RTT), so a booking takes the first idle gap at or
+/// after its arrival that fits it rather than the end of the last booking.
+/// Every rank keeps its own copy and books the same requests in the same order
+/// (ranks 0..W-1), so all copies agree without a collective.
+class l2_timeline {
  public:
-  explicit model_clock(double scale) : scale_(scale > 0 ? scale : 0), start_(kvtier::clock::now()) {}
-  double scale() const { return scale_; }
-  /// Starts the clock again at now with `scale` (0: untimed, no sleeps). Not thread-safe:
-  /// call it between runs, while no store or rank thread uses the clock.
-  void restart(double scale) {
-    scale_ = scale > 0 ? scale : 0;
-    start_ = kvtier::clock::now();
+  explicit l2_timeline(const timing_model& tm) : busy_(std::max<std::uint32_t>(1, tm.l2_instances)) {}
+  /// A request of `rank` reaching its instance at `arrive` and holding it `hold_s`: its end.
+  double serve(std::uint32_t rank, double arrive, double hold_s) {
+    auto& v = busy_[rank % busy_.size()];
+    double t = arrive;
+    auto it = v.begin();
+    for (; it != v.end(); ++it) {
+      if (it->second <= t) continue;
+      if (it->first >= t + hold_s) break;  // fits in the gap before this booking
+      t = it->second;
+    }
+    v.insert(it, {t, t + hold_s});
+    busy_s_ += hold_s;
+    return t + hold_s;
   }
-  kvtier::clock::time_point start() const { return start_; }
-  /// Real time of modeled offset `s` from the start.
-  kvtier::clock::time_point at(double s) const { return start_ + real(s); }
-  /// Modeled seconds since the start.
-  double now() const { return to_model(kvtier::clock::now() - start_); }
-  double to_model(kvtier::clock::duration d) const {
-    return scale_ > 0 ? std::chrono::duration<double>(d).count() / scale_ : 0.0;
+  /// Forgets bookings that ended by `now` (no later request arrives before now).
+  void prune(double now) {
+    for (auto& v : busy_) {
+      auto it = v.begin();
+      while (it != v.end() && it->second <= now) ++it;
+      v.erase(v.begin(), it);
+    }
   }
-  kvtier::clock::duration real(double model_s) const {
-    return std::chrono::duration_cast<kvtier::clock::duration>(
-        std::chrono::duration<double>(model_s * scale_));
-  }
-  void sleep_for_model(double s) const {
-    if (scale_ > 0 && s > 0) std::this_thread::sleep_for(real(s));
-  }
-  static void sleep_until(kvtier::clock::time_point t) { std::this_thread::sleep_until(t); }
+  double busy_s() const { return busy_s_; }
 
  private:
-  double scale_;
-  kvtier::clock::time_point start_;
+  std::vector<std::vector<std::pair<double, double>>> busy_;  // per instance: (start, end), by start
+  double busy_s_ = 0;
 };
 
 // ---- payloads -------------------------------------------------------------------

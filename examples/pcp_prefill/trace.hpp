@@ -229,7 +229,7 @@ inline void write_trace(std::ostream& out, const std::vector<request>& reqs) {
 
 // ---- generator ----------------------------------------------------------------
 
-enum class trace_kind { hit_heavy, cold };
+enum class trace_kind { hit_heavy, cold, mixed };
 
 /// The hit-heavy subset's published shape (450 requests, 1.21 requests/s, median
 /// 16,390 tokens, range 14,715-17,889); the mean of 16,333 tokens gives its 7.35M
@@ -245,6 +245,23 @@ struct trace_spec {
   std::size_t group = 3;               ///< requests per shared document (hit-heavy only)
   std::uint64_t seed = 1;
 };
+
+/// The long-prompt stream: 64k-200k-token prompts (exactly one at 200k) sharing
+/// a system prompt and documents, arriving slowly (one every 25 s on average,
+/// so an engine that recomputes everything is about 20% busy).
+inline trace_spec long_prompt_spec(std::size_t requests = 40, std::uint64_t seed = 1) {
+  return {.kind = trace_kind::hit_heavy,
+          .requests = requests,
+          .rate_per_s = 0.04,
+          .min_tokens = 64000,
+          .median_tokens = 132000,
+          .max_tokens = 200000,
+          .mean_tokens = 132000,
+          .sd_tokens = 40000,
+          .system_tokens = 2048,
+          .group = 3,
+          .seed = seed};
+}
 
 namespace detail {
 
@@ -291,8 +308,10 @@ inline std::vector<std::uint64_t> generate_lengths(const trace_spec& spec, detai
 /// The generated stream. Arrivals are a Poisson process rescaled so the mean rate
 /// is exactly rate_per_s. hit_heavy: every prompt = a system prompt shared by all
 /// + a document shared by `group` requests + its own question, so the stream
-/// reuses prefixes and a priming replay caches all full chunks. cold: the same
-/// lengths and arrivals, every prompt unique.
+/// reuses prefixes and a priming replay caches all full chunks. mixed: the same
+/// with questions about half of each prompt, so priming the shared segments
+/// (--prime-shared) caches about half the tokens. cold: the same lengths and
+/// arrivals, every prompt unique.
 inline std::vector<request> generate_trace(const trace_spec& spec) {
   detail::rng g(spec.seed);
   const std::size_t n = spec.requests;
@@ -325,7 +344,8 @@ inline std::vector<request> generate_trace(const trace_spec& spec) {
       std::uint64_t shortest = len[order[g0]];
       for (std::size_t k = g0; k < g1; ++k) shortest = std::min(shortest, len[order[k]]);
       const std::uint64_t sys = std::min(spec.system_tokens, shortest / 4);
-      const std::uint64_t question_min = std::min<std::uint64_t>(160, shortest / 8);
+      const std::uint64_t question_min =
+          spec.kind == trace_kind::mixed ? shortest / 2 : std::min<std::uint64_t>(160, shortest / 8);
       const std::uint64_t doc = shortest - sys - question_min;
       for (std::size_t k = g0; k < g1; ++k) {
         const std::size_t i = order[k];

@@ -11,6 +11,7 @@
 //   break-even B*:       s * R        (below it no hit pays off, at any n)
 //   pays off iff         n > T0 / (1/R - s/B)             (infinite when B <= s*R)
 //   sync queue load:     rho = lambda * n*s / B           (rho >= 1: no steady state)
+//   split at k:          max(k/R, T0 + (h-k)*s/B) + (n-h)/R   (compute the front while loading the back)
 //
 // With s = 48.4 KB/token and R = 52.2k tokens/s, B* = 2.53 GB/s; with T0 = 0.33 s
 // no prompt below R*T0 = 17k tokens gains from a hit at any bandwidth.
@@ -140,6 +141,63 @@ constexpr double fit_fixed_cost_s(double measured_s, double gb, double bandwidth
   return measured_s - gb / bandwidth_gb_per_s;
 }
 
+/// An instance's serving rate from what it sustained under load: a hit of `gb`
+/// occupied the engine gb / sustained seconds in all, T0 included, so the rate
+/// the model uses beside a separate T0 is gb / (gb / sustained - T0). Returns
+/// +infinity when T0 covers the whole hit time (no finite rate fits).
+/// instance_rate_gb_per_s(0.835, 0.79, 0.33) ~= 1.28 (0.95 s per hit).
+constexpr double instance_rate_gb_per_s(double sustained_gb_per_s, double gb, double fixed_cost_s) noexcept {
+  const double serve_s = gb / sustained_gb_per_s - fixed_cost_s;
+  return serve_s > 0 ? gb / serve_s : std::numeric_limits<double>::infinity();
+}
+
+/// Split plan for a request whose agreed hit is `hit` of its `prompt` tokens:
+/// compute tokens [0, k) while loading [k, hit), then compute [hit, prompt).
+struct split_plan {
+  double k_tokens = 0;     ///< 0: full load; == hit: full recompute
+  double predicted_s = 0;  ///< max(k/R, T0 + (hit-k)*s/B) + (prompt-hit)/R (no T0 when k == hit)
+  double full_load_s = 0;  ///< the same at k = 0
+  double recompute_s = 0;  ///< prompt / R
+};
+
+/// Predicted time of the split at `k` tokens (0 <= k <= hit <= prompt).
+constexpr double split_time_s(const prefill_node& node, const load_path& path, double hit, double prompt,
+                              double k) noexcept {
+  const double front = k / node.prefill_tokens_per_s;
+  const double load = k < hit ? load_time_s(path, kv_gb(hit - k, node.kv_bytes_per_token)) : 0.0;
+  return std::max(front, load) + (prompt - hit) / node.prefill_tokens_per_s;
+}
+
+/// The split point that minimises split_time_s over k in {0, g, 2g, ..., hit}
+/// (g = `granularity` tokens, e.g. the chunks of one round of owners; the hit
+/// itself is always a candidate). The continuous optimum balances the halves,
+/// k/R = T0 + (hit - k)*s/B; the piecewise-linear time is minimised at one of
+/// the two multiples of g around it, at 0 or at hit. Never predicts more than
+/// the better of full load and full recompute, since both are candidates.
+/// The reference's 200k-token hit at 1.71 GB/s, T0 = 0.33 s: recompute 3.83 s,
+/// load 5.99 s, split about 2.42 s at k ~= 126k tokens.
+inline split_plan split_point(const prefill_node& node, const load_path& path, double hit, double prompt,
+                              double granularity = 1) noexcept {
+  split_plan p;
+  hit = std::clamp(hit, 0.0, std::max(0.0, prompt));
+  p.full_load_s = split_time_s(node, path, hit, prompt, 0);
+  p.recompute_s = split_time_s(node, path, hit, prompt, hit);
+  p.k_tokens = p.full_load_s <= p.recompute_s ? 0.0 : hit;
+  p.predicted_s = std::min(p.full_load_s, p.recompute_s);
+  const double per_token =
+      1.0 / node.prefill_tokens_per_s + node.kv_bytes_per_token / (path.bandwidth_gb_per_s * bytes_per_gb);
+  if (!(hit > 0) || !(per_token > 0) || !std::isfinite(per_token)) return p;
+  const double star =
+      (path.fixed_cost_s + kv_gb(hit, node.kv_bytes_per_token) / path.bandwidth_gb_per_s) / per_token;
+  const double g = granularity >= 1 ? granularity : 1.0;
+  for (double k : {std::floor(star / g) * g, std::ceil(star / g) * g}) {
+    if (!(k > 0) || !(k < hit)) continue;
+    const double t = split_time_s(node, path, hit, prompt, k);
+    if (t < p.predicted_s) p.predicted_s = t, p.k_tokens = k;
+  }
+  return p;
+}
+
 namespace detail {
 
 /// Weighted first and second moments of (gb, seconds) samples.
@@ -238,6 +296,12 @@ class load_estimator {
   std::uint64_t samples() const noexcept {
     std::lock_guard lock(mu_);
     return samples_;
+  }
+
+  /// split_point() with the current estimate.
+  split_plan split(const prefill_node& node, double hit_tokens, double prompt_tokens,
+                   double granularity = 1) const noexcept {
+    return split_point(node, estimate(), hit_tokens, prompt_tokens, granularity);
   }
 
   /// decide_load() with the current estimate.

@@ -40,13 +40,13 @@ inline kvtier::key_namespace test_namespace(std::uint32_t chunk_tokens, std::uin
 
 /// One replay of `prepared` on a fresh engine over the stores in `l1` and `l2` (owning pointers).
 template <class L2, class L1s, class L2s>
-run_result replay(const std::vector<prepared_request>& prepared, const timing_model& tm, model_clock& clk,
+run_result replay(const std::vector<prepared_request>& prepared, const timing_model& tm,
                   const engine_options& opt, const L1s& l1, const L2s& l2) {
   std::vector<modeled_l1*> a;
   std::vector<L2*> b;
   for (auto& x : l1) a.push_back(x.get());
   for (auto& x : l2) b.push_back(x.get());
-  return engine<L2>(prepared, tm, clk, opt, a, b).run();
+  return engine<L2>(prepared, tm, opt, a, b).run();
 }
 
 /// The reference's method before a measured run: one untimed replay stores every chunk in

@@ -18,7 +18,6 @@ namespace {
 struct rig_base {
   static constexpr std::uint32_t world = 2;
   timing_model tm;
-  model_clock clk{0};
   std::vector<request> reqs;
   std::unique_ptr<kvtier::chunker<>> chunk;
   std::vector<prepared_request> prepared;
@@ -27,21 +26,20 @@ struct rig_base {
 
   template <class UrlOf>
   void attach(UrlOf url_of) {
-    tm.time_scale = 0.01;
     tm.payload_scale = 1.0 / 4096;
     reqs = test::small_hit_heavy_trace(10, 5, 11);
     const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, world);
     chunk = std::make_unique<kvtier::chunker<>>(ns);
     prepared = prepare(reqs, *chunk);
-    for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(tm, clk, 64 << 20));
+    for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(64 << 20));
     for (std::uint32_t r = 0; r < world; ++r)
       pools.push_back(std::make_unique<resp_l2>(url_of(r), static_cast<int>(r), ns, 5));
   }
   run_result run(engine_options opt) {
     opt.world = world;
     opt.fetch_workers = 2;
-    opt.load_timeout_s = 100;  // 1 s of real time at this scale
-    return test::replay<resp_l2>(prepared, tm, clk, opt, l1, pools);
+    opt.load_timeout_s = 1;  // real servers are timed by the wall clock
+    return test::replay<resp_l2>(prepared, tm, opt, l1, pools);
   }
   void prime() { test::prime(*this); }
 };
@@ -68,6 +66,7 @@ struct cluster_rig : rig_base {
     attach([&](std::uint32_t) { return cluster.url() + query; });
   }
 };
+
 }  // namespace
 
 TEST_CASE("engine over two real servers: primed async and sync replays verify every byte", "[integration]") {
@@ -77,6 +76,9 @@ TEST_CASE("engine over two real servers: primed async and sync replays verify ev
     INFO(to_string(mode));
     const auto r = g.run({.mode = mode});
     REQUIRE(r.fatal.empty());
+    for (const auto& e : r.l2_errors) CHECK(e.empty());
+    CHECK(r.symmetric_collectives);
+    CHECK(r.failed_l2_calls == 0);
     CHECK(r.mismatched_chunks == 0);
     for (std::size_t i = 0; i < r.requests.size(); ++i) {
       CHECK(r.requests[i].status == "hit");
@@ -110,6 +112,36 @@ TEST_CASE("engine over two real servers: one rank's server loses its data or die
   for (const auto& q : r.requests) CHECK(q.ttft_s > 0);
 }
 
+TEST_CASE("engine over a real server with a wrong password: recompute, counted, the reason kept per rank",
+          "[integration]") {
+  kvtier::test::redis_server srv({.extra_args = {"--requirepass", "right"}, .harness_password = "right"});
+  timing_model tm;
+  tm.payload_scale = 1.0 / 4096;
+  const auto reqs = test::small_hit_heavy_trace(6, 5, 3);
+  const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, 2);
+  kvtier::chunker<> chunk(ns);
+  const auto prepared = prepare(reqs, chunk);
+  std::vector<std::unique_ptr<modeled_l1>> l1;
+  std::vector<std::unique_ptr<resp_l2>> pools;
+  const std::string url = "resp://:wrongpw@127.0.0.1:" + std::to_string(srv.port());
+  for (int r = 0; r < 2; ++r) {
+    l1.push_back(std::make_unique<modeled_l1>(64 << 20));
+    pools.push_back(std::make_unique<resp_l2>(url, r, ns, 3));
+  }
+  const auto r = test::replay<resp_l2>(
+      prepared, tm, {.world = 2, .mode = load_mode::async, .load_timeout_s = 1, .fetch_workers = 2},
+
+      l1, pools);
+  REQUIRE(r.fatal.empty());
+  CHECK(r.mismatched_chunks == 0);
+  for (const auto& q : r.requests) {
+    CHECK(q.ttft_s > 0);
+    CHECK(q.l2_tokens == 0);
+  }
+  CHECK(r.failed_l2_calls > 0);
+  for (const auto& e : r.l2_errors) CHECK(e.find("authentication failed") != std::string::npos);
+}
+
 TEST_CASE("engine over a real cluster: spread and pinned placements replay with zero mismatches",
           "[integration]") {
   kvtier::test::redis_cluster cluster;
@@ -120,6 +152,7 @@ TEST_CASE("engine over a real cluster: spread and pinned placements replay with 
     const auto r = g.run({.mode = load_mode::async});
     REQUIRE(r.fatal.empty());
     CHECK(r.mismatched_chunks == 0);
+    CHECK(r.failed_l2_calls == 0);
     for (std::size_t i = 0; i < r.requests.size(); ++i) {
       CHECK(r.requests[i].status == "hit");
       CHECK(r.requests[i].cached_tokens == g.prepared[i].n_chunks() * g.tm.chunk_tokens);

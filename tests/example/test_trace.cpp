@@ -192,26 +192,75 @@ TEST_CASE("generator: the cold stream shares nothing", "[unit]") {
   CHECK(seeds.size() == 50);
 }
 
+TEST_CASE("generator: the mixed stream shares about half of each prompt; the long stream's shape", "[unit]") {
+  const auto mixed = generate_trace({.kind = trace_kind::mixed, .requests = 60});
+  double shared = 0, total = 0;
+  for (const auto& r : mixed) {
+    REQUIRE(r.segments.size() == 3);
+    shared += static_cast<double>(r.segments[0].len + r.segments[1].len);
+    total += static_cast<double>(r.tokens.size());
+  }
+  CHECK(shared / total > 0.4);
+  CHECK(shared / total < 0.6);
+
+  const auto spec = long_prompt_spec();
+  const auto longs = generate_trace(spec);
+  std::uint64_t lo = ~0ull, hi = 0;
+  for (const auto& r : longs)
+    lo = std::min<std::uint64_t>(lo, r.tokens.size()), hi = std::max<std::uint64_t>(hi, r.tokens.size());
+  CHECK(lo == 64000);
+  CHECK(hi == 200000);
+  const double span = longs.back().t - longs.front().t;
+  CHECK(static_cast<double>(longs.size() - 1) / span == Approx(spec.rate_per_s));
+  // Slow enough that recomputing everything keeps the engine well below saturation.
+  CHECK(spec.rate_per_s * spec.mean_tokens / 52.2e3 < 0.3);
+}
+
 TEST_CASE("timing model: sizes, durations and the printed figures", "[unit]") {
   timing_model tm;
   CHECK(tm.chunk_model_bytes() == Approx(12.39e6).epsilon(0.001));
   CHECK(tm.chunk_bytes() == 1513);  // 12.39 MB / 8192, rounded
-  CHECK(tm.model_bytes(tm.chunk_bytes() * 64) == Approx(64 * tm.chunk_model_bytes()));
   CHECK(tm.compute_s(52200) == Approx(1.0));
   CHECK(kvtier::break_even_bandwidth_gb_per_s(tm.node()) == Approx(2.53).epsilon(0.01));
+  CHECK(tm.l2_hold_s(1.71e9) == Approx(1.0));
+  CHECK(tm.l1_load_s(0) == 0);  // nothing from L1: no fixed cost either
+  CHECK(tm.l1_load_s(0.5e9) == Approx(tm.l1_t0_s + 1.0));
+  CHECK(tm.broadcast_s(100e9, 2) == Approx(1.0 + 2 * tm.collective_s));
+  CHECK(tm.l2_total_gbps(8) == Approx(1.71));
+  tm.l2_instances = 16;
+  CHECK(tm.l2_total_gbps(8) == Approx(8 * 1.71));  // at most one instance per rank is read at once
+  tm.l2_instances = 1;
   std::ostringstream os;
   tm.print(os, 8);
   const std::string s = os.str();
   CHECK(s.find("R = 52.2k tokens/s") != std::string::npos);
   CHECK(s.find("S = 48.4 KB/token") != std::string::npos);
   CHECK(s.find("K = 1 instance") != std::string::npos);
-  CHECK(s.find("330 ms fixed cost") != std::string::npos);
-  CHECK(s.find("x0.05") != std::string::npos);
+  for (const char* cost : {"L2 load", "L2 lookup", "write-back", "broadcast", "L1 load"}) {
+    INFO(cost);
+    CHECK(s.find(cost) != std::string::npos);  // every modeled cost is printed
+  }
+  std::ostringstream real;
+  tm.print(real, 8, l2_kind::real);
+  CHECK(real.str().find("K = 1 instance") == std::string::npos);  // no modeled L2 figures beside real servers
+  CHECK(real.str().find("measured") != std::string::npos);
+}
 
-  model_clock clk(0.5);
-  const double real_of_two_modeled = std::chrono::duration<double>(clk.real(2.0)).count();  // unit conversion
-  CHECK(real_of_two_modeled == Approx(1.0));
-  CHECK(clk.to_model(std::chrono::milliseconds(500)) == Approx(1.0));
+TEST_CASE("l2 timeline: one request at a time per instance, in order of arrival", "[unit]") {
+  timing_model tm;
+  tm.l2_instances = 2;
+  l2_timeline line(tm);
+  CHECK(line.serve(0, 1.0, 0.5) == Approx(1.5));  // instance 0
+  CHECK(line.serve(2, 1.2, 0.5) == Approx(2.0));  // rank 2 -> instance 0: queues behind rank 0
+  CHECK(line.serve(1, 1.2, 0.5) == Approx(1.7));  // instance 1 is idle
+  // A request booked later but arriving earlier takes an idle gap that fits it ...
+  CHECK(line.serve(0, 5.0, 1.0) == Approx(6.0));
+  CHECK(line.serve(0, 3.0, 0.5) == Approx(3.5));
+  // ... and one that does not fit waits for the end of the booking in its way.
+  CHECK(line.serve(0, 4.8, 0.5) == Approx(6.5));
+  CHECK(line.busy_s() == Approx(3.5));
+  line.prune(10);
+  CHECK(line.serve(0, 10, 1) == Approx(11));
 }
 
 TEST_CASE("payloads are a function of tokens and positions; verify catches one flipped byte", "[unit]") {
@@ -231,10 +280,9 @@ TEST_CASE("payloads are a function of tokens and positions; verify catches one f
   CHECK_FALSE(verify_payload(a, toks, 0, scratch));
 }
 
-TEST_CASE("modeled stores: chunk_store semantics and server accounting (untimed)", "[unit]") {
+TEST_CASE("modeled stores: chunk_store semantics and fault injection", "[unit]") {
   timing_model tm;
-  model_clock clk(0);  // untimed: no sleeps
-  l2_server srv(tm, clk, 1 << 20);
+  l2_server srv(1 << 20);
   modeled_l2 a(srv), b(srv);
   const kvtier::chunk_key k1{1, 2}, k2{3, 4};
   std::vector<std::byte> v1(tm.chunk_bytes(), std::byte{7}), out(tm.chunk_bytes());
@@ -251,7 +299,6 @@ TEST_CASE("modeled stores: chunk_store semantics and server accounting (untimed)
   REQUIRE(!b.get(k3, dst, st, kvtier::deadline_after(std::chrono::seconds(5))));
   CHECK(st[0] == kvtier::chunk_status::hit);
   CHECK(out == v1);
-  CHECK(srv.requests() == 3);  // put, exists, get: one FIFO slot each
 
   srv.set_fault_every(1);  // every get loses its second half
   REQUIRE(!b.get(keys, dst, st, kvtier::deadline_after(std::chrono::seconds(5))));
@@ -261,20 +308,9 @@ TEST_CASE("modeled stores: chunk_store semantics and server accounting (untimed)
   null_store none;
   REQUIRE(!none.exists(keys, st, kvtier::no_deadline));
   CHECK(st[0] == kvtier::chunk_status::miss);
-}
-
-TEST_CASE("modeled L2: the server time is bytes / GB/s per request", "[unit]") {
-  timing_model tm;
-  tm.l2_gbps = 1.0;
-  model_clock clk(1e-3);  // a modeled second is a millisecond
-  l2_server srv(tm, clk, 1 << 20);
-  modeled_l2 c(srv);
-  std::vector<std::byte> v(tm.chunk_bytes());
-  std::vector<kvtier::chunk_key> keys{{1, 1}};
-  std::vector<std::span<const std::byte>> src{v};
-  std::vector<kvtier::chunk_status> st(1);
-  REQUIRE(!c.put(keys, src, st, kvtier::deadline_after(std::chrono::seconds(5))));
-  CHECK(srv.busy_model_s() == Approx(tm.chunk_model_bytes() / 1e9).epsilon(0.01));
+  CHECK(modeled_timing_v<modeled_l2>);
+  CHECK(modeled_timing_v<null_store>);
+  CHECK_FALSE(modeled_timing_v<kvtier::memory_store>);  // any other store is timed by the wall clock
 }
 
 TEST_CASE("report: linear-interpolation percentiles and the summary JSON line", "[unit]") {
@@ -308,7 +344,10 @@ TEST_CASE("report: linear-interpolation percentiles and the summary JSON line", 
   std::vector<std::string> names;
   for (const auto& [k, _] : j.members) names.push_back(k);
   CHECK(names == std::vector<std::string>{"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s",
-                                          "hit_token_fraction", "busy_fraction", "max_io_stall_s", "errors"});
+                                          "hit_token_fraction", "busy_fraction", "max_io_stall_s",
+                                          "prompt_tokens_per_s", "predicted_p50_s", "rho", "errors",
+                                          "failed_l2_calls"});
+  CHECK(s.prompt_tokens_per_s == Approx(400.0 / 8));
   summary back;
   REQUIRE(parse_summary(line, back, err));
   CHECK(back.ttft_p99_s == Approx(s.ttft_p99_s));
@@ -319,6 +358,6 @@ TEST_CASE("report: linear-interpolation percentiles and the summary JSON line", 
   q.status = "hit";
   REQUIRE(parse_json(request_json(q), j, err));
   for (const char* k : {"id", "arrival_s", "prompt_tokens", "cached_tokens", "l1_tokens", "l2_tokens",
-                        "queue_s", "load_s", "ttft_s", "status"})
+                        "queue_s", "load_s", "split_tokens", "predicted_s", "ttft_s", "status"})
     CHECK(j.find(k) != nullptr);
 }

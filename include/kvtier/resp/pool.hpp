@@ -95,7 +95,7 @@ class connection_pool {
     std::unique_lock<std::mutex> lock(mu_);
     std::size_t index = npos;
     auto pick = [&] { return (index = find_free(kind)) != npos; };
-    if (!detail::wait_until(cv_, lock, dl, pick)) return make_error_code(errc::timeout);
+    if (!kvtier::detail::wait_until(cv_, lock, dl, pick)) return make_error_code(errc::timeout);
     busy_[index] = true;
     out.pool_ = this;
     out.index_ = index;
