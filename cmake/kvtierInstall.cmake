@@ -6,7 +6,12 @@ set(KVTIER_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvtier)
 install(TARGETS kvtier EXPORT kvtier-targets FILE_SET HEADERS COMPONENT kvtier)
 install(EXPORT kvtier-targets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR} COMPONENT kvtier)
 foreach(part IN LISTS KVTIER_EXPORTED_PARTS)
-  install(TARGETS kvtier_${part} EXPORT kvtier-${part}-targets FILE_SET HEADERS COMPONENT kvtier)
+  if(part STREQUAL "cuda")
+    install(TARGETS kvtier_cuda EXPORT kvtier-cuda-targets FILE_SET HEADERS COMPONENT kvtier
+            FILE_SET cuda_kernels COMPONENT kvtier)
+  else()
+    install(TARGETS kvtier_${part} EXPORT kvtier-${part}-targets FILE_SET HEADERS COMPONENT kvtier)
+  endif()
   install(EXPORT kvtier-${part}-targets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR} COMPONENT kvtier)
 endforeach()
 

@@ -29,3 +29,8 @@ endif()
 if(TARGET kvtier::tls)
   kvtier_add_test(test_tls SOURCES resp_io/test_tls.cpp LABELS integration LIBS kvtier::tls TIMEOUT 120)
 endif()
+# remote_store with value format 2 (per-group checksums) against redis-server (issue 10).
+if(TARGET kvtier::asio)
+  kvtier_add_test(test_remote_store_v2 SOURCES resp_io/test_remote_store_v2.cpp LABELS integration
+                  LIBS kvtier::asio TIMEOUT 120)
+endif()

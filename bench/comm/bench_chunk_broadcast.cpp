@@ -1,8 +1,13 @@
 // bench_chunk_broadcast: the load protocol on the in-process backend, per-chunk
 // (the reference's protocol, the baseline) against the grouped and gathered modes,
 // plus the physical floor: the same bytes copied by the same threads with plain
-// memcpy and one barrier. W = 8 ranks, 64 chunks (a 16k-token prompt at 256
-// tokens per chunk), small and large chunks. Medians of several repetitions.
+// memcpy and one barrier. W = 8 ranks as 8 threads of one process, on however many
+// cores the machine has (printed: on 2 cores the ranks time-share, so a mode that
+// needs fewer synchronisations gains more than it would with a core per rank).
+// Chunks of 4 KiB and 256 KiB (64 chunks: a 16k-token prompt at 256 tokens per
+// chunk) and the real chunk size, 12.4 MB (16 chunks, to bound memory: about
+// 16 x 12.4 MB x (1 + 8 + staging) = 2-3 GB). Every repetition runs every mode, in
+// a rotating order (interleaved, so drift hits all alike); medians.
 //
 //   bench_chunk_broadcast [reps=7] [loads_per_rep=3]
 // Last line: one JSON object.
@@ -14,6 +19,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kvtier/chunk_broadcast.hpp"
@@ -55,9 +61,12 @@ struct world_bytes {
 };
 
 // mode < 0: memcpy floor. Returns ms per load, measured on rank 0 between barriers.
-double one_rep(rank_t W, std::size_t N, std::size_t CB, int mode, int loads) {
-  const modulo_ownership own(W);
-  world_bytes wb(own, N, CB, false);
+// `wb` is reused across calls (allocating gigabytes per call would dominate); its
+// destinations are cleared first, so every call's result is checked on its own.
+double one_rep(const modulo_ownership& own, world_bytes& wb, int mode, int loads) {
+  const rank_t W = own.world_size();
+  const std::size_t N = wb.n, CB = wb.cb;
+  for (auto& d : wb.dst) std::memset(d.data(), 0, d.size());
   auto& staging = wb.staging;
   comm::inproc_world world(W);
   double ms = 0;
@@ -82,6 +91,7 @@ double one_rep(rank_t W, std::size_t N, std::size_t CB, int mode, int loads) {
         for (std::size_t k = 0; k < N; ++k) std::memcpy(b.destinations[k].data(), b.sources[k].data(), CB);
         (void)comm::all_reduce_value(c, token, comm::reduce_op::sum, dl);
       } else {
+        p.request_id = static_cast<std::uint64_t>(l) + 1;
         auto res = chunk_broadcast(c, own, N * 256, b, p, dl);
         if (res.ec || res.agreed_chunks != N) ok = false;
       }
@@ -165,36 +175,46 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
   const int loads = argc > 2 ? std::atoi(argv[2]) : 3;
   const rank_t W = 8;
-  const std::size_t N = 64;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const char* names[] = {"per_chunk", "grouped", "gathered"};
   std::string json =
-      "{\"bench\":\"chunk_broadcast_inproc\",\"W\":8,\"chunks\":64,\"reps\":" + std::to_string(reps) +
-      ",\"results\":[";
-  std::printf("in-process chunk_broadcast, W=%u, %zu chunks, median of %d reps x %d loads (ms per load)\n", W,
-              N, reps, loads);
+      "{\"bench\":\"chunk_broadcast_inproc\",\"W\":8,\"rank_threads\":8,\"cores\":" + std::to_string(cores) +
+      ",\"reps\":" + std::to_string(reps) + ",\"results\":[";
+  std::printf(
+      "in-process chunk_broadcast, W=%u as %u rank threads on %u core(s), median of %d interleaved reps "
+      "x %d loads (ms per load)\n",
+      W, W, cores, reps, loads);
   bool first = true;
-  for (std::size_t cb : {std::size_t{4096}, std::size_t{256 * 1024}}) {
+  const modulo_ownership own(W);
+  // (chunk bytes, chunks): 12.4 MB is the real chunk (256 tokens x 48.4 KB); 16 of them bound memory.
+  for (auto [cb, N] : {std::pair<std::size_t, std::size_t>{4096, 64}, {256 * 1024, 64}, {12'390'400, 16}}) {
+    world_bytes wb(own, N, cb, false);
+    const int n_loads = cb > (1u << 20) ? 1 : loads;
+    std::vector<double> v[4];
+    for (int i = 0; i < reps; ++i)
+      for (int j = 0; j < 4; ++j) {  // rotating order: floor, per_chunk, grouped, gathered
+        const int m = (i + j) % 4 - 1;
+        v[m + 1].push_back(one_rep(own, wb, m, n_loads));
+      }
     double med[4];
-    for (int m = -1; m < 3; ++m) {
-      std::vector<double> v;
-      for (int i = 0; i < reps; ++i) v.push_back(one_rep(W, N, cb, m, loads));
-      med[m + 1] = median(v);
-    }
+    for (int m = 0; m < 4; ++m) med[m] = median(v[m]);
+    const int best = static_cast<int>(std::min_element(med + 1, med + 4) - (med + 1));
     std::printf(
-        "chunk %7zu B: memcpy floor %8.3f | per_chunk %8.3f | grouped %8.3f (%.2fx) | gathered %8.3f "
-        "(%.2fx)\n",
-        cb, med[0], med[1], med[2], med[1] / med[2], med[3], med[1] / med[3]);
+        "chunk %8zu B x %2zu: memcpy floor %9.3f | per_chunk %9.3f | grouped %9.3f (%.2fx) | gathered %9.3f "
+        "(%.2fx) | fastest: %s\n",
+        cb, N, med[0], med[1], med[2], med[1] / med[2], med[3], med[1] / med[3], names[best]);
     char buf[512];
-    std::snprintf(
-        buf, sizeof buf,
-        "%s{\"chunk_bytes\":%zu,\"memcpy_floor_ms\":%.4f,\"%s_ms\":%.4f,\"%s_ms\":%.4f,\"%s_ms\":%.4f,"
-        "\"grouped_speedup\":%.3f,\"gathered_speedup\":%.3f}",
-        first ? "" : ",", cb, med[0], names[0], med[1], names[1], med[2], names[2], med[3], med[1] / med[2],
-        med[1] / med[3]);
+    std::snprintf(buf, sizeof buf,
+                  "%s{\"chunk_bytes\":%zu,\"chunks\":%zu,\"loads_per_rep\":%d,\"memcpy_floor_ms\":%.4f,"
+                  "\"%s_ms\":%.4f,\"%s_ms\":%.4f,\"%s_ms\":%.4f,\"grouped_speedup\":%.3f,"
+                  "\"gathered_speedup\":%.3f,\"fastest\":\"%s\"}",
+                  first ? "" : ",", cb, N, n_loads, med[0], names[0], med[1], names[1], med[2], names[2],
+                  med[3], med[1] / med[2], med[1] / med[3], names[best]);
     json += buf;
     first = false;
   }
   json += "]";
+  const std::size_t N = 64;
   // Pipelining: the broadcast overlapped with a simulated fetch (fetch_us per owned chunk).
   const std::size_t cb = 256 * 1024;
   const int fetch_us = 4000;

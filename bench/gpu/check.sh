@@ -4,7 +4,11 @@
 #   1. runs the chunk_broadcast load protocol end to end on a one-rank NCCL communicator
 #      (16 chunks of 12.4 MB in device memory, every mode, bytes verified), and
 #   2. measures host-to-device bandwidth for 12.4 MB chunks from pinned and from pageable
-#      host memory in the same run.
+#      host memory in the same run;
+#   3. compiles bench/gpu/kv_copy_check.cu with nvcc and compares the paged-KV gather/scatter
+#      kernels bit for bit with the CPU version over random layouts, then times them on 12.4 MB
+#      chunks (vLLM MLA bf16/fp8, FlashAttention NHD/HND) against cudaMemcpyAsync of the same
+#      bytes (from mapped pinned memory: target >= 0.8x of a pinned cudaMemcpyAsync).
 # Prints the figures; the last line is gpu_check's JSON. Finishes well under 5 minutes.
 #
 #   bash bench/gpu/check.sh            # build dir: build-gpu (KVTIER_GPU_BUILD overrides)
@@ -56,5 +60,29 @@ set +e
 timeout 240 "$bin" "$reps"
 rc=$?
 set -e
-echo "== done in $(( $(date +%s) - t0 )) s, gpu_check exit $rc"
+
+# 3. The paged-KV kernels (kvtier/cuda/kv_copy.cuh): bit for bit against the CPU version over
+#    random layouts, then 12.4 MB chunks against cudaMemcpyAsync (pinned, pageable, D2D).
+echo "== paged-KV gather/scatter kernels (kv_copy_check)"
+kbin="$build/kv_copy_check"
+arch=sm_90
+if [ "$rc" -ne 2 ]; then arch=native; fi  # the lent GPU's own architecture
+krc=0
+if "$cuda/bin/nvcc" -std=c++20 -O2 -arch="$arch" -Iinclude -I. bench/gpu/kv_copy_check.cu -o "$kbin"; then
+  set +e
+  if [ "$rc" -eq 2 ]; then
+    echo "no CUDA device: running only the checks that need none; the kernel comparison and timings need a GPU"
+    timeout 120 "$kbin" validate
+  else
+    timeout 240 "$kbin" bench "$reps"
+  fi
+  krc=$?
+  set -e
+else
+  echo "nvcc failed to compile bench/gpu/kv_copy_check.cu"
+  krc=1
+fi
+echo "== done in $(( $(date +%s) - t0 )) s, gpu_check exit $rc, kv_copy_check exit $krc"
+if [ "$rc" -eq 0 ] && [ "$krc" -ne 0 ]; then rc=1; fi
+if [ "$rc" -eq 2 ] && [ "$krc" -ne 0 ]; then rc=1; fi
 exit $rc

@@ -5,9 +5,19 @@
 // L2) then receives the same prompt, and on every rank:
 //
 //   keys -> owned chunks -> exists -> rank answer -> all-reduce min (cached prefix)
-//   -> asynchronous fetch of the owned chunks below it (poll, never block)
-//   -> chunk_broadcast (agree on the loaded prefix, owner -> every rank)
+//   -> asynchronous fetch of the owned chunks below it
+//   -> while it runs: pipelined_broadcast stages driven by the fetch queue's progress
+//      (agree on the loaded prefix so far, owner -> every rank), each agreed chunk into the pages
 //   -> "compute" the rest -> verify every byte -> store the owned new chunks.
+//
+// One deadline covers the whole request on every rank (see serve()).
+//
+// The KV lives where an engine keeps it: a paged cache in the vLLM MLA layout (576 bf16 values
+// per token and layer; 2 layers here instead of a real model's 61, to fit memory), pages of 64
+// tokens, in host memory (kvtier::host_kv_cache). A chunk's value is gathered out of the pages
+// before it is stored and scattered into the pages after it is loaded, through staging slots of a
+// kvtier::pinned_arena; every loaded chunk is verified in the paged layout, entry by entry.
+// Against servers, values use format 2 with one checksum per layer.
 //
 //   quickstart                                     # L2 = one in-process store per rank
 //   quickstart resp://127.0.0.1:{rank+6400}        # L2 = one redis-server/valkey per rank
@@ -32,7 +42,15 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr kvtier::rank_t W = 4;
-constexpr std::size_t chunk_tokens = 256, chunk_bytes = 4096, prompt_tokens = 40 * 256 + 100;
+constexpr std::size_t chunk_tokens = 256, prompt_tokens = 40 * 256 + 100;
+constexpr std::uint32_t model_layers = 2, page_tokens = 64;
+
+/// The engine's KV layout: vLLM MLA, per layer (num_blocks, 64, 576) bf16, enough pages for the prompt.
+kvtier::kv_layout model_layout() {
+  return kvtier::kv_layout::vllm_mla(model_layers, prompt_tokens / page_tokens + 1, page_tokens);
+}
+const std::size_t chunk_bytes = model_layout().bytes_per_token() * chunk_tokens;  // 589,824 bytes
+constexpr const char* kv_format = "vllm_mla-bf16-2l";
 
 /// What "the model" writes for chunk c of this prompt: a pure function of its tokens,
 /// so a loaded chunk can be checked byte for byte against a recomputed one.
@@ -43,8 +61,28 @@ void compute_chunk(std::span<const kvtier::token_id> tokens, std::size_t c, std:
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::byte>((x >> (8 * (i % 8))) + i);
 }
 
+/// Wrong bytes of chunk c in the paged cache against its expected value, read entry by entry
+/// straight from the layout (not through kv_gather, so the check does not trust the copy).
+std::size_t wrong_paged_bytes(const kvtier::host_kv_cache& cache, const kvtier::host_kv_cache::sequence& seq,
+                              std::size_t c, std::span<const std::byte> expect) {
+  const kvtier::kv_layout& lay = cache.layout();
+  const std::size_t row = std::size_t{lay.heads} * lay.head_bytes;
+  std::size_t bad = 0;
+  for (std::uint32_t l = 0; l < lay.num_layers; ++l)
+    for (std::uint32_t p = 0; p < lay.planes; ++p)
+      for (std::size_t i = 0; i < chunk_tokens; ++i) {
+        const std::size_t pos = c * chunk_tokens + i;
+        const std::byte* entry = cache.view().plane(l, p) +
+                                 seq.blocks[pos / lay.block_size] * lay.block_stride +
+                                 (pos % lay.block_size) * lay.token_stride;
+        const std::byte* want = expect.data() + ((std::size_t{l} * lay.planes + p) * chunk_tokens + i) * row;
+        for (std::size_t b = 0; b < row; ++b) bad += entry[b] != want[b];
+      }
+  return bad;
+}
+
 struct outcome {
-  std::uint64_t cached = 0, loaded = 0;
+  std::uint64_t cached = 0, loaded = 0, stages = 0;
   std::size_t bad_bytes = 0;
   std::string error, metrics;
 };
@@ -55,29 +93,46 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   const kvtier::rank_t r = comm.rank();
   const kvtier::modulo_ownership own(W);
   const kvtier::chunker<> chunk(kvtier::key_namespace{.model = "quickstart-model",
-                                                      .kv_format = "demo",
+                                                      .kv_format = kv_format,
                                                       .chunk_tokens = chunk_tokens,
                                                       .ownership = own.geometry()});
   const std::vector<kvtier::chunk_key> keys = chunk.keys(tokens);
   const std::size_t n_chunks = keys.size();
-  auto dl = [] { return kvtier::deadline_after(2s); };
+  // One deadline for the whole request (lookup, agreement, load, broadcast), taken once when the
+  // request starts and used by every call on every rank: it covers the peers' I/O too, so a rank
+  // waiting in a collective for a peer still in its lookup gives up together with that peer,
+  // instead of each call starting its own timeout. (Across processes, derive it from the
+  // request's agreed arrival time.) The write-back after compute gets its own.
+  const kvtier::deadline request_dl = kvtier::deadline_after(5s);
 
   kvtier::memory_store l1(64u << 20);
   kvtier::metrics m;
   kvtier::tiered_store tiers(l1, l2, {.metrics = &m});
   kvtier::rank_view view(tiers, own, r);
-  kvtier::fetch_queue queue(tiers, {.workers = 1, .metrics = &m});
+  // One key per store call, so the queue's progress advances chunk by chunk.
+  kvtier::fetch_queue queue(tiers, {.workers = 1, .max_batch_chunks = 1, .metrics = &m});
 
-  // Every rank ends with the whole prompt's KV (as after PCP's all-gather).
-  std::vector<std::byte> kv(n_chunks * chunk_bytes);
-  std::vector<std::span<std::byte>> dst;
-  for (std::size_t c = 0; c < n_chunks; ++c) dst.emplace_back(kv.data() + c * chunk_bytes, chunk_bytes);
+  // Every rank ends with the whole prompt's KV in its paged cache (as after PCP's all-gather).
+  // Chunk values travel through staging slots of one pinned arena (one registration).
+  outcome out;
+  kvtier::host_kv_cache cache(model_layout());
+  kvtier::host_kv_cache::sequence seq;
+  std::error_code aec;
+  std::string why;
+  auto arena = kvtier::pinned_arena::create({.slot_bytes = chunk_bytes, .slots = n_chunks}, aec, &why);
+  if (!arena || !cache.reserve(seq, n_chunks * chunk_tokens)) {
+    out.error = arena ? "paged cache: out of blocks" : "staging arena: " + why;
+    return out;
+  }
+  std::vector<kvtier::pinned_arena::slot> slots;
+  std::vector<std::span<std::byte>> dst;  // chunk c's value
+  for (std::size_t c = 0; c < n_chunks; ++c)
+    dst.push_back(slots.emplace_back(arena->try_acquire(aec)).bytes());
 
   // 1. Lookup: this rank's answer, then the scheduler's minimum over ranks.
-  outcome out;
   // A failed lookup only shrinks the answer (recompute more); .ec says why.
-  std::uint64_t hit = view.lookup(keys, chunk_tokens, tokens.size(), dl()).answer_tokens;
-  if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, dl())) {
+  std::uint64_t hit = view.lookup(keys, chunk_tokens, tokens.size(), request_dl).answer_tokens;
+  if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, request_dl)) {
     out.error = "lookup all-reduce: " + ec.message();
     return out;
   }
@@ -88,37 +143,59 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   std::vector<kvtier::chunk_key> my_keys;
   std::vector<std::span<std::byte>> my_dst;
   for (std::size_t c : view.owned_chunks(hit_chunks)) my_keys.push_back(keys[c]), my_dst.push_back(dst[c]);
-  auto h = queue.submit(1, my_keys, my_dst,
-                        kvtier::chunk_layout::owned(view.owned_starts(hit_chunks, chunk_tokens), hit), dl());
-  std::optional<kvtier::fetch_result> res;
-  while (!(res = queue.poll(h)))  // empty while pending: never read as "0 tokens loaded"
-    std::this_thread::yield();    // an engine steps its other requests here
-  // A failed load reports this rank's first owned start (nothing of its own loaded).
-  const std::uint64_t loaded_r = res->answer_tokens;
+  auto h =
+      queue.submit(1, my_keys, my_dst,
+                   kvtier::chunk_layout::owned(view.owned_starts(hit_chunks, chunk_tokens), hit), request_dl);
 
-  // 3. Agree on the loaded prefix and move each chunk from its owner to every rank.
+  // 3. While the owned chunks land: stage by stage, agree on the loaded prefix so far and move the
+  //    newly agreed chunks from their owners to every rank (pipelined_broadcast, driven by the
+  //    fetch queue's progress); each agreed chunk goes into the pages at once and is verified
+  //    there against what compute would give. Every rank runs the same stages (pb.done() and
+  //    the stage results are agreed values).
   kvtier::chunk_span_buffers bufs;
   for (std::size_t c = 0; c < hit_chunks; ++c)
     bufs.destinations.push_back(dst[c]), bufs.sources.push_back(dst[c]);
-  const auto b = kvtier::chunk_broadcast(comm, own, loaded_r, bufs,
-                                         {.n_chunks = hit_chunks,
-                                          .chunk_tokens = chunk_tokens,
-                                          .chunk_bytes = chunk_bytes,
-                                          .mode = kvtier::broadcast_mode::grouped,
-                                          .request_id = 1},
-                                         dl());
-  if (b.ec) out.error = "chunk_broadcast: " + b.message;
-  out.loaded = b.agreed_tokens;  // 0 on error: recompute everything
-
-  // 4. Compute the rest, check the loaded part against what compute would give.
+  kvtier::pipelined_broadcast pb(comm, own, bufs,
+                                 {.n_chunks = hit_chunks,
+                                  .chunk_tokens = chunk_tokens,
+                                  .chunk_bytes = chunk_bytes,
+                                  .mode = kvtier::broadcast_mode::grouped,
+                                  .request_id = 1});
   std::vector<std::byte> expect(chunk_bytes);
-  for (std::size_t c = 0; c < n_chunks; ++c) {
-    if (c < out.loaded / chunk_tokens) {
-      compute_chunk(tokens, c, expect);
-      for (std::size_t i = 0; i < chunk_bytes; ++i) out.bad_bytes += dst[c][i] != expect[i];
-    } else {
-      compute_chunk(tokens, c, dst[c]);
+  std::size_t paged = 0, want = 1;
+  for (int stage = 0; stage < 100000 && !pb.done(); ++stage) {  // bounded
+    // an engine steps its other requests here; this one waits a moment for its next chunk
+    const kvtier::fetch_progress p =
+        queue.wait_progress(h, want, std::min(request_dl, kvtier::deadline_after(2ms)));
+    want = p.answer_chunks + 1;
+    const kvtier::broadcast_result& b = pb.step(p.answer_tokens, p.complete, request_dl);
+    ++out.stages;
+    if (b.ec) {
+      out.error = "pipelined_broadcast: " + b.message;
+      break;
     }
+    for (; paged < pb.agreed_chunks(); ++paged) {
+      if (auto ec = cache.scatter(seq, paged * chunk_tokens, chunk_tokens, dst[paged]))
+        out.error = "paged copy: " + ec.message();
+      compute_chunk(tokens, paged, expect);
+      out.bad_bytes += wrong_paged_bytes(cache, seq, paged, expect);
+    }
+  }
+  out.loaded = pb.result().agreed_tokens;  // 0 on error: recompute everything
+  // The destinations belong to the queue until the load completes (this rank may have loaded
+  // past the agreed prefix): wait for it, or cancel and wait for the store call to return.
+  if (!queue.wait(h, request_dl)) {
+    queue.cancel(h);
+    queue.wait(h, kvtier::no_deadline);  // bounded: the store call ends by request_dl
+  }
+
+  // 4. The rest is "computed" into the pages (the model writes its KV there) and gathered into
+  //    a value for the write-back.
+  for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c) {
+    compute_chunk(tokens, c, expect);
+    std::error_code cec = cache.scatter(seq, c * chunk_tokens, chunk_tokens, expect);
+    if (!cec) cec = cache.gather(seq, c * chunk_tokens, chunk_tokens, dst[c]);
+    if (cec) out.error = "paged copy: " + cec.message();
   }
 
   // 5. Write back the computed chunks this rank owns (every rank stores its share; the
@@ -128,7 +205,8 @@ outcome serve(kvtier::comm::inproc_communicator& comm, L2& l2, std::span<const k
   for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c)
     if (own.owner(c) == r) new_keys.push_back(keys[c]), new_src.push_back(dst[c]);
   std::vector<kvtier::chunk_status> st(new_keys.size());
-  if (auto ec = tiers.put(new_keys, new_src, st, dl())) out.error = "put: " + ec.message();
+  if (auto ec = tiers.put(new_keys, new_src, st, kvtier::deadline_after(5s)))
+    out.error = "put: " + ec.message();
   if (r == 0) out.metrics = kvtier::to_prometheus(m, "kvtier", "rank=\"0\"");
   return out;
 }
@@ -152,12 +230,20 @@ int run(std::vector<L2*> l2) {
       if (out[r].bad_bytes) ++failures;
     }
     std::printf(
-        "engine %-16s prompt %zu tokens: cached prefix %llu, loaded %llu, recomputed %llu, wrong bytes %zu\n",
+        "engine %-16s prompt %zu tokens: cached prefix %llu, loaded %llu, recomputed %llu, wrong bytes %zu "
+        "(%llu broadcast stages)\n",
         engine, tokens.size(), static_cast<unsigned long long>(out[0].cached),
         static_cast<unsigned long long>(out[0].loaded),
-        static_cast<unsigned long long>(tokens.size() - out[0].loaded), out[0].bad_bytes);
+        static_cast<unsigned long long>(tokens.size() - out[0].loaded), out[0].bad_bytes,
+        static_cast<unsigned long long>(out[0].stages));
     metrics = out[0].metrics;
   }
+  const kvtier::kv_layout lay = model_layout();
+  std::printf(
+      "KV in a host paged cache, layout %s (%u layers, %u tokens/page, %llu bytes/token); chunk value %zu "
+      "bytes\n",
+      lay.name.c_str(), lay.num_layers, lay.block_size,
+      static_cast<unsigned long long>(lay.bytes_per_token()), chunk_bytes);
   std::printf("%s", metrics.c_str());
   return failures ? 1 : 0;
 }
@@ -186,12 +272,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "quickstart: %s\n", url.message.c_str());
       return 2;
     }
-    servers.push_back(
-        std::make_unique<remote>(kvtier::key_namespace{.model = "quickstart-model",
-                                                       .kv_format = "demo",
-                                                       .chunk_tokens = chunk_tokens,
-                                                       .ownership = kvtier::modulo_ownership(W).geometry()},
-                                 kvtier::resp::connection_options{.server = url.value}));
+    // Value format 2: one checksum per layer of the chunk's layer-major value.
+    servers.push_back(std::make_unique<remote>(
+        kvtier::key_namespace{.model = "quickstart-model",
+                              .kv_format = kv_format,
+                              .chunk_tokens = chunk_tokens,
+                              .ownership = kvtier::modulo_ownership(W).geometry()},
+        kvtier::resp::connection_options{.server = url.value},
+        kvtier::value_format::v2(kvtier::layer_group_bytes(model_layout(), chunk_tokens, 1))));
     l2.push_back(servers.back().get());
   }
   return run(l2);

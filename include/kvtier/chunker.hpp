@@ -14,8 +14,18 @@
 //   kvtier::chunker<> chunk(ns);
 //   std::vector<kvtier::chunk_key> keys = chunk.keys(tokens);   // one per full chunk
 //   std::string redis_key = kvtier::remote_key_text(ns, keys[0]);
+//
+// Per-request key material (a LoRA adapter, a tenant salt, images) is folded into the chain:
+//
+//   const kvtier::media_item image{.offset = 40, .length = 576, .content_hash = pixels_hash};
+//   auto keys = chunk.keys(tokens, {.adapter = "sql-lora-v2", .tenant_salt = tenant.salt,
+//                                   .media = std::span(&image, 1)});
+//
+// Where tenants share a cache and must not be able to collide each other's keys on purpose,
+// use the SHA-256 chain of kvtier/chunk_hash_openssl.hpp (kvtier::openssl) instead of XXH3.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <concepts>
@@ -26,6 +36,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "kvtier/detail/xxhash.hpp"
@@ -160,10 +171,39 @@ inline std::string remote_key_text(const key_namespace& ns, const chunk_key& key
   return remote_key_text(remote_key_prefix(ns), key);
 }
 
+namespace detail {
+inline void append_le(std::string& s, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
+}
+}  // namespace detail
+
 /// What to do with the tokens after the last full chunk.
 enum class tail_policy {
   drop,          ///< no key (the default: a partial chunk is never stored)
   hash_partial,  ///< one more key over the shorter tail
+};
+
+/// An input that is not text, placed in the prompt: the tokens [offset, offset + length) stand
+/// for it (an image's placeholder tokens), and content_hash identifies its content (a hash of
+/// the pixels, computed by the caller). Two prompts with the same placeholder tokens but
+/// different images must not share keys; content_hash is what tells them apart.
+struct media_item {
+  std::uint64_t offset = 0;  ///< first token of the item in the prompt
+  std::uint64_t length = 0;  ///< tokens it occupies (> 0)
+  chunk_key content_hash{};  ///< 128 bits of the content's hash
+};
+
+/// Per-request key material beyond the tokens, folded into the chain:
+///  - adapter: the LoRA adapter id (its KV differs from the base model's); "" = none;
+///  - tenant_salt: separates tenants' keys: requests with different salts never share a key,
+///    so no tenant can read or overwrite another's entries; "" = one shared key space;
+///  - media: multimodal items; each is folded into every chunk its tokens overlap, so the
+///    keys of those chunks and of all later chunks depend on the content.
+/// A default key_material gives exactly the keys of chunker::keys(tokens).
+struct key_material {
+  std::string_view adapter{};
+  std::string_view tenant_salt{};
+  std::span<const media_item> media{};
 };
 
 /// Cuts token sequences into chained chunk keys.
@@ -201,17 +241,84 @@ class chunker {
   /// Continues a chain: keys of `tokens` as if they followed the chunk whose key
   /// is `prev` (use root() for a fresh prompt). `tokens` starts at a chunk boundary.
   void extend(chunk_key prev, std::span<const token_id> tokens, std::vector<chunk_key>& out) const {
+    extend(prev, tokens, {}, out);
+  }
+
+  /// The root of a request with key material: root() with the adapter id and tenant salt
+  /// folded in (root() itself when both are empty).
+  chunk_key root(const key_material& m) const {
+    if (m.adapter.empty() && m.tenant_salt.empty()) return root_;
+    // Length-prefixed fields, padded to a length of 2 mod 4: token chunks are 0 mod 4 bytes
+    // and media records 1 mod 4, so this input never equals another chain step's input.
+    std::string r = "kvtier-material/1";
+    for (std::string_view f : {m.adapter, m.tenant_salt}) {
+      detail::append_le(r, f.size());
+      r += f;
+    }
+    while (r.size() % 4 != 2) r += '\0';
+    return Hash::chain(root_, std::as_bytes(std::span<const char>(r)));
+  }
+
+  /// Keys of a prompt with key material (see key_material). Throws std::invalid_argument for
+  /// a media item that is empty or reaches past the prompt.
+  void keys(std::span<const token_id> tokens, const key_material& m, std::vector<chunk_key>& out) const {
+    extend(root(m), tokens, m.media, out);
+  }
+
+  std::vector<chunk_key> keys(std::span<const token_id> tokens, const key_material& m) const {
+    std::vector<chunk_key> out;
+    out.reserve(key_count(tokens.size()));
+    keys(tokens, m, out);
+    return out;
+  }
+
+  /// extend() with media items; their offsets count from the start of `tokens` (a chunk
+  /// boundary), so a chain continued here equals the chain of the whole prompt.
+  void extend(chunk_key prev, std::span<const token_id> tokens, std::span<const media_item> media,
+              std::vector<chunk_key>& out) const {
+    for (const media_item& it : media)
+      if (it.length == 0 || it.offset > tokens.size() || it.length > tokens.size() - it.offset)
+        throw std::invalid_argument("kvtier::chunker: media item at token " + std::to_string(it.offset) +
+                                    " of length " + std::to_string(it.length) +
+                                    " is empty or reaches past the prompt's " +
+                                    std::to_string(tokens.size()) + " tokens");
+    // Sorted once, so a chunk's record does not depend on the order the caller listed items in.
+    std::vector<media_item> sorted(media.begin(), media.end());
+    std::sort(sorted.begin(), sorted.end(), [](const media_item& a, const media_item& b) {
+      return std::tie(a.offset, a.length, a.content_hash) < std::tie(b.offset, b.length, b.content_hash);
+    });
     const std::size_t t = ns_.chunk_tokens;
+    std::string record;  // media of the current chunk; no allocation without media
+    const auto step = [&](std::size_t begin, std::size_t end) {
+      if (!sorted.empty()) prev = fold_media(prev, sorted, begin, end, record);
+      return Hash::chain(prev, std::as_bytes(tokens.subspan(begin, end - begin)));
+    };
     std::size_t i = 0;
     for (; i + t <= tokens.size(); i += t) {
-      prev = Hash::chain(prev, std::as_bytes(tokens.subspan(i, t)));
+      prev = step(i, i + t);
       out.push_back(prev);
     }
-    if (tail_ == tail_policy::hash_partial && i < tokens.size())
-      out.push_back(Hash::chain(prev, std::as_bytes(tokens.subspan(i))));
+    if (tail_ == tail_policy::hash_partial && i < tokens.size()) out.push_back(step(i, tokens.size()));
   }
 
  private:
+  // Folds the media items overlapping tokens [begin, end) into prev (prev unchanged when none).
+  // Record: per item, in sorted order, (offset - begin mod 2^64, length, hash.hi, hash.lo) as
+  // 8-byte little-endian words, then one tag byte: 32k + 1 bytes, 1 mod 4, unlike any token
+  // chunk. Offsets relative to the chunk keep extend() from any chunk boundary consistent.
+  static chunk_key fold_media(chunk_key prev, std::span<const media_item> sorted, std::size_t begin,
+                              std::size_t end, std::string& record) {
+    record.clear();
+    for (const media_item& it : sorted)
+      if (it.offset < end && it.offset + it.length > begin)
+        for (std::uint64_t w :
+             {std::uint64_t{it.offset - begin}, it.length, it.content_hash.hi, it.content_hash.lo})
+          detail::append_le(record, w);
+    if (record.empty()) return prev;
+    record += 'M';
+    return Hash::chain(prev, std::as_bytes(std::span<const char>(record)));
+  }
+
   key_namespace ns_;
   chunk_key root_;
   tail_policy tail_;

@@ -34,6 +34,7 @@ enum class errc : int {
   collective_mismatch,  ///< ranks issued different collectives (would deadlock)
   backend_error,        ///< an error reported by NCCL, CUDA or the OS
   tls_failed,           ///< the TLS handshake or the peer's certificate check failed
+  resource_exhausted,   ///< no free buffer: every slot of a pinned_arena is in use
 };
 
 namespace detail {
@@ -82,6 +83,8 @@ class errc_category final : public std::error_category {
         return "backend (NCCL/CUDA/OS) error";
       case errc::tls_failed:
         return "TLS handshake or certificate check failed";
+      case errc::resource_exhausted:
+        return "no free buffer (every pinned arena slot is in use)";
     }
     return "unknown kvtier error " + std::to_string(value);
   }

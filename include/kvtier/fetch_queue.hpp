@@ -16,13 +16,21 @@
 //   if (std::optional<kvtier::fetch_result> r = q.poll(h))  // empty while pending; never blocks
 //     use(r->answer_tokens);                                // done or failed: recompute from there
 //
+// While a load runs, progress(h) (never blocks) and wait_progress(h, chunks, dl)
+// report what has landed so far, after every store call: the keys whose value is
+// in its destination and verified, and the loaded prefix so far (fetch_progress).
+// With max_batch_chunks = 1 it grows chunk by chunk; it drives pipelined_broadcast:
+//
+//   auto p = q.wait_progress(h, next_chunks, kvtier::deadline_after(2ms));
+//   pb.step(p.answer_tokens, p.complete, request_dl);    // chunks agreed so far move now
+//
 // Lookup (exists) and prefetch (get into queue-owned staging) report the same
 // prefix as kvtier::rank_answer over the layout. A later submit() with the same
 // request id takes the prefetched chunks from staging (one memcpy each) instead
 // of reading them from the store again.
 //
 // The request types (request_id, chunk_layout, fetch_state, fetch_result,
-// fetch_handle, fetch_queue_options) are in kvtier/fetch_types.hpp.
+// fetch_progress, fetch_handle, fetch_queue_options) are in kvtier/fetch_types.hpp.
 //
 // Destinations must stay valid, and must not be reused, until the request has
 // completed (poll()/wait() return a value); after that the queue never touches
@@ -176,6 +184,27 @@ class fetch_queue {
     detail::wait_until(r.cv, lock, dl, [&] { return r.completed.load(std::memory_order_acquire); });
     if (!r.completed.load(std::memory_order_acquire)) return std::nullopt;
     return r.result;
+  }
+
+  /// Never blocks. What has landed so far (see fetch_progress); once the request has
+  /// completed, its result's hits and answer. An invalid handle reports nothing landed.
+  fetch_progress progress(const fetch_handle& h) const {
+    if (!h.valid()) return {};
+    auto& r = *access::get(h);
+    std::lock_guard lock(r.mu);
+    return progress_locked(r);
+  }
+
+  /// Blocks until the first `chunks` keys of the request have landed, the request has
+  /// completed, or `dl` passes; returns the progress then (check answer_chunks and complete).
+  fetch_progress wait_progress(const fetch_handle& h, std::size_t chunks, deadline dl) const {
+    if (!h.valid()) return {};
+    auto& r = *access::get(h);
+    std::unique_lock lock(r.mu);
+    detail::wait_until(r.cv, lock, dl, [&] {
+      return r.completed.load(std::memory_order_acquire) || leading_landed(r.landed) >= chunks;
+    });
+    return progress_locked(r);
   }
 
   /// Runs `cb(result)` once the request completes: at once, in this thread, if
@@ -424,6 +453,9 @@ class fetch_queue {
         std::vector<std::size_t> todo;
         if (r->kind == detail_kind::load && r->source) {
           todo = take_from_prefetch(*r, status);
+          std::vector<std::size_t> all(r->keys.size());
+          for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+          note_landed(*r, all, status);  // the reused hits have landed
         } else {
           todo.resize(r->keys.size());
           for (std::size_t i = 0; i < todo.size(); ++i) todo[i] = i;
@@ -509,9 +541,52 @@ class fetch_queue {
       std::error_code ec =
           r.kind == detail_kind::lookup ? store_.exists(keys, st, r.dl) : store_.get(keys, dst, st, r.dl);
       for (std::size_t k = begin; k < end; ++k) status[todo[k]] = st[k - begin];
+      note_landed(r, std::span<const std::size_t>(todo).subspan(begin, end - begin), status);
       if (ec && !first_ec) first_ec = ec;
     }
     return first_ec;
+  }
+
+  // Publishes the hits among keys `which` as landed, and wakes wait_progress().
+  static void note_landed(detail::queue_request& r, std::span<const std::size_t> which,
+                          std::span<const chunk_status> status) {
+    {
+      std::lock_guard lock(r.mu);
+      if (r.landed.size() != r.keys.size()) r.landed.assign(r.keys.size(), chunk_status::miss);
+      for (std::size_t i : which)
+        if (status[i] == chunk_status::hit) r.landed[i] = chunk_status::hit;
+    }
+    r.cv.notify_all();
+  }
+
+  static std::size_t leading_landed(const std::vector<chunk_status>& landed) noexcept {
+    std::size_t n = 0;
+    while (n < landed.size() && landed[n] == chunk_status::hit) ++n;
+    return n;
+  }
+
+  // Under r.mu: the result's hits once completed, else what landed so far.
+  static fetch_progress progress_locked(const detail::queue_request& r) {
+    fetch_progress p;
+    const bool done = r.completed.load(std::memory_order_acquire);
+    const std::vector<chunk_status>& hits = done ? r.result.status : r.landed;
+    p.landed_keys.assign(r.keys.size(), false);
+    for (std::size_t i = 0; i < hits.size() && i < r.keys.size(); ++i)
+      if (hits[i] == chunk_status::hit) p.landed_keys[i] = true, ++p.landed;
+    p.complete = done;
+    if (done) {
+      p.answer_tokens = r.result.answer_tokens;
+      p.answer_chunks = r.result.answer_chunks;
+      return p;
+    }
+    p.answer_chunks = leading_landed(r.landed);
+    if (r.layout.starts.size() == r.keys.size()) {
+      p.answer_tokens = r.landed.empty()
+                            ? (r.layout.starts.empty() ? r.layout.end_tokens : r.layout.starts.front())
+                            : rank_answer(std::span<const std::uint64_t>(r.layout.starts),
+                                          detail::store_hit_view{r.landed}, r.layout.end_tokens);
+    }
+    return p;
   }
 
   // noexcept: it runs on the failure paths, where a throw would end the process.

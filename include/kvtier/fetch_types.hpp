@@ -92,6 +92,21 @@ struct fetch_result {
   std::vector<chunk_status> status;  ///< one per key (may be empty for a refused request)
 };
 
+/// A request's progress while it runs (fetch_queue::progress / wait_progress): which keys have
+/// landed, i.e. whose value is in its destination and was verified by the store (a hit), and the
+/// rank answer over them: the loaded prefix so far. Landed keys stay landed, so answer_tokens
+/// only grows, and it never exceeds the completed result's answer_tokens. Keys land one store
+/// call at a time (fetch_queue_options::max_batch_chunks keys per call), each with all its layer
+/// groups: a store verifies a whole value before it reports a hit, so "layers up to l of chunks
+/// below c" is "chunks below c".
+struct fetch_progress {
+  std::uint64_t answer_tokens = 0;  ///< rank answer over the keys landed so far
+  std::size_t answer_chunks = 0;    ///< leading keys landed (those inside answer_tokens)
+  std::size_t landed = 0;           ///< keys landed, in any order
+  std::vector<bool> landed_keys;    ///< per key
+  bool complete = false;            ///< the request completed: these equal its result
+};
+
 /// Points where fetch_queue_options::fault_injector is called (a test seam).
 enum class fetch_queue_fault : std::uint8_t {
   enqueue,       ///< enqueue, where queue bookkeeping allocates

@@ -1,7 +1,8 @@
 // kvtier/kvtier.hpp: umbrella header for every part of kvtier that needs only the
 // standard library and xxHash. Parts with optional dependencies have their own
 // headers and targets: kvtier/resp/asio_connection.hpp (kvtier::asio),
-// kvtier/resp/uring_connection.hpp (kvtier::uring), kvtier/comm/nccl.hpp (kvtier::nccl).
+// kvtier/resp/uring_connection.hpp (kvtier::uring), kvtier/comm/nccl.hpp (kvtier::nccl),
+// kvtier/cuda/*.hpp and kvtier/cuda/kv_copy.cuh (kvtier::cuda).
 //
 //   #include <kvtier/kvtier.hpp>
 //   kvtier::chunker<> chunk(kvtier::key_namespace{.model = "m", .kv_format = "fp8"});
@@ -15,6 +16,12 @@
 #include "kvtier/errc.hpp"
 #include "kvtier/lookup.hpp"
 #include "kvtier/ownership.hpp"
+
+// the engine's KV in its own layout: layouts, gather/scatter, host paged cache, staging
+#include "kvtier/host_kv_cache.hpp"
+#include "kvtier/kv_copy.hpp"
+#include "kvtier/kv_layout.hpp"
+#include "kvtier/pinned_arena.hpp"
 
 // stores and the fetch queue
 #include "kvtier/fetch_queue.hpp"

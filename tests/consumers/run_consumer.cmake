@@ -1,6 +1,10 @@
 # cmake -DMODE=find_package|add_subdirectory -DSOURCE_DIR=<kvtier source>
 #       -DBUILD_DIR=<kvtier build tree> -DWORK_DIR=<scratch> -DGENERATOR=<gen>
-#       -DCXX=<compiler> -DBUILD_TYPE=<type> -P run_consumer.cmake
+#       -DCXX=<compiler> -DBUILD_TYPE=<type> [-DPARTS=asio,uring,...] -P run_consumer.cmake
+#
+# Both modes also build consumer_parts, which links kvtier::<part> for every optional part
+# in PARTS (the parts the tested build has) and uses it; find_package requests each part as a
+# component, and a second configure checks that requesting a part that does not exist fails.
 #
 # find_package:     installs BUILD_DIR into WORK_DIR/prefix, then configures,
 #                   builds and runs tests/consumers/find_package against it.
@@ -25,7 +29,7 @@ endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
-set(args -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+set(args -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DKVTIER_PARTS=${PARTS})
 if(GENERATOR)
   list(APPEND args -G ${GENERATOR})
 endif()
@@ -63,4 +67,25 @@ run("consumer" ${consumer})
 message(STATUS "${last_output}")
 if(NOT last_output MATCHES "consumer: kvtier:[0-9a-f]+:[0-9a-f]+")
   message(FATAL_ERROR "unexpected consumer output: ${last_output}")
+endif()
+
+# Every optional part: linked, used, one line each.
+find_program(consumer_parts consumer_parts PATHS ${WORK_DIR}/build ${WORK_DIR}/build/${BUILD_TYPE} NO_DEFAULT_PATH REQUIRED)
+run("consumer_parts" ${consumer_parts})
+message(STATUS "${last_output}")
+string(REPLACE "," ";" parts "${PARTS}")
+foreach(part IN LISTS parts)
+  if(NOT last_output MATCHES "part ${part}: ok")
+    message(FATAL_ERROR "consumer_parts did not use kvtier::${part}: ${last_output}")
+  endif()
+endforeach()
+
+# A component that does not exist must fail find_package (check_required_components).
+if(MODE STREQUAL "find_package")
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumers/${MODE} -B ${WORK_DIR}/build-missing
+                          ${args} -DKVTIER_EXTRA_COMPONENT=no_such_part
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "no_such_part")
+    message(FATAL_ERROR "find_package(kvtier COMPONENTS no_such_part) did not fail naming it (rc ${rc}):\n${out}\n${err}")
+  endif()
 endif()

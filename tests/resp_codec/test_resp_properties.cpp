@@ -219,7 +219,7 @@ TEST_CASE("codec properties: destinations under random splits", "[property]") {
           }
         }
       },
-      3000);
+      10000);
 }
 
 TEST_CASE("codec properties: request_builder output parses back to its arguments", "[property]") {

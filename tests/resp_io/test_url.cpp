@@ -1,6 +1,13 @@
 // Unit tests of resp URL parsing and {rank} templates.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include "kvtier/resp/url.hpp"
 
 using kvtier::resp::endpoint;
@@ -100,7 +107,7 @@ TEST_CASE("url: errors name what is wrong", "[unit]") {
   require_bad("resp://u:%zz@h:1", "percent escape");
   require_bad("resp+unix://relative.sock", "must be absolute");
   require_bad("resp+unix:///tmp/a.sock?x=1", "unsupported query");
-  require_bad("resp://h:{rank}", "no rank was given");
+  require_bad("resp://h-{rank}:1", "no rank was given");
   require_bad("resp://h:{rank+6400}", "no rank was given");
   require_bad("resp://h:{node}", "unknown placeholder {node}");
   require_bad("resp://h:{rank", "unclosed '{'");
@@ -147,5 +154,66 @@ TEST_CASE("url: rediss:// and resp+tls:// are TCP with TLS", "[unit]") {
   CHECK_FALSE(kvtier::resp::parse_url("resp://h:1").value.tls);
   const auto bad = kvtier::resp::parse_url("redis://h:1");
   CHECK(bad.ec == kvtier::errc::bad_url);
-  CHECK(bad.message.find("rediss") != std::string::npos);  // the message lists what is accepted
+  CHECK(bad.message.find("rediss") != std::string::npos);           // the message lists what is accepted
+  require_bad("rediss://h:{rank}", "{rank} as the whole port", 0);  // same rules as resp://
+  CHECK(kvtier::resp::redact_url("rediss://u:s3cret@h:1") == "rediss://u:***@h:1");
+}
+
+TEST_CASE("url: the scheme is checked first, and {rank} as the whole port is refused", "[unit]") {
+  require_bad("redis://h:{rank+6400}", "unsupported scheme 'redis'", 0);
+  require_bad("redis://h:{rank+6400}", "unsupported scheme 'redis'");
+  require_bad("h:{rank}", "missing scheme", 1);
+  require_bad("resp://h:{rank}", "{rank} as the whole port", 0);
+  require_bad("resp://h:{rank}/2", "write {rank+N}", 3);
+  require_bad("resp://h:{rank}", "{rank} as the whole port");  // no rank given: the same answer
+  auto r = parse_url("resp://h:63{rank}9", 1);                 // part of a port is fine
+  REQUIRE(r);
+  CHECK(r.value.port == 6319);
+}
+
+TEST_CASE("url: passwords are never printed", "[unit]") {
+  using kvtier::resp::redact_url;
+  CHECK(redact_url("resp://app:s3cret@h:6379/2") == "resp://app:***@h:6379/2");
+  CHECK(redact_url("resp://s3cret@h:6379") == "resp://***@h:6379");
+  CHECK(redact_url("resp://h:6379") == "resp://h:6379");
+  CHECK(redact_url("resp://u:p/w@h:1") == "resp://u:***@h:1");  // a raw '/' in the password
+  CHECK(redact_url("resp+unix://u:s3cret@/tmp/r.sock?db=1") == "resp+unix://u:***@/tmp/r.sock?db=1");
+  CHECK(redact_url("redis://:s3cret@h:1") == "redis://:***@h:1");
+  // parse_url's messages show the URL redacted.
+  for (const char* bad : {"resp://u:s3cret@h:70000", "resp://u:s3cret@h:1/x", "resp://s3cret@h:{rank}",
+                          "redis://u:s3cret@h:1", "resp://u:s3/cret@h:1"}) {
+    const auto r = parse_url(bad, 0);
+    INFO(r.message);
+    REQUIRE_FALSE(r);
+    CHECK(r.message.find("s3") == std::string::npos);
+    CHECK(r.message.find("***") != std::string::npos);
+  }
+}
+
+TEST_CASE("url: a password from a file or the environment", "[unit]") {
+  using kvtier::resp::apply_password;
+  const std::string file = "test_url_password_" + std::to_string(::getpid());
+  { std::ofstream(file) << "from-file\nsecond line ignored\n"; }
+  auto r = parse_url("resp://h:1");
+  REQUIRE(r);
+  CHECK(apply_password(r.value, {.file = file}).empty());
+  CHECK(r.value.password == "from-file");
+  // In the URL and in a file: refused, without echoing either.
+  const std::string both = apply_password(r.value, {.file = file});
+  CHECK(both.find("one place") != std::string::npos);
+  CHECK(both.find("from-file") == std::string::npos);
+  // A missing file is named.
+  auto r2 = parse_url("resp://h:1");
+  const std::string missing = apply_password(r2.value, {.file = file + ".missing"});
+  CHECK(missing.find(file + ".missing") != std::string::npos);
+  // The environment, only when the URL has no password and no file is named.
+  ::setenv("KVTIER_TEST_URL_PASSWORD", "from-env", 1);
+  auto r3 = parse_url("resp://h:1");
+  CHECK(apply_password(r3.value, {.env = "KVTIER_TEST_URL_PASSWORD"}).empty());
+  CHECK(r3.value.password == "from-env");
+  auto r4 = parse_url("resp://in-url@h:1");
+  CHECK(apply_password(r4.value, {.env = "KVTIER_TEST_URL_PASSWORD"}).empty());
+  CHECK(r4.value.password == "in-url");
+  ::unsetenv("KVTIER_TEST_URL_PASSWORD");
+  std::remove(file.c_str());
 }

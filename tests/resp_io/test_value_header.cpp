@@ -72,5 +72,71 @@ TEST_CASE("value_header: any single bit flip in the header is rejected", "[prope
             check_value_header(m, ns, key, payload.size()) == header_check::ok && payload_matches(m, payload);
         RC_ASSERT(!accepted);
       },
+      10000);
+}
+
+// ---- format 2: one checksum per group ----------------------------------------------------------
+
+TEST_CASE("value_header v2: layout, checks, and the other version refused", "[unit]") {
+  const chunk_key key{11, 22};
+  const std::uint64_t ns = 99;
+  const auto payload = bytes_of(1000, 5);
+  const auto f = kvtier::value_format::v2(300);  // groups of 300, 300, 300, 100 bytes
+  REQUIRE(f.groups(payload.size()) == 4);
+  REQUIRE(f.header_size(payload.size()) == 64 + 4 * 8);
+  std::vector<std::byte> h(f.header_size(payload.size()));
+  REQUIRE(kvtier::encode_value_header(f, ns, key, payload, h) == h.size());
+  CHECK(static_cast<unsigned>(h[4]) == 2);
+  CHECK(check_value_header(f, h, ns, key, payload.size()) == header_check::ok);
+  CHECK(kvtier::first_bad_group(f, h, payload) == 4);
+  CHECK(f.group(std::span<const std::byte>(payload), 3).size() == 100);
+  CHECK(check_value_header(f, h, ns + 1, key, payload.size()) == header_check::wrong_namespace);
+  CHECK(check_value_header(f, h, ns, chunk_key{11, 23}, payload.size()) == header_check::wrong_key);
+  CHECK(check_value_header(kvtier::value_format::v2(250), h, ns, key, payload.size()) ==
+        header_check::wrong_groups);
+  CHECK(check_value_header(kvtier::value_format::v1(), h, ns, key, payload.size()) ==
+        header_check::bad_version);
+  const auto v1 = encode_value_header(ns, key, payload);
+  CHECK(check_value_header(f, v1, ns, key, payload.size()) == header_check::bad_version);
+  CHECK(check_value_header(kvtier::value_format::v1(), v1, ns, key, payload.size()) == header_check::ok);
+  auto m = h;
+  m[70] ^= std::byte{1};  // inside the checksum table: the header's checksums catch it
+  CHECK(check_value_header(f, m, ns, key, payload.size()) == header_check::header_corrupt);
+
+  // One group for the whole payload (group_bytes 0), and an empty payload (no groups).
+  const auto whole = kvtier::value_format::v2(0);
+  std::vector<std::byte> hw(whole.header_size(payload.size()));
+  REQUIRE(hw.size() == 72);
+  REQUIRE(kvtier::encode_value_header(whole, ns, key, payload, hw) == 72);
+  CHECK(check_value_header(whole, hw, ns, key, payload.size()) == header_check::ok);
+  std::vector<std::byte> he(whole.header_size(0));
+  REQUIRE(kvtier::encode_value_header(whole, ns, key, {}, he) == 64);
+  CHECK(check_value_header(whole, he, ns, key, 0) == header_check::ok);
+  // Too many groups for the 16-bit header size: refused, not truncated.
+  const auto tiny = kvtier::value_format::v2(1);
+  CHECK(tiny.header_size(100000) == 0);
+  CHECK_FALSE(tiny.valid_for(100000));
+  std::vector<std::byte> big(1 << 20);
+  CHECK(kvtier::encode_value_header(tiny, ns, key, std::vector<std::byte>(100000), big) == 0);
+}
+
+TEST_CASE("value_header v2: a flipped payload byte fails exactly its own group", "[property]") {
+  kvtier::test::prop(
+      "flipped byte fails only its group",
+      [](std::uint16_t len_seed, std::uint16_t group_seed, std::uint32_t pos_seed, std::uint8_t bit) {
+        const std::size_t len = 1 + len_seed % 5000;
+        const auto f = kvtier::value_format::v2(1 + group_seed % 700);
+        RC_PRE(f.valid_for(len));
+        auto payload = bytes_of(len, len_seed);
+        std::vector<std::byte> h(f.header_size(len));
+        RC_ASSERT(kvtier::encode_value_header(f, 7, chunk_key{1, 2}, payload, h) == h.size());
+        const std::size_t pos = pos_seed % len;
+        payload[pos] ^= static_cast<std::byte>(1u << (bit % 8));
+        const std::size_t own = pos / f.group_bytes;
+        for (std::size_t g = 0; g < f.groups(len); ++g)
+          RC_ASSERT(kvtier::group_matches(h, g, f.group(std::span<const std::byte>(payload), g)) ==
+                    (g != own));
+        RC_ASSERT(kvtier::first_bad_group(f, h, payload) == own);
+      },
       2000);
 }

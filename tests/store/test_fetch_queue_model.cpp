@@ -450,7 +450,7 @@ TEST_CASE("fetch_queue: stateful model of submit/prefetch/reuse/release/cancel/p
         RC_ASSERT(s.q->stats().requests_in_flight == 0u);
         RC_ASSERT(s.q->stats().bytes_in_flight == 0u);
       },
-      2000);
+      2000);  // 10,000 take ~26 s in Release and minutes under TSan
 }
 
 TEST_CASE("fetch_queue: async per-rank lookup equals the synchronous rank answer", "[property]") {
@@ -488,5 +488,5 @@ TEST_CASE("fetch_queue: async per-rank lookup equals the synchronous rank answer
         RC_ASSERT(res.answer_tokens == sync);
         RC_ASSERT(res.answer_tokens == rank_answer_cumulative(cumulative_lengths(starts, end), mine_present));
       },
-      3000);
+      10000);
 }

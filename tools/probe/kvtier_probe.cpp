@@ -28,6 +28,7 @@
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/resp/url.hpp"
+#include "probe_fit.hpp"
 #include "probe_io.hpp"
 #include "probe_options.hpp"
 #include "probe_stats.hpp"
@@ -113,10 +114,10 @@ struct instance {
   std::vector<std::string> keys;
   std::vector<std::vector<std::byte>> expected;
   std::vector<std::vector<std::byte>> dst;
-  bool wrote = false;                // SET was attempted: clean up here
-  kvtier::deadline dl{};             // deadline of the latest call (of the failing one, on failure)
-  std::vector<double> latency_s[2];  // per batch size: [0] K, [1] the second size
-  std::string failure;               // first failure, names what happened
+  bool wrote = false;                          // SET was attempted: clean up here
+  kvtier::deadline dl{};                       // deadline of the latest call (of the failing one, on failure)
+  std::vector<std::vector<double>> latency_s;  // per batch size of the ladder ([0]: K)
+  std::string failure;                         // first failure, names what happened
 };
 
 std::string describe(const instance& in) {
@@ -162,10 +163,18 @@ int main(int argc, char** argv) {
   std::size_t slots_served = 0;
   std::vector<instance> inst;
   if (cluster) {
-    const auto u = kvtier::resp::parse_cluster_url(opt.url);
+    auto u = kvtier::resp::parse_cluster_url(opt.url);
     if (!u) {
       std::fprintf(stderr, "kvtier-probe: --url: %s\n", u.message.c_str());
       return 2;
+    }
+    // The password may come from --password-file or KVTIER_PASSWORD instead of argv.
+    for (auto& seed : u.seeds) {
+      if (std::string err = kvtier::resp::apply_password(seed, {.file = opt.password_file}); !err.empty()) {
+        std::fprintf(stderr, "kvtier-probe: --url %s: %s\n", kvtier::resp::redact_url(opt.url).c_str(),
+                     err.c_str());
+        return 2;
+      }
     }
     kvtier::resp::slot_map map;
     std::string why;
@@ -205,6 +214,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kvtier-probe: --url for instance %d: %s\n", r, parsed.message.c_str());
         return 2;
       }
+      // The password may come from --password-file or KVTIER_PASSWORD instead of argv.
+      if (std::string err = kvtier::resp::apply_password(parsed.value, {.file = opt.password_file});
+          !err.empty()) {
+        std::fprintf(stderr, "kvtier-probe: --url %s: %s\n", kvtier::resp::redact_url(opt.url).c_str(),
+                     err.c_str());
+        return 2;
+      }
       inst[static_cast<std::size_t>(r)].rank = r;
       inst[static_cast<std::size_t>(r)].ep = parsed.value;
     }
@@ -226,10 +242,12 @@ int main(int argc, char** argv) {
   std::snprintf(prefix_buf, sizeof prefix_buf,
                 "kvtier-probe:%016llx:", static_cast<unsigned long long>(nonce));
   const std::string prefix = prefix_buf;
-  // Two batch sizes for the fit: K and K/2 (K = 1: 2 and 1), so the key count is max(K, 2).
+  // Batch sizes for the fit: K, K/2, ... 1 (K = 1: 2 and 1), so the key count is max(K, 2).
+  const std::vector<int> ladder = kp::batch_ladder(opt.batch);
   const int k_main = opt.batch;
-  const int k_second = opt.batch >= 2 ? opt.batch / 2 : 2;
-  const int nkeys = std::max(k_main, k_second);
+  const int nkeys = *std::max_element(ladder.begin(), ladder.end());
+  std::string ladder_text;
+  for (int b : ladder) ladder_text += (ladder_text.empty() ? "" : ", ") + std::to_string(b);
   const std::uint64_t ttl_ms = 3'600'000;
 
   struct sigaction sa {};
@@ -240,7 +258,7 @@ int main(int argc, char** argv) {
 
   progress prog;
   std::atomic<bool> stop{false};
-  const int total_rounds = 2 * opt.rounds;
+  const int total_rounds = static_cast<int>(ladder.size()) * opt.rounds;
   const std::string limit = "--timeout-ms " + std::to_string(opt.timeout_ms);
   // All instances start each round together, so a round's aggregate is what a PCP load sees:
   // every rank fetches its own batch and the load ends with the slowest one.
@@ -256,6 +274,7 @@ int main(int argc, char** argv) {
       stop.store(true);
     };
     auto next_deadline = [&] { return in.dl = kvtier::deadline_after(timeout); };
+    in.latency_s.assign(ladder.size(), {});
     in.client = kp::make_instance_client(opt.transport, in.ep, timeout, tls);
     std::error_code ec = in.client->connect(next_deadline());
     if (ec) return fail(what_failed("connect and PING", ec, in.client->detail(), limit));
@@ -284,9 +303,9 @@ int main(int argc, char** argv) {
     for (int round = 0; round < total_rounds; ++round) {
       round_start.arrive_and_wait();
       if (stop.load() || g_interrupted.load()) return;
-      const int phase = round < opt.rounds ? 0 : 1;
-      const auto k = static_cast<std::size_t>(phase == 0 ? k_main : k_second);
-      // Rotate through the keys so K/2 batches do not always read the same half.
+      const auto phase = static_cast<std::size_t>(round / opt.rounds);
+      const auto k = static_cast<std::size_t>(ladder[phase]);
+      // Rotate through the keys so smaller batches do not always read the same ones.
       std::vector<std::string> keys(k);
       std::vector<std::span<std::byte>> dst(k);
       std::vector<std::size_t> which(k);
@@ -320,9 +339,9 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, p = &in] {
       body(*p);
       // A thread that leaves early must not hold the others at the barrier.
-      if (static_cast<std::size_t>(p->latency_s[0].size() + p->latency_s[1].size()) <
-          static_cast<std::size_t>(total_rounds))
-        round_start.arrive_and_drop();
+      std::size_t done = 0;
+      for (const auto& l : p->latency_s) done += l.size();
+      if (done < static_cast<std::size_t>(total_rounds)) round_start.arrive_and_drop();
     });
   }
   for (auto& t : threads) t.join();
@@ -394,11 +413,11 @@ int main(int argc, char** argv) {
   const double chunk_gb = static_cast<double>(opt.chunk_bytes) / kvtier::bytes_per_gb;
   const double batch_gb = chunk_gb * k_main;
   std::vector<double> per_inst_gbps;
-  std::vector<kvtier::load_sample> samples;
+  std::vector<kp::batch_sample> samples;
   for (auto& in : inst) {
     per_inst_gbps.push_back(batch_gb / percentile(in.latency_s[0], 0.5));
-    for (int ph = 0; ph < 2; ++ph)
-      for (double s : in.latency_s[ph]) samples.push_back({chunk_gb * (ph == 0 ? k_main : k_second), s});
+    for (std::size_t ph = 0; ph < ladder.size(); ++ph)
+      for (double s : in.latency_s[ph]) samples.push_back({ladder[ph], chunk_gb * ladder[ph], s});
   }
   std::vector<double> round_gbps, all_main_latency;
   for (int round = 0; round < opt.rounds; ++round) {
@@ -410,7 +429,7 @@ int main(int argc, char** argv) {
   const double aggregate = percentile(round_gbps, 0.5);
   const double p50_ms = percentile(all_main_latency, 0.5) * 1e3,
                p99_ms = percentile(all_main_latency, 0.99) * 1e3;
-  const std::optional<kvtier::load_path> fit = kvtier::fit_load_path(samples);
+  const std::optional<kp::fit_report> fit = kp::fit_batches(samples);
 
   std::ostringstream out, js;
   if (cluster)
@@ -419,7 +438,7 @@ int main(int argc, char** argv) {
   out << "kvtier-probe: " << opt.instances << " " << unit << "(s), " << k_main << " x " << opt.chunk_bytes
       << "-byte values per batch, " << opt.rounds << " rounds, every byte verified, transport "
       << opt.transport << "\n";
-  js << "{\"tool\":\"kvtier-probe\",\"ok\":true,\"url\":\"" << json_escape(opt.url)
+  js << "{\"tool\":\"kvtier-probe\",\"ok\":true,\"url\":\"" << json_escape(kvtier::resp::redact_url(opt.url))
      << "\",\"instances\":" << opt.instances << ",\"chunk_bytes\":" << opt.chunk_bytes
      << ",\"batch\":" << k_main << ",\"rounds\":" << opt.rounds << ",\"transport\":\"" << opt.transport
      << "\"";
@@ -450,18 +469,54 @@ int main(int argc, char** argv) {
   js << ",\"aggregate_gbps\":" << num(aggregate) << ",\"p50_ms\":" << num(p50_ms, 2)
      << ",\"p99_ms\":" << num(p99_ms, 2);
   if (fit) {
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "  fit over batches of %d and %d: T0 = %.2f ms per batch, B = %.3f GB/s per instance\n",
-                  k_main, k_second, fit->fixed_cost_s * 1e3, fit->bandwidth_gb_per_s);
+    char line[512];
+    std::snprintf(
+        line, sizeof line,
+        "  fit over batches of %s (least squares, %zu batches): T0 = %.2f ms per batch "
+        "[95%%: %.2f .. %.2f], B = %.3f GB/s per instance [95%%: %.3f .. %s]\n",
+        ladder_text.c_str(), fit->samples, fit->path.fixed_cost_s * 1e3, fit->t0_interval_s[0] * 1e3,
+        fit->t0_interval_s[1] * 1e3, fit->path.bandwidth_gb_per_s, fit->b_interval_gbps[0],
+        std::isfinite(fit->b_interval_gbps[1]) ? num(fit->b_interval_gbps[1], 3).c_str() : "unbounded");
     out << line;
-    if (fit->fixed_cost_s < 0)
-      out << "  (a negative T0 is noise around a fixed cost near 0; it counts as 0 below)\n";
-    js << ",\"fit\":{\"t0_s\":" << num(fit->fixed_cost_s, 6) << ",\"b_gbps\":" << num(fit->bandwidth_gb_per_s)
-       << ",\"batch_sizes\":[" << k_main << "," << k_second << "]}";
+    if (fit->clamped) {
+      std::snprintf(line, sizeof line,
+                    "  (least squares gave T0 = %.2f ms: below what this run resolves; T0 is taken as 0 "
+                    "and B refitted through the origin)\n",
+                    fit->fitted_t0_s * 1e3);
+      out << line;
+    }
+    out << "  fit vs median measured:";
+    for (const auto& c : fit->sizes) {
+      std::snprintf(line, sizeof line, " batch %d %.1f vs %.1f ms (%+.0f%%);", c.batch, c.predicted_s * 1e3,
+                    c.median_s * 1e3, c.error * 100);
+      out << line;
+    }
+    std::snprintf(line, sizeof line, " rms residual %.2f ms\n", fit->rms_residual_s * 1e3);
+    out << line;
+    if (fit->max_abs_error > 0.1)
+      out << "  (the fit misses a batch size by more than 10%: latency is not linear in batch bytes here; "
+             "trust the verdict below only as far as that)\n";
+    js << ",\"fit\":{\"t0_s\":" << num(fit->path.fixed_cost_s, 6)
+       << ",\"t0_fitted_s\":" << num(fit->fitted_t0_s, 6)
+       << ",\"t0_clamped\":" << (fit->clamped ? "true" : "false") << ",\"t0_interval_s\":["
+       << num(fit->t0_interval_s[0], 6) << "," << num(fit->t0_interval_s[1], 6)
+       << "],\"b_gbps\":" << num(fit->path.bandwidth_gb_per_s) << ",\"b_interval_gbps\":["
+       << num(fit->b_interval_gbps[0]) << "," << num(fit->b_interval_gbps[1])
+       << "],\"rms_residual_ms\":" << num(fit->rms_residual_s * 1e3, 3)
+       << ",\"max_abs_error\":" << num(fit->max_abs_error, 3) << ",\"batch_sizes\":[";
+    for (std::size_t i = 0; i < fit->sizes.size(); ++i) js << (i ? "," : "") << fit->sizes[i].batch;
+    js << "],\"per_size\":[";
+    for (std::size_t i = 0; i < fit->sizes.size(); ++i)
+      js << (i ? "," : "") << "{\"batch\":" << fit->sizes[i].batch
+         << ",\"median_ms\":" << num(fit->sizes[i].median_s * 1e3, 3)
+         << ",\"predicted_ms\":" << num(fit->sizes[i].predicted_s * 1e3, 3)
+         << ",\"error\":" << num(fit->sizes[i].error, 3) << "}";
+    js << "]}";
   } else {
-    out << "  fit over batches of " << k_main << " and " << k_second
-        << ": no positive slope (latency did not grow with batch size; more rounds may help)\n";
+    out << "  fit over batches of " << ladder_text
+        << (samples.size() < 3
+                ? ": too few batches to fit (3 or more needed; use more --rounds)\n"
+                : ": no positive slope (latency did not grow with batch size; more rounds may help)\n");
     js << ",\"fit\":null";
   }
   if (opt.bytes_per_token > 0) {
@@ -470,7 +525,7 @@ int main(int argc, char** argv) {
     const double b_star = kvtier::break_even_bandwidth_gb_per_s(node);
     // The tier: each rank loads its share from its own instance, all in parallel. B is the
     // measured aggregate; T0 the fitted fixed cost of a batch (0 when the fit failed).
-    const kvtier::load_path tier{.fixed_cost_s = fit ? std::max(0.0, fit->fixed_cost_s) : 0.0,
+    const kvtier::load_path tier{.fixed_cost_s = fit ? fit->path.fixed_cost_s : 0.0,
                                  .bandwidth_gb_per_s = aggregate};
     const double n_min = kvtier::min_profitable_tokens(node, tier);
     const double per_instance = aggregate / opt.instances;
@@ -480,10 +535,17 @@ int main(int argc, char** argv) {
                   "  break-even bandwidth B* = S*R = %.3f GB/s; this tier gives %.3f GB/s (%s)\n", b_star,
                   aggregate, aggregate > b_star ? "above: hits can pay off" : "below: no hit pays off");
     out << line;
+    // The same threshold at both ends of T0's 95% interval: how far to trust it.
+    double n_range[2] = {n_min, n_min};
+    if (fit)
+      for (int i = 0; i < 2; ++i)
+        n_range[i] = kvtier::min_profitable_tokens(
+            node, {.fixed_cost_s = fit->t0_interval_s[i], .bandwidth_gb_per_s = aggregate});
     if (std::isfinite(n_min)) {
       std::snprintf(line, sizeof line,
-                    "  a hit pays off for prompts longer than %.0f tokens (T0 = %.1f ms)\n", n_min,
-                    tier.fixed_cost_s * 1e3);
+                    "  a hit pays off for prompts longer than %.0f tokens (T0 = %.1f ms; %.0f .. %.0f tokens "
+                    "over T0's 95%% interval)\n",
+                    n_min, tier.fixed_cost_s * 1e3, n_range[0], n_range[1]);
     } else {
       std::snprintf(line, sizeof line, "  no prompt length pays off at %.3f GB/s\n", aggregate);
     }
@@ -495,7 +557,8 @@ int main(int argc, char** argv) {
     js << ",\"cost\":{\"bytes_per_token\":" << num(opt.bytes_per_token, 1)
        << ",\"prefill_tokens_per_s\":" << num(opt.prefill_tokens_per_s, 1)
        << ",\"b_star_gbps\":" << num(b_star) << ",\"pays_off\":" << (aggregate > b_star ? "true" : "false")
-       << ",\"min_profitable_tokens\":" << num(n_min, 0) << ",\"instances_needed\":" << needed << "}";
+       << ",\"min_profitable_tokens\":" << num(n_min, 0) << ",\"min_profitable_tokens_interval\":["
+       << num(n_range[0], 0) << "," << num(n_range[1], 0) << "],\"instances_needed\":" << needed << "}";
   }
   js << "}";
   std::fputs(out.str().c_str(), stdout);

@@ -23,14 +23,15 @@ struct probe_options {
   double prefill_tokens_per_s = 0;        ///< R (0: not given)
   std::string transport = "asio";         ///< asio | uring
   std::string tls_ca, tls_cert, tls_key;  ///< rediss:// / resp+tls://: CA file, client cert and key
+  std::string password_file;              ///< the password's file (else KVTIER_PASSWORD, else the URL's)
   bool json = false;
   bool help = false;
 };
 
 inline constexpr std::string_view probe_usage =
     "usage: kvtier-probe --url TEMPLATE --instances N --chunk-bytes B --batch K --rounds M --timeout-ms T\n"
-    "                    [--bytes-per-token S --prefill-tokens-per-s R] [--transport asio|uring] [--json]\n"
-    "                    [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
+    "                    [--bytes-per-token S --prefill-tokens-per-s R] [--transport asio|uring]\n"
+    "                    [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--password-file PATH] [--json]\n"
     "\n"
     "Measures a RESP tier (Redis or Valkey): writes its own keys under a random kvtier-probe: prefix on\n"
     "every instance, reads them back in batches from all instances in parallel, verifies every byte,\n"
@@ -40,10 +41,14 @@ inline constexpr std::string_view probe_usage =
     "                          replaced by the instance number, {rank+N} as the port gives port N+rank;\n"
     "                          rediss:// or resp+tls:// for TLS; resp+cluster://host:port[,host:port...]\n"
     "                          for a Redis/Valkey Cluster: checks that all 16384 slots are served and\n"
-    "                          measures each master (one thread each; --instances is then not needed)\n"
+    "                          measures each master (one thread each; --instances is then not needed);\n"
+    "                          the password is printed as *** everywhere\n"
+    "  --password-file PATH    the password is the file's first line (keeps it out of argv); without\n"
+    "                          it and without a password in --url, KVTIER_PASSWORD is used when set\n"
     "  --instances N           instances 0..N-1, one thread each\n"
     "  --chunk-bytes B         bytes per value (one KV chunk; 12400000 for a 256-token MLA chunk)\n"
-    "  --batch K               keys per pipelined batch (T0 and B are fitted from K and K/2)\n"
+    "  --batch K               keys per pipelined batch; batches of K, K/2, ... 1 are measured and T0\n"
+    "                          and B fitted over all of them (least squares, with 95% intervals)\n"
     "  --rounds M              batches per instance at each batch size\n"
     "  --timeout-ms T          deadline for every connect and every batch; when one fails, the probe\n"
     "                          exits (status 1) by that call's deadline plus at most min(T/10, 200 ms)\n"
@@ -85,7 +90,7 @@ inline std::string parse_probe_options(int argc, const char* const* argv, probe_
     const bool known = is("--url") || is("--instances") || is("--chunk-bytes") || is("--batch") ||
                        is("--rounds") || is("--timeout-ms") || is("--bytes-per-token") ||
                        is("--prefill-tokens-per-s") || is("--transport") || is("--tls-ca") ||
-                       is("--tls-cert") || is("--tls-key");
+                       is("--tls-cert") || is("--tls-key") || is("--password-file");
     if (!known) return "unknown flag '" + std::string(flag) + "'";
     if (i + 1 >= argc) return std::string(flag) + " needs a value";
     std::string_view v = argv[++i];
@@ -124,6 +129,9 @@ inline std::string parse_probe_options(int argc, const char* const* argv, probe_
       err = positive_real(o.bytes_per_token);
     } else if (is("--prefill-tokens-per-s")) {
       err = positive_real(o.prefill_tokens_per_s);
+    } else if (is("--password-file")) {
+      if (v.empty()) return "--password-file needs a path";
+      o.password_file = std::string(v);
     } else if (is("--transport")) {
       if (v != "asio" && v != "uring")
         return "--transport must be asio or uring, got '" + std::string(v) + "'";

@@ -99,9 +99,15 @@ case "$mode" in
     json=$(last_json)
     case "$json" in \{*\}) ;; *) fail "last stdout line is not a JSON object: $json" ;; esac
     for field in '"aggregate_gbps":' '"per_instance":' '"fit":' '"b_star_gbps":2.526' \
-                 '"min_profitable_tokens":' '"instances_needed":'; do
-      grep -q -- "$field" <<<"$json" || fail "JSON lacks $field"
+                 '"min_profitable_tokens":' '"instances_needed":' '"batch_sizes":[4,2,1]' \
+                 '"t0_interval_s":[' '"b_interval_gbps":[' '"rms_residual_ms":' '"per_size":[' \
+                 '"min_profitable_tokens_interval":['; do
+      grep -qF -- "$field" <<<"$json" || fail "JSON lacks $field"
     done
+    # T0 is never negative (a negative least-squares T0 is clamped and reported as t0_fitted_s).
+    grep -q -- '"t0_s":-' <<<"$json" && fail "negative T0 reported: $json"
+    grep -q "fit vs median measured: batch 4 .* batch 2 .* batch 1 " "$work/out" \
+      || fail "no per-size check of the fit in the output"
     [ "$(grep -o '"rank":' <<<"$json" | wc -l)" -eq "$n" ] || fail "JSON has not $n per-instance entries"
     grep -q "instance $((n - 1)) (127.0.0.1:$((BASE + n - 1)))" "$work/out" || fail "no line for instance $((n - 1))"
     for ((i = 0; i < n; i++)); do
@@ -154,6 +160,25 @@ case "$mode" in
     run_probe --url "resp://default:pw%3Awith%40odd@127.0.0.1:$BASE/2" --instances 1 --chunk-bytes 1000 \
       --batch 2 --rounds 2 --timeout-ms 5000 || fail "with the password: exit status $?"
     [ "$(redis-cli -p "$BASE" -n 2 dbsize)" = 0 ] || fail "probe keys left behind in db 2"
+    # The password is never printed: not in the JSON's url, not in any line.
+    run_probe --url "resp://default:pw%3Awith%40odd@127.0.0.1:$BASE/2" --instances 1 --chunk-bytes 1000 \
+      --batch 2 --rounds 2 --timeout-ms 5000 --json || fail "with the password and --json: exit status $?"
+    grep -q -e 'pw%3Awith' -e 'pw:with' "$work/out" "$work/err" && fail "the password was printed"
+    grep -q '"url":"resp://default:\*\*\*@127.0.0.1' "$work/out" || fail "the JSON's url is not redacted"
+    run_probe --url "resp://u:topsecret@127.0.0.1:99999" --instances 1 --chunk-bytes 1000 --batch 2 \
+      --rounds 1 --timeout-ms 5000
+    [ $? -eq 2 ] || fail "bad port with a password: exit status (expected 2)"
+    grep -q topsecret "$work/err" && fail "a bad URL's message shows its password"
+    # The password from KVTIER_PASSWORD or from --password-file, so it is not in argv.
+    env KVTIER_PASSWORD='pw:with@odd' "$probe" --url "resp://127.0.0.1:$BASE" --instances 1 --chunk-bytes 1000 \
+      --batch 2 --rounds 2 --timeout-ms 5000 >"$work/out" 2>"$work/err" || fail "KVTIER_PASSWORD: exit status $?"
+    printf 'pw:with@odd\n' >"$work/pw"
+    run_probe --url "resp://127.0.0.1:$BASE" --password-file "$work/pw" --instances 1 --chunk-bytes 1000 \
+      --batch 2 --rounds 2 --timeout-ms 5000 || fail "--password-file: exit status $?"
+    run_probe --url "resp://127.0.0.1:$BASE" --password-file "$work/nonexistent" --instances 1 \
+      --chunk-bytes 1000 --batch 2 --rounds 2 --timeout-ms 5000
+    [ $? -eq 2 ] && grep -q "cannot read a password from '$work/nonexistent'" "$work/err" \
+      || fail "a missing --password-file is not named"
     ;;
   dead_port)
     port=$(dead_port) || fail "no free port found"

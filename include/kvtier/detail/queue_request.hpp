@@ -48,7 +48,8 @@ struct queue_request {
   bool claimed = false;  // the one completion has been decided
   bool cancel_requested = false;
   std::function<void(const fetch_result&)> callback;
-  fetch_result result;  // immutable once completed
+  fetch_result result;               // immutable once completed
+  std::vector<chunk_status> landed;  // while running: hit for each key landed so far (sized on first use)
   std::atomic<bool> completed{false};
 
   // --- guarded by the queue's mutex ---

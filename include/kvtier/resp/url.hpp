@@ -16,11 +16,17 @@
 //   if (!r) std::cerr << r.message << "\n";   // names what is wrong
 //   else    use(r.value);                      // r.value.port == 6403
 //
-// Parsing never throws; a bad URL is errc::bad_url plus a message.
+// Parsing never throws; a bad URL is errc::bad_url plus a message (with the password shown as
+// "***": redact_url() does the same for any log line). A password may also come from a file or
+// the environment instead of the URL (apply_password()).
 #pragma once
 
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,10 +72,12 @@ struct url_result {
 
 namespace detail {
 
+inline std::string conn_redact(std::string_view url);
+
 inline url_result conn_url_error(std::string_view url, std::string what) {
   url_result r;
   r.ec = make_error_code(errc::bad_url);
-  r.message = "bad server URL '" + std::string(url) + "': " + std::move(what);
+  r.message = "bad server URL '" + conn_redact(url) + "': " + std::move(what);
   return r;
 }
 
@@ -112,7 +120,32 @@ inline std::optional<std::string> conn_parse_db(std::string_view s, int& db) {
   return std::nullopt;
 }
 
+// The URL with its password replaced by "***" (see redact_url).
+inline std::string conn_redact(std::string_view url) {
+  const std::size_t scheme = url.find("://");
+  const std::size_t start = scheme == std::string_view::npos ? 0 : scheme + 3;
+  const std::string_view rest = url.substr(start);
+  // The userinfo ends at the last '@' (a TCP URL has none after its authority; a raw '/' in
+  // a password would otherwise hide it), or at the "@/" before a Unix socket's path.
+  const std::size_t at =
+      url.substr(0, start).find("unix") != std::string_view::npos ? rest.find("@/") : rest.rfind('@');
+  if (at == std::string_view::npos) return std::string(url);
+  const std::string_view info = rest.substr(0, at);
+  const std::size_t colon = info.find(':');
+  std::string out(url.substr(0, start));
+  // "user:password@" keeps the user; a lone word before '@' is a password (requirepass).
+  out += colon == std::string_view::npos ? std::string("***") : std::string(info.substr(0, colon)) + ":***";
+  out += rest.substr(at);
+  return out;
+}
+
 }  // namespace detail
+
+/// `url` with its password replaced by "***", for every message and log line that shows a URL:
+///   redact_url("resp://app:s3cret@h:6379/2") == "resp://app:***@h:6379/2"
+///   redact_url("resp://s3cret@h:6379")       == "resp://***@h:6379"     (a lone word is a password)
+/// A URL without credentials is returned as it is. parse_url's own messages are redacted.
+inline std::string redact_url(std::string_view url) { return detail::conn_redact(url); }
 
 /// Replaces every "{rank}" in `tmpl` by `rank`; "{rank+N}" is left for parse_url's port.
 inline std::string substitute_rank(std::string_view tmpl, int rank) {
@@ -134,6 +167,36 @@ inline std::string substitute_rank(std::string_view tmpl, int rank) {
 /// "{rank+N}"; a template with a placeholder and no rank is an error.
 inline url_result parse_url(std::string_view url, std::optional<int> rank = std::nullopt) {
   using detail::conn_url_error;
+  // The scheme first: "redis://h:{rank+1}" is a wrong scheme, whatever else it contains.
+  // rediss:// and resp+tls:// are TCP endpoints with TLS: host, port, {rank+N} as for resp://.
+  constexpr std::string_view tcp_scheme = "resp://", unix_scheme = "resp+unix://";
+  constexpr std::string_view tls_schemes[] = {"rediss://", "resp+tls://"};
+  std::size_t scheme_size = url.substr(0, tcp_scheme.size()) == tcp_scheme ? tcp_scheme.size() : 0;
+  bool is_tls = false;
+  for (const std::string_view t : tls_schemes) {
+    if (url.substr(0, t.size()) == t) {
+      scheme_size = t.size();
+      is_tls = true;
+    }
+  }
+  const bool is_tcp = scheme_size != 0;
+  if (!is_tcp && url.substr(0, unix_scheme.size()) != unix_scheme) {
+    const auto colon = url.find("://");
+    return conn_url_error(url,
+                          colon == std::string_view::npos
+                              ? "missing scheme (expected resp://, resp+unix://, rediss:// or resp+tls://)"
+                              : "unsupported scheme '" + std::string(url.substr(0, colon)) +
+                                    "' (expected resp, resp+unix, rediss or resp+tls)");
+  }
+  // "{rank}" as the whole port would make the port the rank itself (0 for rank 0).
+  for (std::size_t p = url.find(":{rank}"); is_tcp && p != std::string_view::npos;
+       p = url.find(":{rank}", p + 1)) {
+    const std::size_t after = p + 7;
+    if (after == url.size() || url[after] == '/')
+      return conn_url_error(url,
+                            "{rank} as the whole port would make the port the rank (0 for rank 0); "
+                            "write {rank+N} for port N + rank");
+  }
   if (rank && *rank < 0) return conn_url_error(url, "rank " + std::to_string(*rank) + " is negative");
   const std::string text = rank ? substitute_rank(url, *rank) : std::string(url);
   std::string_view s = text;
@@ -156,25 +219,13 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
   }
 
   endpoint ep;
-  constexpr std::string_view tcp_scheme = "resp://", unix_scheme = "resp+unix://";
-  constexpr std::string_view tls_schemes[] = {"rediss://", "resp+tls://"};
   std::string_view rest;
-  if (s.substr(0, tcp_scheme.size()) == tcp_scheme) {
-    rest = s.substr(tcp_scheme.size());
-  } else if (s.substr(0, tls_schemes[0].size()) == tls_schemes[0] ||
-             s.substr(0, tls_schemes[1].size()) == tls_schemes[1]) {
-    ep.tls = true;
-    rest = s.substr(s.find("://") + 3);
-  } else if (s.substr(0, unix_scheme.size()) == unix_scheme) {
+  if (is_tcp) {
+    rest = s.substr(scheme_size);
+    ep.tls = is_tls;
+  } else {
     ep.kind = endpoint::transport::unix_socket;
     rest = s.substr(unix_scheme.size());
-  } else {
-    const auto colon = s.find("://");
-    return conn_url_error(url,
-                          colon == std::string_view::npos
-                              ? "missing scheme (expected resp://, resp+unix://, rediss:// or resp+tls://)"
-                              : "unsupported scheme '" + std::string(s.substr(0, colon)) +
-                                    "' (expected resp, resp+unix, rediss or resp+tls)");
   }
 
   // userinfo@: TCP: before the last '@' of the authority (up to the first '/');
@@ -287,6 +338,39 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
     }
   }
   return {std::move(ep), {}, {}};
+}
+
+/// Where a password kept out of the URL comes from, so it need not appear in argv (where `ps`
+/// shows it) or in a config that is logged.
+struct password_source {
+  std::string file;                     ///< non-empty: the password is this file's first line
+  const char* env = "KVTIER_PASSWORD";  ///< else this environment variable, when set and non-empty
+};
+
+/// Gives `ep` (a parsed URL without a password, i.e. the default user) its password from
+/// `src`. A URL with a password and a password file both is refused (keep it in one place);
+/// the environment variable is used only when the URL has no password and no file is named.
+/// Returns "" or a message saying what is wrong (never containing the password).
+///
+///   auto r = kvtier::resp::parse_url("resp://10.0.0.7:6379");    // no secret in argv
+///   std::string err = kvtier::resp::apply_password(r.value, {.file = "/run/secrets/valkey"});
+inline std::string apply_password(endpoint& ep, const password_source& src) {
+  if (!src.file.empty()) {
+    if (!ep.password.empty())
+      return "the URL has a password and a password file was given too: keep it in one place";
+    std::ifstream in(src.file, std::ios::binary);
+    std::string line;
+    if (!in || !std::getline(in, line))
+      return "cannot read a password from '" + src.file + "'" +
+             (in ? "" : ": " + std::string(std::strerror(errno)));
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) return "the password file '" + src.file + "' starts with an empty line";
+    ep.password = std::move(line);
+    return {};
+  }
+  if (ep.password.empty() && src.env != nullptr)
+    if (const char* v = std::getenv(src.env); v != nullptr && *v != '\0') ep.password = v;
+  return {};
 }
 
 }  // namespace kvtier::resp

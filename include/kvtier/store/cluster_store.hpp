@@ -48,6 +48,7 @@
 #include "kvtier/store/chunk_store.hpp"
 #include "kvtier/store/detail/remote_codec.hpp"
 #include "kvtier/store/remote_stats.hpp"
+#include "kvtier/store/value_header.hpp"
 
 namespace kvtier {
 
@@ -61,6 +62,7 @@ struct cluster_options {
   std::chrono::milliseconds retry_backoff_min{10};   ///< first wait before a TRYAGAIN/CLUSTERDOWN retry
   std::chrono::milliseconds retry_backoff_max{200};  ///< cap of the doubling wait
   std::size_t small_request_bytes = 64 << 10;        ///< calls moving more are `large` (see pool.hpp)
+  value_format format = value_format::v1();          ///< value format written and expected (remote_store's)
 };
 
 /// cluster_options for rank `rank` from a parsed resp+cluster:// URL (its seeds, its placement):
@@ -81,7 +83,7 @@ template <resp::connection Connection>
 class cluster_store {
  public:
   cluster_store(key_namespace ns, cluster_options opt)
-      : codec_(std::move(ns), opt.hash_tag), opt_(std::move(opt)) {}
+      : codec_(std::move(ns), opt.hash_tag, opt.format), opt_(std::move(opt)) {}
   cluster_store(const cluster_store&) = delete;
   cluster_store& operator=(const cluster_store&) = delete;
 
@@ -100,7 +102,7 @@ class cluster_store {
   /// Reads each key's payload into dst[i] and verifies it (as remote_store::get).
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != dst.size() || keys.size() != status.size())
+    if (keys.size() != dst.size() || keys.size() != status.size() || !codec_.can_frame(dst))
       return make_error_code(errc::invalid_argument);
     return run(
         keys, status, dl, size_class(dst),
@@ -115,7 +117,7 @@ class cluster_store {
   /// Stores src[i] under keys[i]. hit = stored.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != src.size() || keys.size() != status.size())
+    if (keys.size() != src.size() || keys.size() != status.size() || !codec_.can_frame(src))
       return make_error_code(errc::invalid_argument);
     return run(
         keys, status, dl, size_class(src),

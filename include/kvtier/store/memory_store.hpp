@@ -6,10 +6,14 @@
 // get() copies a stored value straight into the caller's span, and only when the
 // span has exactly the stored length; otherwise the key is chunk_status::corrupt.
 // Values live in memory from `Allocator`, so an engine can hand the store pinned
-// (page-locked) host memory for fast device copies:
+// (page-locked) host memory for fast device copies: pinned_arena's allocator puts each
+// value in one slot of a single registration (kvtier/pinned_arena.hpp). Give the store a
+// capacity a few slots below the arena's, because a put allocates its slot before it
+// evicts (and a get still copying keeps an evicted value's slot until it is done):
 //
 //   kvtier::memory_store l1(16ull << 30);                      // 16 GiB, std::allocator
-//   kvtier::basic_memory_store<pinned_allocator> pinned(16ull << 30, pinned_allocator{dev});
+//   auto arena = kvtier::pinned_arena::create({.slot_bytes = chunk, .slots = 1300}, ec);
+//   kvtier::basic_memory_store<kvtier::pinned_arena::allocator> pinned(1290 * chunk, arena->get_allocator());
 //   std::vector<kvtier::chunk_status> st(keys.size());
 //   l1.put(keys, sources, st, kvtier::deadline_after(10ms));
 //   l1.get(keys, destinations, st, kvtier::deadline_after(10ms));

@@ -18,6 +18,14 @@
 //    chunk_status::corrupt, never hit: a caller must not use a span whose status is not hit.
 // All are chunk_status::corrupt and counted (stats()).
 //
+// Value format (value_header.hpp): version 1 (one payload checksum) by default, or version 2
+// (one checksum per group of payload bytes, e.g. a few layers of a layer-major chunk) when the
+// store is given value_format::v2(group_bytes). A store reads only the format it writes: a
+// version-1 value read by a version-2 store has another length and is refused (corrupt, counted
+// as other_format); a version-2 value whose payload was altered fails only its own group's
+// checksum (counted as bad_checksum; the status is corrupt either way). The framing and checks
+// live in store/detail/remote_codec.hpp, shared with cluster_store.
+//
 // Pipelined GETs rather than MGET: only a top-level bulk reply can be read into a destination
 // without a second copy (MGET's values are elements of one array reply).
 //
@@ -46,6 +54,7 @@
 #include "kvtier/store/chunk_store.hpp"
 #include "kvtier/store/detail/remote_codec.hpp"
 #include "kvtier/store/remote_stats.hpp"
+#include "kvtier/store/value_header.hpp"
 
 namespace kvtier {
 
@@ -55,11 +64,16 @@ class remote_store {
  public:
   /// `pool` sizes the connection pool (resp/pool.hpp): calls run in parallel, one per
   /// connection; a call that moves more than `small_request_bytes` of payload is `large`.
-  remote_store(key_namespace ns, resp::connection_options opt, resp::pool_options pool = {})
-      : codec_(std::move(ns)),
+  /// `format`: the value format written and expected (version 1 unless given).
+  remote_store(key_namespace ns, resp::connection_options opt, resp::pool_options pool = {},
+               value_format format = value_format::v1())
+      : codec_(std::move(ns), {}, format),
         where_(opt.server.describe()),
         pool_(std::move(opt), pool),
         scratch_(pool_.size()) {}
+  remote_store(key_namespace ns, resp::connection_options opt, value_format format,
+               resp::pool_options pool = {})
+      : remote_store(std::move(ns), std::move(opt), pool, format) {}
 
   remote_store(const remote_store&) = delete;
   remote_store& operator=(const remote_store&) = delete;
@@ -83,7 +97,7 @@ class remote_store {
   /// Reads each key's payload into dst[i] (its size is the expected length) and verifies it.
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != dst.size() || keys.size() != status.size())
+    if (keys.size() != dst.size() || keys.size() != status.size() || !codec_.can_frame(dst))
       return make_error_code(errc::invalid_argument);
     return run(
         keys, status, dl, size_class(dst),
@@ -98,7 +112,7 @@ class remote_store {
   /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != src.size() || keys.size() != status.size())
+    if (keys.size() != src.size() || keys.size() != status.size() || !codec_.can_frame(src))
       return make_error_code(errc::invalid_argument);
     return run(
         keys, status, dl, size_class(src),
@@ -114,6 +128,7 @@ class remote_store {
   remote_store_stats stats() const noexcept { return codec_.stats(); }
 
   const key_namespace& ns() const noexcept { return codec_.ns(); }
+  const value_format& format() const noexcept { return codec_.format(); }
   /// The last failure in words (empty before any): a failed call's connection error with the
   /// server's address and text ("127.0.0.1:6379: SELECT: ERR DB index is out of range (server
   /// replied with an error)"), or a key's error reply ("127.0.0.1:6379: GET kv:...: WRONGTYPE ...").

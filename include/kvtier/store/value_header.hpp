@@ -1,6 +1,13 @@
 // kvtier/store/value_header.hpp: the frame in front of every value a remote store holds.
 //
-// A stored value is `header (56 bytes) + payload`. The header names what the payload is
+// Two format versions. Version 1 (below) has one checksum for the whole payload. Version 2 (see
+// "format 2" further down) has one checksum per group of payload bytes (a group = a few layers of
+// a layer-major chunk, kvtier/kv_copy.hpp), so a group can be verified, and used, as soon as its
+// bytes are in, before the whole value arrived; a flipped byte fails exactly its own group.
+// A reader reads the version it is configured for (value_format); a value of the other version
+// has another total length and is refused (remote_store counts it as other_format).
+//
+// A stored version-1 value is `header (56 bytes) + payload`. The header names what the payload is
 // (namespace fingerprint, chunk key), how long it is and its XXH3-64 checksum, and carries a
 // checksum of its own, so a reader can refuse a value before trusting a single byte of it:
 //
@@ -33,6 +40,7 @@
 //   /* dst is the stored chunk */
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -64,6 +72,7 @@ enum class header_check : std::uint8_t {
   wrong_namespace,  ///< written by another deployment (namespace fingerprint differs)
   wrong_key,        ///< the value of another chunk
   wrong_length,     ///< payload length differs from what the caller expects
+  wrong_groups,     ///< format 2: checksum group size differs from the reader's
 };
 
 constexpr std::string_view to_string(header_check c) noexcept {
@@ -82,6 +91,8 @@ constexpr std::string_view to_string(header_check c) noexcept {
       return "wrong chunk key";
     case header_check::wrong_length:
       return "wrong payload length";
+    case header_check::wrong_groups:
+      return "wrong checksum group size";
   }
   return "unknown";
 }
@@ -90,8 +101,7 @@ namespace detail {
 inline void vh_put(value_header_bytes& b, std::size_t at, std::uint64_t v, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) b[at + i] = static_cast<std::byte>(v >> (8 * i));
 }
-inline std::uint64_t vh_get(std::span<const std::byte, value_header::size> b, std::size_t at,
-                            std::size_t n) noexcept {
+inline std::uint64_t vh_get(std::span<const std::byte> b, std::size_t at, std::size_t n) noexcept {
   std::uint64_t v = 0;
   for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(b[at + i]) << (8 * i);
   return v;
@@ -134,6 +144,148 @@ inline header_check check_value_header(std::span<const std::byte, value_header::
 inline bool payload_matches(std::span<const std::byte, value_header::size> b,
                             std::span<const std::byte> payload) noexcept {
   return detail::vh_get(b, 40, 8) == detail::vh_xxh3(payload.data(), payload.size());
+}
+
+// ---- format 2: one checksum per group ------------------------------------------------------------
+//
+//   offset size  field (little-endian)
+//        0    4  magic "KVTH"
+//        4    2  format version (2)
+//        6    2  header size (64 + 8 * groups)
+//        8    8  namespace fingerprint
+//       16   16  chunk key (hi, lo)
+//       32    8  payload length
+//       40    8  group bytes g (group i = payload bytes [i*g, min((i+1)*g, length)))
+//       48    8  XXH3-64 of the checksum table (bytes [64, header size))
+//       56    8  XXH3-64 of bytes [0, 56) (the header's own checksum; it covers the table's)
+//       64  8*G  XXH3-64 of each group, G = ceil(length / g) (0 for an empty payload)
+//
+// With a layer-major chunk of L layers of b bytes, g = k * b makes each group k layers
+// (layer_group_bytes() in kvtier/kv_copy.hpp).
+//
+//   kvtier::value_format f = kvtier::value_format::v2(4 * layer_bytes);
+//   std::vector<std::byte> hdr(f.header_size(payload.size()));
+//   kvtier::encode_value_header(f, ns.fingerprint(), key, payload, hdr);
+//   // reading: check_value_header(f, hdr, ...) before any payload byte, then per group as it lands:
+//   if (!kvtier::group_matches(hdr, g, f.group(payload, g))) /* group g is bad */;
+
+/// The format a store writes and expects: version 1 (one checksum) or 2 (one per group).
+struct value_format {
+  std::uint16_t version = 1;
+  std::uint64_t group_bytes = 0;  ///< version 2: payload bytes per group; 0 = one group for the whole payload
+
+  static constexpr std::size_t v2_fixed = 64;
+  static constexpr std::size_t max_groups = (0xffff - v2_fixed) / 8;  ///< header size fits 16 bits
+
+  static constexpr value_format v1() noexcept { return {1, 0}; }
+  static constexpr value_format v2(std::uint64_t group_bytes) noexcept { return {2, group_bytes}; }
+
+  /// Group size used for a payload of `length` bytes (the whole payload when group_bytes is 0).
+  constexpr std::uint64_t group_size(std::size_t length) const noexcept {
+    return group_bytes != 0 ? group_bytes : (length == 0 ? 1 : length);
+  }
+  /// Checksum groups of a payload of `length` bytes (1 in version 1).
+  constexpr std::size_t groups(std::size_t length) const noexcept {
+    if (version == 1) return 1;
+    const std::uint64_t g = group_size(length);
+    return static_cast<std::size_t>(length / g + (length % g != 0));
+  }
+  /// Header bytes in front of a payload of `length` bytes; 0 when version 2 would need more
+  /// than max_groups groups (the format cannot describe it: choose larger groups).
+  constexpr std::size_t header_size(std::size_t length) const noexcept {
+    if (version == 1) return value_header::size;
+    const std::size_t n = groups(length);
+    return n > max_groups ? 0 : v2_fixed + 8 * n;
+  }
+  /// Payload bytes of group i (the last group may be shorter).
+  template <class Byte>
+  std::span<Byte> group(std::span<Byte> payload, std::size_t i) const noexcept {
+    if (version == 1) return payload;
+    const std::uint64_t g = group_size(payload.size()), at = i * g;
+    return payload.subspan(at, std::min<std::uint64_t>(g, payload.size() - at));
+  }
+  /// True when this is a format a reader can use: version 1, or 2 with an encodable group count.
+  constexpr bool valid_for(std::size_t length) const noexcept {
+    return (version == 1 && group_bytes == 0) || (version == 2 && header_size(length) != 0);
+  }
+};
+
+/// Writes the header of `payload` in format `f` into `out` (f.header_size(payload.size()) bytes).
+/// Returns the bytes written, or 0 when out is too short or f cannot describe the payload.
+inline std::size_t encode_value_header(const value_format& f, std::uint64_t ns_fingerprint,
+                                       const chunk_key& key, std::span<const std::byte> payload,
+                                       std::span<std::byte> out) noexcept {
+  const std::size_t size = f.header_size(payload.size());
+  if (!f.valid_for(payload.size()) || out.size() < size) return 0;
+  if (f.version == 1) {
+    const value_header_bytes h = encode_value_header(ns_fingerprint, key, payload);
+    std::memcpy(out.data(), h.data(), h.size());
+    return h.size();
+  }
+  auto put = [&](std::size_t at, std::uint64_t v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) out[at + i] = static_cast<std::byte>(v >> (8 * i));
+  };
+  const std::size_t groups = f.groups(payload.size());
+  for (std::size_t i = 0; i < groups; ++i) {
+    const auto g = f.group(payload, i);
+    put(value_format::v2_fixed + 8 * i, detail::vh_xxh3(g.data(), g.size()), 8);
+  }
+  put(0, value_header::magic, 4);
+  put(4, 2, 2);
+  put(6, size, 2);
+  put(8, ns_fingerprint, 8);
+  put(16, key.hi, 8);
+  put(24, key.lo, 8);
+  put(32, payload.size(), 8);
+  put(40, f.group_size(payload.size()), 8);
+  put(48, detail::vh_xxh3(out.data() + value_format::v2_fixed, size - value_format::v2_fixed), 8);
+  put(56, detail::vh_xxh3(out.data(), 56), 8);
+  return size;
+}
+
+/// check_value_header for format `f`: `b` must be exactly f.header_size(expected_length) bytes.
+/// A value of the other version is bad_version; of another group size, wrong_groups.
+inline header_check check_value_header(const value_format& f, std::span<const std::byte> b,
+                                       std::uint64_t ns_fingerprint, const chunk_key& key,
+                                       std::size_t expected_length) noexcept {
+  using detail::vh_get;
+  if (b.size() < 8 || vh_get(b, 0, 4) != value_header::magic) return header_check::bad_magic;
+  if (vh_get(b, 4, 2) != f.version || vh_get(b, 6, 2) != b.size()) return header_check::bad_version;
+  if (f.version == 1) {
+    if (b.size() != value_header::size) return header_check::bad_version;
+    return check_value_header(b.first<value_header::size>(), ns_fingerprint, key, expected_length);
+  }
+  if (b.size() < value_format::v2_fixed) return header_check::bad_version;
+  if (vh_get(b, 56, 8) != detail::vh_xxh3(b.data(), 56) ||
+      vh_get(b, 48, 8) !=
+          detail::vh_xxh3(b.data() + value_format::v2_fixed, b.size() - value_format::v2_fixed))
+    return header_check::header_corrupt;
+  if (vh_get(b, 8, 8) != ns_fingerprint) return header_check::wrong_namespace;
+  if (vh_get(b, 16, 8) != key.hi || vh_get(b, 24, 8) != key.lo) return header_check::wrong_key;
+  if (vh_get(b, 32, 8) != expected_length) return header_check::wrong_length;
+  if (vh_get(b, 40, 8) != f.group_size(expected_length) || b.size() != f.header_size(expected_length))
+    return header_check::wrong_groups;
+  return header_check::ok;
+}
+
+/// Format 2: true when `group_payload` (group i's bytes) matches its checksum in header `b`
+/// (after check_value_header accepted b). Format 1 headers: the whole payload, i must be 0.
+inline bool group_matches(std::span<const std::byte> b, std::size_t i,
+                          std::span<const std::byte> group_payload) noexcept {
+  if (b.size() == value_header::size)
+    return i == 0 && payload_matches(b.first<value_header::size>(), group_payload);
+  const std::size_t at = value_format::v2_fixed + 8 * i;
+  return at + 8 <= b.size() &&
+         detail::vh_get(b, at, 8) == detail::vh_xxh3(group_payload.data(), group_payload.size());
+}
+
+/// The first group of `payload` whose checksum fails, or f.groups(payload.size()) when all match.
+inline std::size_t first_bad_group(const value_format& f, std::span<const std::byte> b,
+                                   std::span<const std::byte> payload) noexcept {
+  const std::size_t n = f.groups(payload.size());
+  for (std::size_t i = 0; i < n; ++i)
+    if (!group_matches(b, i, f.group(payload, i))) return i;
+  return n;
 }
 
 }  // namespace kvtier

@@ -34,6 +34,7 @@ namespace detail {
 
 /// What the parser's gate checks for one GET: the header, before the payload reaches dst.
 struct remote_gate_context {
+  const value_format* format = nullptr;
   std::uint64_t fingerprint = 0;
   chunk_key key{};
   std::size_t length = 0;
@@ -42,7 +43,7 @@ struct remote_gate_context {
 /// A batch and the per-entry buffers of one call on one connection (keep one per connection).
 struct remote_scratch {
   resp::batch batch;
-  std::vector<value_header_bytes> headers;
+  std::vector<std::vector<std::byte>> headers;  ///< entry j's value header (size from the format)
   std::vector<std::span<std::byte>> parts;
   std::vector<remote_gate_context> gates;
   std::vector<std::span<const std::byte>> out_parts;
@@ -63,10 +64,24 @@ struct remote_scratch {
 class remote_codec {
  public:
   /// `hash_tag` non-empty: every key name carries "{hash_tag}", so a cluster keeps them in one slot.
-  explicit remote_codec(key_namespace ns, std::string hash_tag = {})
-      : ns_(std::move(ns)), fingerprint_(ns_.fingerprint()), prefix_(key_prefix(ns_, hash_tag)) {}
+  /// `format`: the value format written and expected (value_header.hpp).
+  explicit remote_codec(key_namespace ns, std::string hash_tag = {}, value_format format = value_format::v1())
+      : ns_(std::move(ns)),
+        fingerprint_(ns_.fingerprint()),
+        format_(format),
+        prefix_(key_prefix(ns_, hash_tag)) {}
 
   const key_namespace& ns() const noexcept { return ns_; }
+  const value_format& format() const noexcept { return format_; }
+
+  /// False when the format cannot frame one of `values` (version 2 with too many groups): the
+  /// call is then refused with invalid_argument before anything is sent.
+  template <class Span>
+  bool can_frame(std::span<const Span> values) const noexcept {
+    for (const auto& v : values)
+      if (!format_.valid_for(v.size())) return false;
+    return true;
+  }
 
   /// The server-side key name of `key`.
   std::string key_text(const chunk_key& key) const { return remote_key_text(prefix_, key); }
@@ -76,9 +91,10 @@ class remote_codec {
   /// GET `name` as entry j of `s`: header into s.headers[j], payload into dst, gated.
   void add_get(remote_scratch& s, std::size_t j, const chunk_key& key, std::string_view name,
                std::span<std::byte> dst) const {
+    s.headers[j].resize(format_.header_size(dst.size()));
     s.parts[2 * j] = std::span<std::byte>(s.headers[j]);
     s.parts[2 * j + 1] = dst;
-    s.gates[j] = remote_gate_context{fingerprint_, key, dst.size()};
+    s.gates[j] = remote_gate_context{&format_, fingerprint_, key, dst.size()};
     s.batch.add_into({"GET", name}, std::span<const std::span<std::byte>>(s.parts).subspan(2 * j, 2),
                      resp::destination_gate{&header_gate, &s.gates[j]});
   }
@@ -86,7 +102,8 @@ class remote_codec {
   /// SET `name` to header + src as entry j of `s` (written from the caller's memory).
   void add_put(remote_scratch& s, std::size_t j, const chunk_key& key, std::string_view name,
                std::span<const std::byte> src) const {
-    s.headers[j] = encode_value_header(fingerprint_, key, src);
+    s.headers[j].resize(format_.header_size(src.size()));
+    encode_value_header(format_, fingerprint_, key, src, s.headers[j]);
     s.out_parts[2 * j] = std::span<const std::byte>(s.headers[j]);
     s.out_parts[2 * j + 1] = src;
     s.batch.add_with_payload({"SET", name},
@@ -112,28 +129,30 @@ class remote_codec {
   /// Verdict on a GET reply whose bytes went to s.headers[j] + dst (or did not).
   chunk_status get_status(const resp::value& r, const remote_scratch& s, std::size_t j, const chunk_key& key,
                           std::span<std::byte> dst, std::string_view where, std::string_view name) {
-    const value_header_bytes& header = s.headers[j];
+    const std::span<const std::byte> header(s.headers[j]);
     if (r.is_null()) {
       bump(stats_.misses);
       return chunk_status::miss;
     }
     if (r.kind != resp::type::bulk_string) return key_error("GET", r, where, name);  // WRONGTYPE and the like
     if (r.refused_by_gate) {  // the header failed: nothing was written to dst
-      const header_check hc = check_value_header(header, fingerprint_, key, dst.size());
+      const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
       bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
       return chunk_status::corrupt;
     }
     if (!r.into_destination) {  // stored length != header + dst: nothing was written to dst
-      bump(stats_.wrong_length);
+      // A version-1 value read by a version-2 store: another length, so refused here.
+      const bool v1_value = format_.version != 1 && r.length == value_header::size + dst.size();
+      bump(v1_value ? stats_.other_format : stats_.wrong_length);
       return chunk_status::corrupt;
     }
     // The gate passed this header already; checked again so a hit never rests on the parser alone.
-    const header_check hc = check_value_header(header, fingerprint_, key, dst.size());
+    const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
     if (hc != header_check::ok) {
       bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
       return chunk_status::corrupt;
     }
-    if (!payload_matches(header, dst)) {  // the one check that needs the bytes in dst
+    if (first_bad_group(format_, header, dst) != format_.groups(dst.size())) {  // needs the bytes in dst
       bump(stats_.bad_checksum);
       return chunk_status::corrupt;
     }
@@ -174,7 +193,8 @@ class remote_codec {
     s.wrong_length = load(stats_.wrong_length);
     s.bad_header = load(stats_.bad_header);
     s.bad_checksum = load(stats_.bad_checksum);
-    s.corrupt = s.wrong_length + s.bad_header + s.bad_checksum;
+    s.other_format = load(stats_.other_format);
+    s.corrupt = s.wrong_length + s.bad_header + s.bad_checksum + s.other_format;
     s.timeouts = load(stats_.timeouts);
     s.errors = load(stats_.errors);
     s.bytes_fetched = load(stats_.bytes_fetched);
@@ -188,7 +208,8 @@ class remote_codec {
  private:
   struct counters {
     std::atomic<std::uint64_t> hits{0}, misses{0}, wrong_length{0}, bad_header{0}, bad_checksum{0},
-        timeouts{0}, errors{0}, bytes_fetched{0}, bytes_stored{0}, redirects{0}, retries{0}, map_refreshes{0};
+        other_format{0}, timeouts{0}, errors{0}, bytes_fetched{0}, bytes_stored{0}, redirects{0}, retries{0},
+        map_refreshes{0};
   };
   static void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
     c.fetch_add(n, std::memory_order_relaxed);
@@ -214,9 +235,7 @@ class remote_codec {
 
   static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
     const auto& g = *static_cast<const remote_gate_context*>(context);
-    return header.size() == value_header::size &&
-           check_value_header(header.first<value_header::size>(), g.fingerprint, g.key, g.length) ==
-               header_check::ok;
+    return check_value_header(*g.format, header, g.fingerprint, g.key, g.length) == header_check::ok;
   }
 
   // "kvtier:<ns>:", or "kvtier:{<tag>}:<ns>:" with a hash tag; built once.
@@ -228,6 +247,7 @@ class remote_codec {
 
   key_namespace ns_;
   std::uint64_t fingerprint_;
+  value_format format_;
   std::string prefix_;
   counters stats_;
   mutable std::mutex error_mu_;

@@ -1,0 +1,16 @@
+# Included by both consumer projects once kvtier is available (find_package or
+# add_subdirectory). KVTIER_PARTS lists the optional parts the tested build has; the
+# executable consumer_parts links each as kvtier::<part> and uses it, so a missing or
+# misnamed target fails the configure, and a part that does not link fails the build.
+set(KVTIER_PARTS "" CACHE STRING "optional kvtier parts to link (tls, asio, uring, nccl, openssl, cuda)")
+string(REPLACE "," ";" _kvtier_parts "${KVTIER_PARTS}")
+add_executable(consumer_parts ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
+foreach(part IN LISTS _kvtier_parts)
+  if(NOT TARGET kvtier::${part})
+    message(FATAL_ERROR "kvtier::${part} is not a target (the build has this part)")
+  endif()
+  string(TOUPPER ${part} upper)
+  target_sources(consumer_parts PRIVATE ${CMAKE_CURRENT_LIST_DIR}/${part}.cpp)
+  target_link_libraries(consumer_parts PRIVATE kvtier::${part})
+  target_compile_definitions(consumer_parts PRIVATE KVTIER_CONSUMER_HAS_${upper}=1)
+endforeach()

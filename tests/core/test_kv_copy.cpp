@@ -1,0 +1,201 @@
+// kv_layout and kv_copy: the named layouts against the engines' index formulas written out by
+// hand, bytes_per_token, validation naming the wrong field, and gather/scatter edge cases.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "kvtier/host_kv_cache.hpp"
+#include "kvtier/kv_copy.hpp"
+#include "kvtier/kv_layout.hpp"
+#include "support/kv_fixture.hpp"
+
+using namespace kvtier;
+using kvtier::test::view_kind;
+
+namespace {
+
+// Byte offset of element (l, p, block, t, h, d) per the engine's tensor shape, row-major.
+std::uint64_t flat(std::initializer_list<std::uint64_t> idx, std::initializer_list<std::uint64_t> shape,
+                   std::uint64_t elem) {
+  std::uint64_t off = 0;
+  auto s = shape.begin();
+  for (std::uint64_t i : idx) off = off * *s++ + i;
+  return off * elem;
+}
+
+std::uint64_t entry_offset(const kv_layout& l, std::uint32_t p, std::uint64_t b, std::uint64_t t,
+                           std::uint32_t h) {
+  return p * l.plane_stride + b * l.block_stride + t * l.token_stride + h * l.head_stride;
+}
+
+}  // namespace
+
+TEST_CASE("kv_layout: named layouts match the engines' tensor shapes", "[unit]") {
+  const std::uint64_t NB = 5, BS = 4, H = 3, D = 8, E = 2;
+  SECTION("vLLM FlashAttention NHD: (2, num_blocks, block_size, heads, head_size)") {
+    auto l = kv_layout::vllm_flash_attn(2, NB, BS, H, D, E, kv_order::nhd);
+    REQUIRE_FALSE(l.validate());
+    CHECK(entry_offset(l, 1, 3, 2, 1) == flat({1, 3, 2, 1, 0}, {2, NB, BS, H, D}, E));
+    CHECK(l.layer_stride == 2 * NB * BS * H * D * E);
+    CHECK(l.bytes_per_token() == 2 * 2 * H * D * E);
+  }
+  SECTION("vLLM FlashAttention HND: (2, num_blocks, heads, block_size, head_size) in memory") {
+    auto l = kv_layout::vllm_flash_attn(2, NB, BS, H, D, E, kv_order::hnd);
+    REQUIRE_FALSE(l.validate());
+    CHECK(entry_offset(l, 1, 3, 2, 1) == flat({1, 3, 1, 2, 0}, {2, NB, H, BS, D}, E));
+  }
+  SECTION("FlashInfer NHD and HND: (num_blocks, 2, ...)") {
+    auto n = kv_layout::flashinfer(1, NB, BS, H, D, E, kv_order::nhd);
+    auto h = kv_layout::flashinfer(1, NB, BS, H, D, E, kv_order::hnd);
+    REQUIRE_FALSE(n.validate());
+    REQUIRE_FALSE(h.validate());
+    CHECK(entry_offset(n, 1, 3, 2, 1) == flat({3, 1, 2, 1, 0}, {NB, 2, BS, H, D}, E));
+    CHECK(entry_offset(h, 1, 3, 2, 1) == flat({3, 1, 1, 2, 0}, {NB, 2, H, BS, D}, E));
+  }
+  SECTION("vLLM MLA: (num_blocks, block_size, 576), and the 656-byte fp8 format") {
+    auto l = kv_layout::vllm_mla(61, NB, BS);
+    REQUIRE_FALSE(l.validate());
+    CHECK(l.bytes_per_token() == 61u * 576 * 2);
+    CHECK(entry_offset(l, 0, 3, 2, 0) == flat({3, 2, 0}, {NB, BS, 576}, 2));
+    auto f = kv_layout::vllm_mla_fp8(61, NB, BS);
+    REQUIRE_FALSE(f.validate());
+    CHECK(f.bytes_per_token() == 61u * 656);
+    CHECK(entry_offset(f, 0, 3, 2, 0) == flat({3, 2, 0}, {NB, BS, 656}, 1));
+  }
+  SECTION("SGLang token pools: slot = token index") {
+    auto m = kv_layout::sglang_mha(3, NB * BS, BS, H, D, E);
+    REQUIRE_FALSE(m.validate());
+    CHECK(m.num_slots() == NB * BS);
+    CHECK(entry_offset(m, 0, 3, 2, 1) == flat({3 * BS + 2, 1, 0}, {NB * BS, H, D}, E));
+    auto a = kv_layout::sglang_mla(3, NB * BS, BS);
+    REQUIRE_FALSE(a.validate());
+    CHECK(entry_offset(a, 0, 3, 2, 0) == flat({3 * BS + 2, 0, 0}, {NB * BS, 1, 576}, 2));
+  }
+  SECTION("cross-layer blocks: (num_blocks, layers, planes, block_size, heads, head_size)") {
+    const std::uint64_t L = 3;
+    auto l = kv_layout::cross_layer(L, NB, BS, 2, H, D, E);
+    REQUIRE_FALSE(l.validate());
+    CHECK(2 * l.layer_stride + entry_offset(l, 1, 3, 2, 1) ==
+          flat({3, 2, 1, 2, 1, 0}, {NB, L, 2, BS, H, D}, E));
+    CHECK(l.cache_extent() == NB * L * 2 * BS * H * D * E);
+  }
+}
+
+TEST_CASE("kv_layout: validation names the wrong field", "[unit]") {
+  auto good = kv_layout::vllm_flash_attn(2, 8, 16, 4, 64);
+  REQUIRE_FALSE(good.validate());
+  auto field_of = [](kv_layout l) { return l.validate().field; };
+  auto l = good;
+  l.num_layers = 0;
+  CHECK(field_of(l) == "num_layers");
+  l = good;
+  l.planes = 3;
+  CHECK(field_of(l) == "planes");
+  l = good;
+  l.head_bytes = 129;  // not a multiple of elem_bytes 2
+  CHECK(field_of(l) == "head_bytes");
+  l = good;
+  l.token_stride = 4 * 128 - 2;  // tokens would overlap their heads
+  auto e = l.validate();
+  CHECK(e.field == "token_stride");
+  CHECK(e.message.find("overlap") != std::string::npos);
+  CHECK(e.message.find("vllm_flash_attn_nhd") != std::string::npos);
+  l = good;
+  l.block_stride = UINT64_MAX / 4;
+  CHECK(field_of(l) == "block_stride");
+  l = good;
+  l.num_blocks = 0;
+  CHECK(field_of(l) == "num_blocks");
+  CHECK(field_of(kv_layout::vllm_mla(1, 1, 0)) == "block_size");
+  CHECK(field_of(kv_layout::sglang_mha(1, 64, 16, 0, 64)) == "heads");
+}
+
+TEST_CASE("kv_copy: bad arguments are refused before any byte moves, naming the field", "[unit]") {
+  auto c = test::make_cache(kv_layout::vllm_mla(2, 4, 8, 2, 16), view_kind::per_layer, 1);
+  const auto before = c.snapshot();
+  std::vector<std::int64_t> slots{0, 1, 31, 5};
+  const std::size_t bytes = c.view.layout.bytes_per_token() * slots.size();
+  std::vector<std::byte> chunk(bytes, std::byte{0x5a});
+  kv_layout_error why;
+
+  slots[2] = 32;  // = num_slots
+  CHECK(kv_scatter(c.view, slots, chunk, {}, &why) == errc::invalid_argument);
+  CHECK(why.field == "slots");
+  CHECK(why.message.find("slots[2] = 32") != std::string::npos);
+  slots[2] = 31;
+  std::vector<std::byte> short_chunk(bytes - 1);
+  CHECK(kv_scatter(c.view, slots, short_chunk, {}, &why) == errc::invalid_argument);
+  CHECK(why.field == "chunk");
+  CHECK(kv_scatter(c.view, slots, chunk, {1, 3}, &why) == errc::invalid_argument);
+  CHECK(why.field == "layers");
+  auto missing = c.view;
+  missing.planes.pop_back();
+  CHECK(kv_scatter(missing, slots, chunk, {}, &why) == errc::invalid_argument);
+  CHECK(why.field == "planes");
+  const std::int32_t table[] = {1};
+  CHECK(kv_scatter(c.view, block_table_ref{table, 4, 8}, chunk, {}, &why) == errc::invalid_argument);
+  CHECK(why.field == "block_table");
+  CHECK(c.snapshot() == before);
+  CHECK(kv_gather(c.view, slots, short_chunk) == errc::invalid_argument);
+}
+
+TEST_CASE("kv_copy: a block table addresses the same slots as the slot mapping", "[unit]") {
+  auto c = test::make_cache(kv_layout::vllm_flash_attn(3, 6, 4, 2, 8), view_kind::per_layer, 2);
+  const std::int32_t table[] = {5, -1, 0, 2};  // positions 6..15: blocks 1 (skipped), 2, 3
+  block_table_ref t{table, 6, 10};
+  const auto slots = slots_from_block_table(t, 4);
+  REQUIRE(slots == std::vector<std::int64_t>{-1, -1, 0, 1, 2, 3, 8, 9, 10, 11});
+  const std::size_t bytes = c.view.layout.bytes_per_token() * slots.size();
+  std::vector<std::byte> a(bytes, std::byte{1}), b(bytes, std::byte{1});
+  REQUIRE_FALSE(kv_gather(c.view, slots, a));
+  REQUIRE_FALSE(kv_gather(c.view, t, b));
+  CHECK(a == b);
+  CHECK(a == test::ref_gather(c.view, slots, {}, std::vector<std::byte>(bytes, std::byte{1})));
+}
+
+TEST_CASE("kv_copy: chunk_layers is the layer range's sub-span of a whole value", "[unit]") {
+  auto lay = kv_layout::vllm_mla_fp8(4, 2, 4);
+  std::vector<std::byte> value(lay.bytes_per_token() * 3);
+  auto mid = chunk_layers(lay, 3, std::span<std::byte>(value), {1, 3});
+  CHECK(mid.data() == value.data() + 656 * 3);
+  CHECK(mid.size() == 2u * 656 * 3);
+  CHECK(chunk_layers(lay, 3, std::span<std::byte>(value), {}).size() == value.size());
+  CHECK(layer_group_bytes(lay, 3, 2) == mid.size());
+}
+
+TEST_CASE("host_kv_cache: blocks, sequences, and a chunk moved between sequences", "[unit]") {
+  for (const kv_layout& lay : {kv_layout::vllm_mla(2, 6, 4), kv_layout::cross_layer(3, 6, 4, 2, 2, 8)}) {
+    host_kv_cache cache(lay);
+    CHECK(cache.free_blocks() == 6);
+    host_kv_cache::sequence a, b;
+    REQUIRE(cache.reserve(a, 9));  // 3 blocks
+    CHECK(a.blocks == std::vector<std::int32_t>{0, 1, 2});
+    CHECK_FALSE(cache.reserve(b, 4 * 4));  // 4 blocks: only 3 free, nothing taken
+    CHECK(b.blocks.empty());
+    REQUIRE(cache.reserve(b, 12));
+    CHECK(cache.free_blocks() == 0);
+
+    std::vector<std::byte> value(cache.value_bytes(5)), back(cache.value_bytes(5));
+    test::fill_bytes(value, 3);
+    REQUIRE_FALSE(cache.scatter(a, 3, 5, value));  // positions 3..7 of a: blocks 0 and 1
+    REQUIRE_FALSE(cache.gather(a, 3, 5, back));
+    CHECK(back == value);
+    REQUIRE_FALSE(cache.scatter(b, 6, 5, back));  // the same chunk at another place of b
+    std::vector<std::byte> again(value.size());
+    REQUIRE_FALSE(cache.gather(b, 6, 5, again));
+    CHECK(again == value);
+    kv_layout_error why;
+    CHECK(cache.gather(a, 10, 5, again, {}, &why) == errc::invalid_argument);  // past a's table
+    CHECK(why.field == "block_table");
+    cache.release(a);
+    CHECK(a.blocks.empty());
+    CHECK(cache.free_blocks() == 3);
+  }
+  try {
+    host_kv_cache bad(kv_layout::vllm_flash_attn(2, 4, 16, 0, 64));
+    FAIL("a layout without heads was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("heads") != std::string::npos);
+  }
+}

@@ -1,0 +1,243 @@
+// fetch_queue progress while a load runs: keys land one store call at a time (a gated store
+// lets the test release them), progress() and wait_progress() report the loaded prefix so far
+// and which keys landed, never more than what landed, and end equal to the completed result;
+// then pipelined_broadcast on W in-process ranks is driven by it until every rank holds the
+// whole prefix, bytes verified.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "kvtier/chunk_broadcast.hpp"
+#include "kvtier/comm/inproc.hpp"
+#include "kvtier/fetch_queue.hpp"
+#include "kvtier/ownership.hpp"
+#include "kvtier/store/memory_store.hpp"
+
+using namespace kvtier;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A memory_store whose get() serves one key per permit: the test decides when each key lands.
+class gated_store {
+ public:
+  explicit gated_store(memory_store& inner) : inner_(inner) {}
+  void allow(std::size_t n) {
+    {
+      std::lock_guard lock(mu_);
+      permits_ += n;
+    }
+    cv_.notify_all();
+  }
+  std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> s, deadline dl) {
+    return inner_.exists(k, s, dl);
+  }
+  std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> v,
+                      std::span<chunk_status> s, deadline dl) {
+    return inner_.put(k, v, s, dl);
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> s, deadline dl) {
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      std::unique_lock lock(mu_);
+      if (!cv_.wait_until(lock, dl, [&] { return permits_ > 0; })) {
+        for (std::size_t j = i; j < k.size(); ++j) s[j] = chunk_status::timeout;
+        return make_error_code(errc::timeout);
+      }
+      --permits_;
+      lock.unlock();
+      if (auto ec = inner_.get(k.subspan(i, 1), d.subspan(i, 1), s.subspan(i, 1), dl)) return ec;
+    }
+    return {};
+  }
+
+ private:
+  memory_store& inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t permits_ = 0;
+};
+static_assert(chunk_store<gated_store>);
+
+constexpr std::size_t chunk_tokens = 16, chunk_bytes = 64;
+
+std::vector<std::byte> value_of(std::size_t c) {
+  std::vector<std::byte> v(chunk_bytes);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::byte>(c * 31 + i);
+  return v;
+}
+
+// n keys of salt `salt` with their destinations; every key but `absent` stored in `mem`.
+struct load_fixture {
+  std::vector<chunk_key> keys;
+  std::vector<std::vector<std::byte>> dst;
+  std::vector<std::span<std::byte>> spans;
+  load_fixture(memory_store& mem, std::size_t n, std::uint64_t salt, std::size_t absent = SIZE_MAX)
+      : dst(n, std::vector<std::byte>(chunk_bytes)) {
+    std::vector<chunk_status> st(1);
+    for (std::size_t c = 0; c < n; ++c) {
+      keys.push_back({salt, c});
+      spans.push_back(dst[c]);
+      if (c == absent) continue;
+      const auto v = value_of(c);
+      std::span<const std::byte> src[] = {v};
+      REQUIRE_FALSE(mem.put(std::span(&keys[c], 1), src, st, deadline_after(1s)));
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fetch_queue: progress reports keys as they land, and waits for a prefix", "[unit]") {
+  memory_store mem(1 << 20);
+  gated_store gated(mem);
+  const std::size_t n = 6;
+  load_fixture f(mem, n, 7, 4);  // key 4 is absent: the prefix stops before it
+  auto& keys = f.keys;
+  auto& dst = f.dst;
+  auto& spans = f.spans;
+  fetch_queue q(gated, {.workers = 1, .max_batch_chunks = 1});
+  auto h = q.submit(1, keys, spans, chunk_layout::contiguous(0, n, chunk_tokens), deadline_after(20s));
+
+  fetch_progress p = q.progress(h);
+  CHECK(p.answer_tokens == 0);
+  CHECK(p.landed == 0);
+  CHECK_FALSE(p.complete);
+  // Nothing released: waiting for 1 chunk ends at its deadline, with nothing landed.
+  const auto dl = deadline_after(30ms);
+  p = q.wait_progress(h, 1, dl);
+  CHECK(clock::now() >= dl);
+  CHECK(clock::now() < dl + 250ms);
+  CHECK(p.answer_chunks == 0);
+
+  gated.allow(2);
+  p = q.wait_progress(h, 2, deadline_after(10s));
+  CHECK(p.answer_chunks >= 2);
+  CHECK(p.answer_tokens >= 2 * chunk_tokens);
+  CHECK(dst[0] == value_of(0));  // what progress reports as landed is in its destination
+  CHECK(dst[1] == value_of(1));
+  CHECK_FALSE(q.poll(h).has_value());
+
+  gated.allow(100);
+  p = q.wait_progress(h, n, deadline_after(10s));  // key 4 misses: ends by completing
+  CHECK(p.complete);
+  CHECK(p.answer_chunks == 4);
+  CHECK(p.answer_tokens == 4 * chunk_tokens);
+  CHECK(p.landed == 5);  // key 5 landed after the gap
+  CHECK(p.landed_keys == std::vector<bool>{true, true, true, true, false, true});
+  const auto r = q.wait(h, deadline_after(10s));
+  REQUIRE(r.has_value());
+  CHECK(r->answer_tokens == p.answer_tokens);
+}
+
+TEST_CASE("fetch_queue: progress never runs ahead of what landed (monotone, bounded by the result)",
+          "[unit]") {
+  memory_store mem(1 << 20);
+  gated_store gated(mem);
+  const std::size_t n = 32;
+  load_fixture f(mem, n, 9);
+  auto& keys = f.keys;
+  auto& dst = f.dst;
+  auto& spans = f.spans;
+  fetch_queue q(gated, {.workers = 1, .max_batch_chunks = 3});
+  auto h = q.submit(2, keys, spans, chunk_layout::contiguous(0, n, chunk_tokens), deadline_after(20s));
+  std::thread feeder([&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      gated.allow(1);
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  std::uint64_t last = 0;
+  for (int i = 0; i < 100000; ++i) {  // bounded
+    const fetch_progress p = q.progress(h);
+    REQUIRE(p.answer_tokens >= last);
+    REQUIRE(p.answer_tokens == p.answer_chunks * chunk_tokens);
+    if (p.answer_tokens > last)  // what is reported landed is already in its destination
+      for (std::size_t c = 0; c < p.answer_chunks; ++c) REQUIRE(dst[c] == value_of(c));
+    last = p.answer_tokens;
+    if (p.complete) break;
+    std::this_thread::yield();
+  }
+  feeder.join();
+  const auto r = q.wait(h, deadline_after(10s));
+  REQUIRE(r.has_value());
+  CHECK(r->answer_tokens == n * chunk_tokens);
+  CHECK(q.progress(h).answer_tokens == r->answer_tokens);
+}
+
+TEST_CASE("pipelined_broadcast runs from fetch-queue progress; every rank ends with the prefix", "[unit]") {
+  constexpr rank_t W = 4;
+  const std::size_t n_chunks = 24;
+  const modulo_ownership own(W);
+  std::vector<std::unique_ptr<memory_store>> mems;
+  std::vector<std::unique_ptr<gated_store>> gates;
+  std::vector<chunk_key> keys;
+  for (std::size_t c = 0; c < n_chunks; ++c) keys.push_back({11, c});
+  for (rank_t r = 0; r < W; ++r) {
+    mems.push_back(std::make_unique<memory_store>(1 << 20));
+    gates.push_back(std::make_unique<gated_store>(*mems.back()));
+    std::vector<chunk_status> st(1);
+    for (std::size_t c = r; c < n_chunks; c += W) {  // rank r's server holds r's chunks
+      const auto v = value_of(c);
+      std::span<const std::byte> src[] = {v};
+      REQUIRE_FALSE(mems[r]->put(std::span(&keys[c], 1), src, st, deadline_after(1s)));
+    }
+  }
+  std::vector<std::uint64_t> agreed(W), steps(W), first_stage(W);
+  std::vector<std::size_t> wrong(W);
+  std::atomic<rank_t> staged{0};
+  comm::inproc_world world(W);
+  std::thread feeder([&] {  // after every rank's first stage, keys land one by one, rank by rank
+    for (int i = 0; i < 20000 && staged.load() < W; ++i) std::this_thread::sleep_for(1ms);
+    for (int i = 0; i < 40; ++i) {
+      gates[i % W]->allow(1);
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    const rank_t r = c.rank();
+    fetch_queue q(*gates[r], {.workers = 1, .max_batch_chunks = 1});
+    std::vector<std::vector<std::byte>> buf(n_chunks, std::vector<std::byte>(chunk_bytes));
+    std::vector<chunk_key> my_keys;
+    std::vector<std::span<std::byte>> my_dst;
+    for (std::size_t ch : owned_chunks(own, r, n_chunks))
+      my_keys.push_back(keys[ch]), my_dst.push_back(buf[ch]);
+    auto h =
+        q.submit(3, my_keys, my_dst,
+                 chunk_layout::owned(owned_starts(own, r, n_chunks, chunk_tokens), n_chunks * chunk_tokens),
+                 deadline_after(20s));
+    chunk_span_buffers bufs;
+    for (auto& b : buf) bufs.destinations.push_back(b), bufs.sources.push_back(b);
+    pipelined_broadcast pb(c, own, bufs,
+                           {.n_chunks = n_chunks,
+                            .chunk_tokens = chunk_tokens,
+                            .chunk_bytes = chunk_bytes,
+                            .mode = broadcast_mode::grouped,
+                            .request_id = 3});
+    for (int s = 0; s < 10000 && !pb.done(); ++s) {  // bounded; each step is one agreement
+      const fetch_progress p = q.wait_progress(h, pb.agreed_chunks() / W + 1, deadline_after(5ms));
+      pb.step(p.answer_tokens, p.complete, deadline_after(10s));
+      if (steps[r]++ == 0) {
+        first_stage[r] = pb.agreed_chunks();
+        ++staged;
+      }
+    }
+    agreed[r] = pb.result().agreed_tokens;
+    for (std::size_t ch = 0; ch < n_chunks; ++ch) wrong[r] += buf[ch] != value_of(ch);
+  });
+  feeder.join();
+  for (rank_t r = 0; r < W; ++r) {
+    CHECK(agreed[r] == n_chunks * chunk_tokens);
+    CHECK(wrong[r] == 0);
+    CHECK(steps[r] == steps[0]);  // every rank issued the same number of stages
+  }
+  CHECK(first_stage[0] == 0);  // the first stage ran before anything landed: it really ran in stages
+  CHECK(steps[0] > 1);
+}
