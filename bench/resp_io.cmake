@@ -30,3 +30,10 @@ if(_kvtier_resp_get_defs)
 else()
   message(STATUS "kvtier: bench_resp_get skipped (needs kvtier::asio, kvtier::uring or hiredis)")
 endif()
+
+# The L2 at scale-out settings: one server (baseline), a 3-master cluster, TLS (needs kvtier::tls).
+if(TARGET kvtier::tls AND TARGET kvtier::asio)
+  add_executable(bench_l2_scaleout ${CMAKE_CURRENT_LIST_DIR}/resp_io/bench_l2_scaleout.cpp)
+  target_include_directories(bench_l2_scaleout PRIVATE ${PROJECT_SOURCE_DIR}/tests ${CMAKE_CURRENT_LIST_DIR})
+  target_link_libraries(bench_l2_scaleout PRIVATE kvtier::tls)
+endif()

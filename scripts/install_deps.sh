@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(build-essential cmake pkg-config clang libclang-rt-14-dev
           libboost-dev liburing-dev libxxhash-dev catch2 librapidcheck-dev
-          redis-server libhiredis-dev libssl-dev gnuplot-nox
+          redis-server redis-tools openssl libhiredis-dev libssl-dev gnuplot-nox
           libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do

@@ -20,6 +20,15 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_slow_resolver SOURCES resp_io/test_slow_resolver.cpp LABELS integration
                   LIBS kvtier::asio kvtier::uring ${CMAKE_DL_LIBS} TIMEOUT 60)
 endif()
+kvtier_add_test(test_pool SOURCES resp_io/test_pool.cpp LABELS unit tsan)
+kvtier_add_test(test_cluster SOURCES resp_io/test_cluster.cpp LABELS unit)
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  kvtier_add_test(test_cluster_store SOURCES resp_io/test_cluster_store.cpp LABELS integration
+                  LIBS kvtier::asio kvtier::uring TIMEOUT 300)
+endif()
+if(TARGET kvtier::tls)
+  kvtier_add_test(test_tls SOURCES resp_io/test_tls.cpp LABELS integration LIBS kvtier::tls TIMEOUT 120)
+endif()
 # remote_store with value format 2 (per-group checksums) against redis-server (issue 10).
 if(TARGET kvtier::asio)
   kvtier_add_test(test_remote_store_v2 SOURCES resp_io/test_remote_store_v2.cpp LABELS integration

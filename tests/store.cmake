@@ -8,6 +8,7 @@ if(TARGET kvtier::asio)
   kvtier_add_test(test_store_integration SOURCES store/test_store_integration.cpp LABELS integration
                   LIBS kvtier::asio TIMEOUT 120)
 endif()
+kvtier_add_test(test_rendezvous_store SOURCES store/test_rendezvous_store.cpp LABELS unit tsan)
 # Pinned staging arena (CPU source) and memory_store over its slots (issue 10).
 kvtier_add_test(test_pinned_arena SOURCES store/test_pinned_arena.cpp LABELS unit tsan)
 # Progress of a running load and pipelined_broadcast driven by it (issue 10).

@@ -541,9 +541,9 @@ int run_replay(int argc, char** argv) {
 #if defined(PCP_HAVE_RESP)
   if (o.l2.rfind("resp", 0) != 0)
     throw usage_error("--l2 '" + kvtier::resp::redact_url(o.l2) +
-                      "': expected embedded, none, or a resp:// / resp+unix:// URL");
-  auto pools = pcp::make_resp_pools(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 2);
-  std::vector<pcp::resp_pool*> l2s;
+                      "': expected embedded, none, or a resp:// / resp+unix:// / resp+cluster:// URL");
+  auto pools = pcp::make_resp_l2s(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 3);  // per server
+  std::vector<pcp::resp_l2*> l2s;
   for (auto& p : pools) l2s.push_back(p.get());
   const int rc = replay(o, prime_set, prepared, l1s, l2s);
   kvtier::remote_store_stats st;

@@ -1,49 +1,95 @@
-// examples/pcp_prefill/resp_l2.hpp: L2 on real Redis-protocol servers
-// (`--l2 resp://host:{rank+6400}` or one shared `resp://host:6379`).
+// examples/pcp_prefill/resp_l2.hpp: L2 on real Redis-protocol servers. `--l2` takes:
+//   resp://host:{rank+6400}                  one server per rank (or one shared resp://host:6379)
+//   resp://h:{rank+6400},resp://h:{rank+6500} a rank's partition over K servers (rendezvous hash)
+//   resp+cluster://h:p,h:p[?placement=pinned] a Redis/Valkey Cluster (spread over every master, or
+//                                             one master per rank with a hash tag per rank)
+// Every store has a connection pool per server (kvtier/resp/pool.hpp), so each concurrent user
+// (fetch workers, the step, the write-behind thread) gets a connection of its own.
 //
-// Each rank gets a small pool of kvtier::remote_store<asio_connection>, one
-// connection per concurrent user (fetch workers, the step, the write-behind
-// thread), because a remote_store serialises the calls on its connection.
-//
-//   auto pools = pcp::make_resp_pools("resp://127.0.0.1:{rank+6400}", 2, ns, 4);
+//   auto l2 = pcp::make_resp_l2s("resp+cluster://127.0.0.1:7000", 2, ns, 4);
 #pragma once
 
-#include <atomic>
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+#include <variant>
 #include <vector>
 
 #include "kvtier/resp/asio_connection.hpp"
+#include "kvtier/resp/cluster.hpp"
 #include "kvtier/resp/url.hpp"
+#include "kvtier/store/cluster_store.hpp"
 #include "kvtier/store/remote_store.hpp"
+#include "kvtier/store/rendezvous_store.hpp"
 
 namespace pcp {
 
-class resp_pool {
+/// One rank's L2: a server, K servers, or a cluster, behind the chunk_store interface.
+class resp_l2 {
  public:
-  using store_t = kvtier::remote_store<kvtier::resp::asio_connection>;
-  resp_pool(const kvtier::key_namespace& ns, const kvtier::resp::endpoint& server, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i)
-      stores_.push_back(std::make_unique<store_t>(ns, kvtier::resp::connection_options{.server = server}));
+  using single_t = kvtier::remote_store<kvtier::resp::asio_connection>;
+  using cluster_t = kvtier::cluster_store<kvtier::resp::asio_connection>;
+  using spread_t = kvtier::rendezvous_store<single_t>;
+
+  /// Rank `rank`'s store for `url` (see the header comment), `connections` per server.
+  /// Throws std::invalid_argument with the URL parser's message.
+  resp_l2(const std::string& url, int rank, const kvtier::key_namespace& ns, std::size_t connections) {
+    const kvtier::resp::pool_options pool{.connections = connections};
+    if (url.rfind("resp+cluster://", 0) == 0) {
+      const auto u = kvtier::resp::parse_cluster_url(url);
+      if (!u) throw std::invalid_argument("--l2: " + u.message);
+      auto opt = kvtier::cluster_options_for(u, rank);
+      opt.pool = pool;
+      store_ = std::make_unique<cluster_t>(ns, std::move(opt));
+      return;
+    }
+    for (std::size_t from = 0;;) {
+      const std::size_t comma = url.find(',', from);
+      const auto parsed = kvtier::resp::parse_url(url.substr(from, comma - from), rank);
+      if (!parsed) throw std::invalid_argument("--l2: " + parsed.message);
+      singles_.push_back(
+          std::make_unique<single_t>(ns, kvtier::resp::connection_options{.server = parsed.value}, pool));
+      if (comma == std::string::npos) break;
+      from = comma + 1;
+    }
+    if (singles_.size() == 1) return;
+    std::vector<single_t*> parts;
+    for (auto& s : singles_) parts.push_back(s.get());
+    store_ = std::make_unique<spread_t>(std::move(parts));
   }
+
   std::error_code exists(std::span<const kvtier::chunk_key> keys, std::span<kvtier::chunk_status> status,
                          kvtier::deadline dl) {
-    return next().exists(keys, status, dl);
+    return visit([&](auto& s) { return s.exists(keys, status, dl); });
   }
   std::error_code get(std::span<const kvtier::chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<kvtier::chunk_status> status, kvtier::deadline dl) {
-    return next().get(keys, dst, status, dl);
+    return visit([&](auto& s) { return s.get(keys, dst, status, dl); });
   }
   std::error_code put(std::span<const kvtier::chunk_key> keys,
                       std::span<const std::span<const std::byte>> src, std::span<kvtier::chunk_status> status,
                       kvtier::deadline dl) {
-    return next().put(keys, src, status, dl);
+    return visit([&](auto& s) { return s.put(keys, src, status, dl); });
   }
+
+  /// The last failure in words, with the server's own text where it sent one.
+  std::string last_error() const {
+    if (const auto* c = std::get_if<std::unique_ptr<cluster_t>>(&store_)) return (*c)->last_error();
+    std::string e;
+    for (const auto& one : singles_)
+      if (e.empty()) e = one->last_error();
+    return e;
+  }
+
+  /// Counters summed over the servers.
   kvtier::remote_store_stats stats() const {
+    if (const auto* c = std::get_if<std::unique_ptr<cluster_t>>(&store_)) return (*c)->stats();
     kvtier::remote_store_stats s;
-    for (const auto& st : stores_) {
-      const auto x = st->stats();
+    for (const auto& one : singles_) {
+      const auto x = one->stats();
       s.hits += x.hits, s.misses += x.misses, s.corrupt += x.corrupt, s.timeouts += x.timeouts;
       s.errors += x.errors, s.bytes_fetched += x.bytes_fetched, s.bytes_stored += x.bytes_stored;
     }
@@ -51,23 +97,25 @@ class resp_pool {
   }
 
  private:
-  store_t& next() { return *stores_[k_.fetch_add(1, std::memory_order_relaxed) % stores_.size()]; }
-  std::vector<std::unique_ptr<store_t>> stores_;
-  std::atomic<std::size_t> k_{0};
-};
-static_assert(kvtier::chunk_store<resp_pool>);
-
-/// One pool per rank: rank r's URL is `url` with {rank} / {rank+N} expanded.
-/// Throws std::invalid_argument with the URL parser's message.
-inline std::vector<std::unique_ptr<resp_pool>> make_resp_pools(const std::string& url, std::uint32_t world,
-                                                               const kvtier::key_namespace& ns,
-                                                               std::size_t per_rank) {
-  std::vector<std::unique_ptr<resp_pool>> out;
-  for (std::uint32_t r = 0; r < world; ++r) {
-    const auto parsed = kvtier::resp::parse_url(url, static_cast<int>(r));
-    if (!parsed) throw std::invalid_argument("--l2: " + parsed.message);
-    out.push_back(std::make_unique<resp_pool>(ns, parsed.value, per_rank));
+  template <class F>
+  std::error_code visit(F&& f) {
+    if (auto* c = std::get_if<std::unique_ptr<cluster_t>>(&store_)) return f(**c);
+    if (auto* r = std::get_if<std::unique_ptr<spread_t>>(&store_)) return f(**r);
+    return f(*singles_.front());
   }
+
+  std::vector<std::unique_ptr<single_t>> singles_;
+  std::variant<std::monostate, std::unique_ptr<cluster_t>, std::unique_ptr<spread_t>> store_;
+};
+static_assert(kvtier::chunk_store<resp_l2>);
+
+/// One store per rank (rank r's URL templates expanded with r).
+inline std::vector<std::unique_ptr<resp_l2>> make_resp_l2s(const std::string& url, std::uint32_t world,
+                                                           const kvtier::key_namespace& ns,
+                                                           std::size_t connections) {
+  std::vector<std::unique_ptr<resp_l2>> out;
+  for (std::uint32_t r = 0; r < world; ++r)
+    out.push_back(std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections));
   return out;
 }
 

@@ -33,6 +33,7 @@ enum class errc : int {
   invalid_argument,     ///< a caller-supplied argument is out of range
   collective_mismatch,  ///< ranks issued different collectives (would deadlock)
   backend_error,        ///< an error reported by NCCL, CUDA or the OS
+  tls_failed,           ///< the TLS handshake or the peer's certificate check failed
   resource_exhausted,   ///< no free buffer: every slot of a pinned_arena is in use
 };
 
@@ -80,6 +81,8 @@ class errc_category final : public std::error_category {
         return "ranks issued mismatched collectives";
       case errc::backend_error:
         return "backend (NCCL/CUDA/OS) error";
+      case errc::tls_failed:
+        return "TLS handshake or certificate check failed";
       case errc::resource_exhausted:
         return "no free buffer (every pinned arena slot is in use)";
     }

@@ -7,42 +7,64 @@
 #include "engine_rig.hpp"
 #include "report.hpp"
 #include "resp_l2.hpp"
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 
 using namespace pcp;
 
 namespace {
 
-struct real_rig {
+// The engine's inputs and one L2 store per rank; the derived rigs give each rank's --l2 URL.
+struct rig_base {
   static constexpr std::uint32_t world = 2;
   timing_model tm;
   std::vector<request> reqs;
   std::unique_ptr<kvtier::chunker<>> chunk;
   std::vector<prepared_request> prepared;
   std::vector<std::unique_ptr<modeled_l1>> l1;
-  kvtier::test::redis_server srv0, srv1;
-  std::vector<std::unique_ptr<resp_pool>> pools;
+  std::vector<std::unique_ptr<resp_l2>> pools;
 
-  real_rig() {
+  template <class UrlOf>
+  void attach(UrlOf url_of) {
     tm.payload_scale = 1.0 / 4096;
     reqs = test::small_hit_heavy_trace(10, 5, 11);
     const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, world);
     chunk = std::make_unique<kvtier::chunker<>>(ns);
     prepared = prepare(reqs, *chunk);
     for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(64 << 20));
-    for (auto* s : {&srv0, &srv1}) {
-      const auto url = kvtier::resp::parse_url(s->url());
-      REQUIRE(url);
-      pools.push_back(std::make_unique<resp_pool>(ns, url.value, 4));
-    }
+    for (std::uint32_t r = 0; r < world; ++r)
+      pools.push_back(std::make_unique<resp_l2>(url_of(r), static_cast<int>(r), ns, 5));
   }
   run_result run(engine_options opt) {
     opt.world = world;
     opt.fetch_workers = 2;
     opt.load_timeout_s = 1;  // real servers are timed by the wall clock
-    return test::replay<resp_pool>(prepared, tm, opt, l1, pools);
+    return test::replay<resp_l2>(prepared, tm, opt, l1, pools);
   }
   void prime() { test::prime(*this); }
+};
+
+// One redis-server per rank.
+struct real_rig : rig_base {
+  kvtier::test::redis_server srv0, srv1;
+  real_rig() {
+    attach([&](std::uint32_t r) { return (r == 0 ? srv0 : srv1).url(); });
+  }
+};
+
+// Each rank's partition over two servers of its own (rendezvous hash of the key).
+struct two_per_rank_rig : rig_base {
+  kvtier::test::redis_server a0, b0, a1, b1;
+  two_per_rank_rig() {
+    attach([&](std::uint32_t r) { return r == 0 ? a0.url() + "," + b0.url() : a1.url() + "," + b1.url(); });
+  }
+};
+
+// Both ranks on one loopback cluster (3 masters + 3 replicas), `query` choosing the placement.
+struct cluster_rig : rig_base {
+  cluster_rig(const kvtier::test::redis_cluster& cluster, const std::string& query) {
+    attach([&](std::uint32_t) { return cluster.url() + query; });
+  }
 };
 
 }  // namespace
@@ -100,14 +122,13 @@ TEST_CASE("engine over a real server with a wrong password: recompute, counted, 
   kvtier::chunker<> chunk(ns);
   const auto prepared = prepare(reqs, chunk);
   std::vector<std::unique_ptr<modeled_l1>> l1;
-  std::vector<std::unique_ptr<resp_pool>> pools;
-  const auto url = kvtier::resp::parse_url("resp://:wrongpw@127.0.0.1:" + std::to_string(srv.port()));
-  REQUIRE(url);
+  std::vector<std::unique_ptr<resp_l2>> pools;
+  const std::string url = "resp://:wrongpw@127.0.0.1:" + std::to_string(srv.port());
   for (int r = 0; r < 2; ++r) {
     l1.push_back(std::make_unique<modeled_l1>(64 << 20));
-    pools.push_back(std::make_unique<resp_pool>(ns, url.value, 2));
+    pools.push_back(std::make_unique<resp_l2>(url, r, ns, 3));
   }
-  const auto r = test::replay<resp_pool>(
+  const auto r = test::replay<resp_l2>(
       prepared, tm, {.world = 2, .mode = load_mode::async, .load_timeout_s = 1, .fetch_workers = 2},
 
       l1, pools);
@@ -119,4 +140,37 @@ TEST_CASE("engine over a real server with a wrong password: recompute, counted, 
   }
   CHECK(r.failed_l2_calls > 0);
   for (const auto& e : r.l2_errors) CHECK(e.find("authentication failed") != std::string::npos);
+}
+
+TEST_CASE("engine over a real cluster: spread and pinned placements replay with zero mismatches",
+          "[integration]") {
+  kvtier::test::redis_cluster cluster;
+  for (const std::string query : {"", "?placement=pinned"}) {
+    INFO("placement query '" << query << "'");
+    cluster_rig g(cluster, query);
+    g.prime();
+    const auto r = g.run({.mode = load_mode::async});
+    REQUIRE(r.fatal.empty());
+    CHECK(r.mismatched_chunks == 0);
+    CHECK(r.failed_l2_calls == 0);
+    for (std::size_t i = 0; i < r.requests.size(); ++i) {
+      CHECK(r.requests[i].status == "hit");
+      CHECK(r.requests[i].cached_tokens == g.prepared[i].n_chunks() * g.tm.chunk_tokens);
+    }
+    std::uint64_t hits = 0;
+    for (const auto& p : g.pools) hits += p->stats().hits;
+    CHECK(hits > 0);  // the loads really came from the cluster
+  }
+}
+
+TEST_CASE("engine with each rank's partition over two servers replays with zero mismatches",
+          "[integration]") {
+  two_per_rank_rig g;
+  g.prime();
+  const auto r = g.run({.mode = load_mode::async});
+  REQUIRE(r.fatal.empty());
+  CHECK(r.mismatched_chunks == 0);
+  for (std::size_t i = 0; i < r.requests.size(); ++i) CHECK(r.requests[i].status == "hit");
+  // Both servers of each rank hold some of its chunks.
+  for (auto* s : {&g.a0, &g.b0, &g.a1, &g.b1}) CHECK(s->call({"DBSIZE"}) != "0");
 }

@@ -253,6 +253,21 @@ TEST_CASE("parser: malformed input is a sticky protocol error", "[unit]") {
   CHECK(later.values[0].str == "OK");
 }
 
+TEST_CASE("parser: a first byte that starts no RESP type fails at once, without a CRLF", "[unit]") {
+  // An HTTP server's body has no CR at all: waiting for a line end would wait for ever.
+  for (const char* in : {"<", "<!DOCTYPE HTML>\n<html>\n", "H", "HTTP/1.1 400", "+OK\r\nx"}) {
+    INFO("input: " << in);
+    parser p;
+    parsed r = feed(p, in);
+    CHECK(r.ec == errc::protocol_error);
+  }
+  // A valid type byte still waits for its line.
+  parser p;
+  parsed r = feed(p, "+O");
+  CHECK_FALSE(r.ec);
+  CHECK(r.values.empty());
+}
+
 TEST_CASE("parser: limits are too_large errors", "[unit]") {
   parser_limits lim;
   lim.max_bulk = 10;

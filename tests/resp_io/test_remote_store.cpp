@@ -312,7 +312,7 @@ TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the s
       REQUIRE(got[i] == (st[i] == chunk_status::hit ? chunk_status::hit : chunk_status::miss));
       if (got[i] == chunk_status::hit) REQUIRE(dst[i] == src[i]);
     }
-    REQUIRE(store.connection().stats().connects == 1);
+    REQUIRE(store.pool().stats().connects == 1);
   }
 
   SECTION("NOAUTH: a server that wants a password the URL does not give") {
@@ -331,5 +331,20 @@ TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the s
     for (auto s : st) REQUIRE(s == chunk_status::error);
     REQUIRE(store.stats().errors >= 2 * keys.size());
     REQUIRE(store.stats().hits == 0);
+    // The server's own words reach the caller, with the command and the server's address.
+    const std::string why = store.last_error();
+    INFO(why);
+    REQUIRE(why.find("NOAUTH") != std::string::npos);
+    REQUIRE(why.find(std::to_string(srv.port())) != std::string::npos);
+  }
+
+  SECTION("a db the server does not have: the server's text, not only 'server replied with an error'") {
+    redis_server srv;
+    remote_store<TestType> store(test_ns(), options_for(srv.url() + "/99"));
+    REQUIRE(store.exists(keys, st, deadline_after(2s)) == errc::server_error);
+    for (auto s : st) REQUIRE(s == chunk_status::error);
+    const std::string why = store.last_error();
+    INFO(why);
+    REQUIRE(why.find("SELECT: ERR DB index is out of range") != std::string::npos);
   }
 }

@@ -141,6 +141,37 @@ TEMPLATE_TEST_CASE("connection: a server that answers garbage is a protocol erro
   }
 }
 
+TEMPLATE_TEST_CASE("connection: an HTTP server on the port is a protocol error, named as such",
+                   "[integration]", asio_connection, uring_connection) {
+  // An HTTP/1.x status line, and the bare HTML body (no CR anywhere) that Python's http.server
+  // sends to a request line it cannot parse: neither is RESP, whether or not a CRLF follows.
+  for (const std::string http : {"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+                                 "<!DOCTYPE HTML>\n<html lang=\"en\">\n<head>\n"}) {
+    INFO(http);
+    black_hole_server web(http);
+    TestType conn(options_for(web.url()));
+    batch b;
+    b.add({"GET", "k"});
+    const auto dl = deadline_after(2s);
+    REQUIRE(conn.execute(b, dl) == errc::protocol_error);
+    REQUIRE(kvtier::clock::now() < dl);  // from the first byte, not by the deadline
+    REQUIRE(conn.last_error().find("not RESP") != std::string::npos);
+  }
+}
+
+TEMPLATE_TEST_CASE("connection: a wrong password is auth_failed, also while backing off", "[integration]",
+                   asio_connection, uring_connection) {
+  redis_server srv({.extra_args = {"--requirepass", "right"}, .harness_password = "right"});
+  auto opt = options_for("resp://:wrong@127.0.0.1:" + std::to_string(srv.port()));
+  opt.reconnect_backoff_min = 1000ms;
+  TestType conn(opt);
+  REQUIRE(conn.ping(deadline_after(2s)) == errc::auth_failed);
+  INFO(conn.last_error());
+  REQUIRE(conn.last_error().find("AUTH: WRONGPASS") != std::string::npos);
+  REQUIRE(conn.ping(deadline_after(100ms)) == errc::auth_failed);  // inside the backoff
+  REQUIRE(conn.stats().connect_failures == 1);
+}
+
 TEMPLATE_TEST_CASE("connection: a large write to a server that never reads times out", "[integration]",
                    asio_connection, uring_connection) {
   black_hole_server hole;
@@ -301,7 +332,9 @@ TEMPLATE_TEST_CASE("connection: nothing listening is refused at once, then backs
   REQUIRE(kvtier::clock::now() < dl);
   // The next attempt is 1 s away, beyond this 100 ms deadline: fail now, do not wait.
   const auto dl2 = deadline_after(100ms);
-  REQUIRE(conn.ping(dl2) == errc::not_connected);
+  // It fails with the last attempt's error, not a bare "not connected".
+  REQUIRE(conn.ping(dl2) == errc::connection_refused);
+  REQUIRE(conn.last_error().find(std::to_string(port)) != std::string::npos);
   require_returned_by(dl2);
   REQUIRE(conn.stats().connect_failures == 1);
 }

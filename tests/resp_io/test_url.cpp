@@ -135,6 +135,30 @@ TEST_CASE("url: database range, raw '/' in a password and encoded hosts are name
   CHECK(r.value.port == 6402);
 }
 
+TEST_CASE("url: rediss:// and resp+tls:// are TCP with TLS", "[unit]") {
+  for (const char* u : {"rediss://:pw@cache.example:6380/2", "resp+tls://:pw@cache.example:6380/2"}) {
+    INFO(u);
+    const auto r = kvtier::resp::parse_url(u);
+    REQUIRE(r);
+    CHECK(r.value.tls);
+    CHECK(r.value.host == "cache.example");
+    CHECK(r.value.port == 6380);
+    CHECK(r.value.db == 2);
+    CHECK(r.value.password == "pw");
+  }
+  const auto t = kvtier::resp::parse_url("rediss://10.0.0.{rank}:{rank+6400}", 3);
+  REQUIRE(t);
+  CHECK(t.value.tls);
+  CHECK(t.value.host == "10.0.0.3");
+  CHECK(t.value.port == 6403);
+  CHECK_FALSE(kvtier::resp::parse_url("resp://h:1").value.tls);
+  const auto bad = kvtier::resp::parse_url("redis://h:1");
+  CHECK(bad.ec == kvtier::errc::bad_url);
+  CHECK(bad.message.find("rediss") != std::string::npos);           // the message lists what is accepted
+  require_bad("rediss://h:{rank}", "{rank} as the whole port", 0);  // same rules as resp://
+  CHECK(kvtier::resp::redact_url("rediss://u:s3cret@h:1") == "rediss://u:***@h:1");
+}
+
 TEST_CASE("url: the scheme is checked first, and {rank} as the whole port is refused", "[unit]") {
   require_bad("redis://h:{rank+6400}", "unsupported scheme 'redis'", 0);
   require_bad("redis://h:{rank+6400}", "unsupported scheme 'redis'");

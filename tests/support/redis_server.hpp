@@ -203,6 +203,12 @@ class redis_server {
     std::string harness_user{};
     std::string harness_password{};
     std::string executable = "/usr/bin/redis-server";
+    /// Highest port to use (a cluster node needs port + 10000 for its bus, so <= 55535).
+    std::uint16_t max_port = 65535;
+    /// Non-empty: also listen with TLS on tls_port() (a second free port), with these arguments
+    /// (--tls-cert-file ... --tls-key-file ... --tls-ca-cert-file ...). The plain port stays for
+    /// the harness's own client.
+    std::vector<std::string> tls_args{};
   };
 
   redis_server() : redis_server(options{}) {}
@@ -214,7 +220,9 @@ class redis_server {
     // retry with a fresh port a few times.
     for (int attempt = 0;; ++attempt) {
       port_ = detail::pick_free_port();
-      if (launch()) return;
+      for (int pick = 0; port_ > opt_.max_port && pick < 1000; ++pick) port_ = detail::pick_free_port();
+      if (!opt_.tls_args.empty()) tls_port_ = detail::pick_free_port();
+      if (port_ <= opt_.max_port && launch()) return;
       if (attempt == 4) {
         std::string log = read_log();
         cleanup_dir();
@@ -232,6 +240,8 @@ class redis_server {
   }
 
   std::uint16_t port() const noexcept { return port_; }
+  /// The TLS port (only with options::tls_args).
+  std::uint16_t tls_port() const noexcept { return tls_port_; }
   pid_t pid() const noexcept { return pid_; }
   bool running() const noexcept { return pid_ > 0; }
   const std::string& dir() const noexcept { return dir_; }
@@ -334,6 +344,10 @@ class redis_server {
     if (opt_.unix_socket) {
       args.insert(args.end(), {"--unixsocket", unix_path(), "--unixsocketperm", "700"});
     }
+    if (!opt_.tls_args.empty()) {
+      args.insert(args.end(), {"--tls-port", std::to_string(tls_port_)});
+      args.insert(args.end(), opt_.tls_args.begin(), opt_.tls_args.end());
+    }
     args.insert(args.end(), opt_.extra_args.begin(), opt_.extra_args.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -403,6 +417,7 @@ class redis_server {
   options opt_;
   std::string dir_;
   std::uint16_t port_ = 0;
+  std::uint16_t tls_port_ = 0;
   pid_t pid_ = -1;
 };
 

@@ -153,23 +153,79 @@ int main(int argc, char** argv) {
   }
 
   // ---- instances and keys ----------------------------------------------------------------
-  std::vector<instance> inst(static_cast<std::size_t>(opt.instances));
-  for (int r = 0; r < opt.instances; ++r) {
-    auto parsed = kvtier::resp::parse_url(opt.url, r);
-    if (!parsed) {
-      std::fprintf(stderr, "kvtier-probe: --url for instance %d: %s\n", r, parsed.message.c_str());
+  const kvtier::resp::tls_options tls{
+      .ca_file = opt.tls_ca, .cert_file = opt.tls_cert, .key_file = opt.tls_key};
+  const auto timeout = std::chrono::milliseconds(opt.timeout_ms);
+  // A cluster: its masters are the instances, each probed through keys whose hash tag lands in a
+  // slot that master serves; first every one of the 16384 slots must have a master.
+  const bool cluster = opt.url.rfind("resp+cluster://", 0) == 0;
+  std::vector<std::string> tags;
+  std::size_t slots_served = 0;
+  std::vector<instance> inst;
+  if (cluster) {
+    auto u = kvtier::resp::parse_cluster_url(opt.url);
+    if (!u) {
+      std::fprintf(stderr, "kvtier-probe: --url: %s\n", u.message.c_str());
       return 2;
     }
     // The password may come from --password-file or KVTIER_PASSWORD instead of argv.
-    if (std::string err = kvtier::resp::apply_password(parsed.value, {.file = opt.password_file});
-        !err.empty()) {
-      std::fprintf(stderr, "kvtier-probe: --url %s: %s\n", kvtier::resp::redact_url(opt.url).c_str(),
-                   err.c_str());
-      return 2;
+    for (auto& seed : u.seeds) {
+      if (std::string err = kvtier::resp::apply_password(seed, {.file = opt.password_file}); !err.empty()) {
+        std::fprintf(stderr, "kvtier-probe: --url %s: %s\n", kvtier::resp::redact_url(opt.url).c_str(),
+                     err.c_str());
+        return 2;
+      }
     }
-    inst[static_cast<std::size_t>(r)].rank = r;
-    inst[static_cast<std::size_t>(r)].ep = parsed.value;
+    kvtier::resp::slot_map map;
+    std::string why;
+    if (kp::load_slot_map(u.seeds, timeout, tls, map, why)) {
+      std::fprintf(stderr, "kvtier-probe: no slot map from the seed nodes: %s\n", why.c_str());
+      return 1;
+    }
+    slots_served = map.covered();
+    if (slots_served != kvtier::resp::cluster_slot_count) {
+      std::size_t first = 0;
+      while (map.owner(static_cast<std::uint16_t>(first)) != kvtier::resp::slot_map::no_node) ++first;
+      std::fprintf(
+          stderr,
+          "kvtier-probe: the cluster serves %zu of 16384 slots (slot %zu and %zu more have no master); "
+          "keys there would always miss\n",
+          slots_served, first, kvtier::resp::cluster_slot_count - slots_served - 1);
+      return 1;
+    }
+    opt.instances = static_cast<int>(map.nodes().size());
+    inst.resize(map.nodes().size());
+    tags.resize(map.nodes().size());
+    for (std::size_t r = 0; r < map.nodes().size(); ++r) {
+      inst[r].rank = static_cast<int>(r);
+      inst[r].ep = u.seeds.front();
+      inst[r].ep.host = map.nodes()[r].host;
+      inst[r].ep.port = map.nodes()[r].port;
+      for (int t = 0; tags[r].empty() && t < 1'000'000; ++t) {
+        const std::string tag = "n" + std::to_string(t);
+        if (map.owner(kvtier::resp::hash_slot(tag)) == r) tags[r] = tag;
+      }
+    }
+  } else {
+    inst.resize(static_cast<std::size_t>(opt.instances));
+    for (int r = 0; r < opt.instances; ++r) {
+      auto parsed = kvtier::resp::parse_url(opt.url, r);
+      if (!parsed) {
+        std::fprintf(stderr, "kvtier-probe: --url for instance %d: %s\n", r, parsed.message.c_str());
+        return 2;
+      }
+      // The password may come from --password-file or KVTIER_PASSWORD instead of argv.
+      if (std::string err = kvtier::resp::apply_password(parsed.value, {.file = opt.password_file});
+          !err.empty()) {
+        std::fprintf(stderr, "kvtier-probe: --url %s: %s\n", kvtier::resp::redact_url(opt.url).c_str(),
+                     err.c_str());
+        return 2;
+      }
+      inst[static_cast<std::size_t>(r)].rank = r;
+      inst[static_cast<std::size_t>(r)].ep = parsed.value;
+    }
   }
+  const char* const unit = cluster ? "master" : "instance";
   for (std::size_t r = 1; r < inst.size(); ++r) {
     if (inst[r].ep.describe() == inst[0].ep.describe()) {
       std::fprintf(
@@ -203,7 +259,6 @@ int main(int argc, char** argv) {
   progress prog;
   std::atomic<bool> stop{false};
   const int total_rounds = static_cast<int>(ladder.size()) * opt.rounds;
-  const auto timeout = std::chrono::milliseconds(opt.timeout_ms);
   const std::string limit = "--timeout-ms " + std::to_string(opt.timeout_ms);
   // All instances start each round together, so a round's aggregate is what a PCP load sees:
   // every rank fetches its own batch and the load ends with the slowest one.
@@ -220,12 +275,13 @@ int main(int argc, char** argv) {
     };
     auto next_deadline = [&] { return in.dl = kvtier::deadline_after(timeout); };
     in.latency_s.assign(ladder.size(), {});
-    in.client = kp::make_instance_client(opt.transport, in.ep, timeout);
+    in.client = kp::make_instance_client(opt.transport, in.ep, timeout, tls);
     std::error_code ec = in.client->connect(next_deadline());
     if (ec) return fail(what_failed("connect and PING", ec, in.client->detail(), limit));
     if (stop.load() || g_interrupted.load()) return;
     for (int k = 0; k < nkeys; ++k)
-      in.keys.push_back(prefix + std::to_string(in.rank) + ":" + std::to_string(k));
+      in.keys.push_back(prefix + (cluster ? "{" + tags[static_cast<std::size_t>(in.rank)] + "}" : "") +
+                        std::to_string(in.rank) + ":" + std::to_string(k));
     // A random 64-bit prefix practically never exists; checking makes "never touches other keys" exact.
     std::size_t present = 0;
     ec = in.client->exists(in.keys, present, next_deadline());
@@ -313,7 +369,7 @@ int main(int argc, char** argv) {
       instance& i = *p;
       std::error_code ec;
       if (!i.failure.empty()) {  // its connection may be dead: start a fresh one
-        i.client = kp::make_instance_client(opt.transport, i.ep, timeout);
+        i.client = kp::make_instance_client(opt.transport, i.ep, timeout, tls);
         ec = i.client->connect(cleanup_dl);
       }
       if (!ec) ec = i.client->del(i.keys, cleanup_dl);
@@ -376,17 +432,23 @@ int main(int argc, char** argv) {
   const std::optional<kp::fit_report> fit = kp::fit_batches(samples);
 
   std::ostringstream out, js;
-  out << "kvtier-probe: " << opt.instances << " instance(s), " << k_main << " x " << opt.chunk_bytes
+  if (cluster)
+    out << "kvtier-probe: cluster: all " << slots_served << " slots served by " << opt.instances
+        << " masters\n";
+  out << "kvtier-probe: " << opt.instances << " " << unit << "(s), " << k_main << " x " << opt.chunk_bytes
       << "-byte values per batch, " << opt.rounds << " rounds, every byte verified, transport "
       << opt.transport << "\n";
   js << "{\"tool\":\"kvtier-probe\",\"ok\":true,\"url\":\"" << json_escape(kvtier::resp::redact_url(opt.url))
      << "\",\"instances\":" << opt.instances << ",\"chunk_bytes\":" << opt.chunk_bytes
      << ",\"batch\":" << k_main << ",\"rounds\":" << opt.rounds << ",\"transport\":\"" << opt.transport
-     << "\",\"per_instance\":[";
+     << "\"";
+  if (cluster)
+    js << ",\"cluster\":{\"slots_served\":" << slots_served << ",\"masters\":" << opt.instances << "}";
+  js << ",\"per_instance\":[";
   for (auto& in : inst) {
     const auto r = static_cast<std::size_t>(in.rank);
     char line[256];
-    std::snprintf(line, sizeof line, "  instance %d (%s): %.3f GB/s, batch p50 %.1f ms, p99 %.1f ms\n",
+    std::snprintf(line, sizeof line, "  %s %d (%s): %.3f GB/s, batch p50 %.1f ms, p99 %.1f ms\n", unit,
                   in.rank, in.ep.describe().c_str(), per_inst_gbps[r], percentile(in.latency_s[0], 0.5) * 1e3,
                   percentile(in.latency_s[0], 0.99) * 1e3);
     out << line;
@@ -488,10 +550,9 @@ int main(int argc, char** argv) {
       std::snprintf(line, sizeof line, "  no prompt length pays off at %.3f GB/s\n", aggregate);
     }
     out << line;
-    std::snprintf(
-        line, sizeof line,
-        "  instances needed for B > B*: %d (at the measured %.3f GB/s per instance, scaling linearly)\n",
-        needed, per_instance);
+    std::snprintf(line, sizeof line,
+                  "  %ss needed for B > B*: %d (at the measured %.3f GB/s per %s, scaling linearly)\n", unit,
+                  needed, per_instance, unit);
     out << line;
     js << ",\"cost\":{\"bytes_per_token\":" << num(opt.bytes_per_token, 1)
        << ",\"prefill_tokens_per_s\":" << num(opt.prefill_tokens_per_s, 1)

@@ -21,10 +21,14 @@
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/resp/asio_connection.hpp"
+#include "kvtier/resp/cluster.hpp"
 #include "kvtier/resp/connection.hpp"
 #include "kvtier/resp/url.hpp"
 #if KVTIER_PROBE_HAS_URING
 #include "kvtier/resp/uring_connection.hpp"
+#endif
+#if KVTIER_PROBE_HAS_TLS
+#include "kvtier/resp/asio_tls_connection.hpp"
 #endif
 
 namespace kvtier_probe {
@@ -76,16 +80,19 @@ class instance_client {
 template <kvtier::resp::connection Connection>
 class connection_client final : public instance_client {
  public:
-  connection_client(const kvtier::resp::endpoint& ep, std::chrono::milliseconds connect_timeout)
+  connection_client(const kvtier::resp::endpoint& ep, std::chrono::milliseconds connect_timeout,
+                    const kvtier::resp::tls_options& tls = {})
       // No CLIENT SETNAME: on a server that wants a password it would fail inside the handshake,
       // where the server's words are lost; PING then says NOAUTH itself.
-      : ep_(ep), conn_(kvtier::resp::connection_options{.server = ep, .connect_timeout = connect_timeout}) {}
+      : ep_(ep),
+        conn_(
+            kvtier::resp::connection_options{.server = ep, .connect_timeout = connect_timeout, .tls = tls}) {}
 
   std::error_code connect(kvtier::deadline dl) override {
     b_.clear();
     b_.add({"PING"});
     if (std::error_code ec = run(dl)) {
-      if (ec == kvtier::errc::server_error) detail_ = "the server refused SELECT " + std::to_string(ep_.db);
+      detail_ = conn_.last_error();  // with the server's or OpenSSL's words
       return ec;
     }
     const auto& r = b_.reply(0);
@@ -197,13 +204,58 @@ inline bool transport_available(std::string_view transport) {
 /// `connect_timeout` caps one connect + handshake (a call's deadline caps it too).
 inline std::unique_ptr<instance_client> make_instance_client(std::string_view transport,
                                                              const kvtier::resp::endpoint& ep,
-                                                             std::chrono::milliseconds connect_timeout) {
+                                                             std::chrono::milliseconds connect_timeout,
+                                                             const kvtier::resp::tls_options& tls = {}) {
+#if KVTIER_PROBE_HAS_TLS
+  if (ep.tls)
+    return std::make_unique<connection_client<kvtier::resp::asio_tls_connection>>(ep, connect_timeout, tls);
+#endif
 #if KVTIER_PROBE_HAS_URING
   if (transport == "uring")
     return std::make_unique<connection_client<kvtier::resp::uring_connection>>(ep, connect_timeout);
 #endif
   (void)transport;
   return std::make_unique<connection_client<kvtier::resp::asio_connection>>(ep, connect_timeout);
+}
+
+/// The slot map of the cluster behind `seeds` (CLUSTER SLOTS from the first seed that answers).
+/// On failure `why` names the seeds' errors.
+inline std::error_code load_slot_map(const std::vector<kvtier::resp::endpoint>& seeds,
+                                     std::chrono::milliseconds timeout, const kvtier::resp::tls_options& tls,
+                                     kvtier::resp::slot_map& out, std::string& why) {
+  std::error_code last = make_error_code(kvtier::errc::invalid_argument);
+  for (const auto& ep : seeds) {
+    auto ask = [&](auto& conn) {
+      kvtier::resp::batch b;
+      b.add({"CLUSTER", "SLOTS"});
+      if (std::error_code ec = conn.execute(b, kvtier::deadline_after(timeout))) {
+        why += (why.empty() ? "" : "; ") + conn.last_error();
+        return ec;
+      }
+      std::string w;
+      const kvtier::resp::cluster_node from{ep.host, ep.port};
+      if (b.reply(0).is_error()) {
+        why += (why.empty() ? "" : "; ") + ep.describe() + ": CLUSTER SLOTS: " + b.reply(0).str;
+        return make_error_code(kvtier::errc::server_error);
+      }
+      if (std::error_code ec = kvtier::resp::parse_cluster_slots(b.reply(0), from, out, w)) {
+        why += (why.empty() ? "" : "; ") + ep.describe() + ": " + w;
+        return ec;
+      }
+      return std::error_code{};
+    };
+    const kvtier::resp::connection_options o{.server = ep, .connect_timeout = timeout, .tls = tls};
+#if KVTIER_PROBE_HAS_TLS
+    if (ep.tls) {
+      kvtier::resp::asio_tls_connection conn(o);
+      if (!(last = ask(conn))) return {};
+      continue;
+    }
+#endif
+    kvtier::resp::asio_connection conn(o);
+    if (!(last = ask(conn))) return {};
+  }
+  return last;
 }
 
 }  // namespace kvtier_probe

@@ -13,16 +13,17 @@
 namespace kvtier_probe {
 
 struct probe_options {
-  std::string url;                  ///< template, e.g. resp://127.0.0.1:{rank+6400}
-  int instances = 0;                ///< ranks 0..instances-1 substituted into url
-  std::uint64_t chunk_bytes = 0;    ///< bytes per value
-  int batch = 0;                    ///< keys per pipelined GET batch
-  int rounds = 0;                   ///< batches per instance at each batch size
-  int timeout_ms = 0;               ///< deadline of every connect and batch
-  double bytes_per_token = 0;       ///< S (0: not given)
-  double prefill_tokens_per_s = 0;  ///< R (0: not given)
-  std::string transport = "asio";   ///< asio | uring
-  std::string password_file;        ///< the password's file (else KVTIER_PASSWORD, else the URL's)
+  std::string url;                        ///< template, e.g. resp://127.0.0.1:{rank+6400}
+  int instances = 0;                      ///< ranks 0..instances-1 substituted into url
+  std::uint64_t chunk_bytes = 0;          ///< bytes per value
+  int batch = 0;                          ///< keys per pipelined GET batch
+  int rounds = 0;                         ///< batches per instance at each batch size
+  int timeout_ms = 0;                     ///< deadline of every connect and batch
+  double bytes_per_token = 0;             ///< S (0: not given)
+  double prefill_tokens_per_s = 0;        ///< R (0: not given)
+  std::string transport = "asio";         ///< asio | uring
+  std::string tls_ca, tls_cert, tls_key;  ///< rediss:// / resp+tls://: CA file, client cert and key
+  std::string password_file;              ///< the password's file (else KVTIER_PASSWORD, else the URL's)
   bool json = false;
   bool help = false;
 };
@@ -30,7 +31,7 @@ struct probe_options {
 inline constexpr std::string_view probe_usage =
     "usage: kvtier-probe --url TEMPLATE --instances N --chunk-bytes B --batch K --rounds M --timeout-ms T\n"
     "                    [--bytes-per-token S --prefill-tokens-per-s R] [--transport asio|uring]\n"
-    "                    [--password-file PATH] [--json]\n"
+    "                    [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--password-file PATH] [--json]\n"
     "\n"
     "Measures a RESP tier (Redis or Valkey): writes its own keys under a random kvtier-probe: prefix on\n"
     "every instance, reads them back in batches from all instances in parallel, verifies every byte,\n"
@@ -38,6 +39,9 @@ inline constexpr std::string_view probe_usage =
     "\n"
     "  --url TEMPLATE          resp://[user[:password]@]host:port[/db] or resp+unix:///path; {rank} is\n"
     "                          replaced by the instance number, {rank+N} as the port gives port N+rank;\n"
+    "                          rediss:// or resp+tls:// for TLS; resp+cluster://host:port[,host:port...]\n"
+    "                          for a Redis/Valkey Cluster: checks that all 16384 slots are served and\n"
+    "                          measures each master (one thread each; --instances is then not needed);\n"
     "                          the password is printed as *** everywhere\n"
     "  --password-file PATH    the password is the file's first line (keeps it out of argv); without\n"
     "                          it and without a password in --url, KVTIER_PASSWORD is used when set\n"
@@ -51,7 +55,10 @@ inline constexpr std::string_view probe_usage =
     "                          for deleting the keys on the other instances\n"
     "  --bytes-per-token S     KV bytes per token (e.g. 48400)      } both: break-even bandwidth, the\n"
     "  --prefill-tokens-per-s R  prefill speed of a node on a miss } profitable prompt length, instances\n"
-    "  --transport asio|uring  connection implementation (default asio)\n"
+    "  --transport asio|uring  connection implementation (default asio; TLS needs asio)\n"
+    "  --tls-ca FILE           CA certificates (PEM) that sign the servers' certificates (default: the\n"
+    "                          system's); the server name is always verified\n"
+    "  --tls-cert FILE, --tls-key FILE  a client certificate and its key, for servers that ask for one\n"
     "  --json                  the last stdout line is one JSON object\n";
 
 namespace detail {
@@ -82,7 +89,8 @@ inline std::string parse_probe_options(int argc, const char* const* argv, probe_
     auto is = [&](std::string_view name) { return flag == name; };
     const bool known = is("--url") || is("--instances") || is("--chunk-bytes") || is("--batch") ||
                        is("--rounds") || is("--timeout-ms") || is("--bytes-per-token") ||
-                       is("--prefill-tokens-per-s") || is("--transport") || is("--password-file");
+                       is("--prefill-tokens-per-s") || is("--transport") || is("--tls-ca") ||
+                       is("--tls-cert") || is("--tls-key") || is("--password-file");
     if (!known) return "unknown flag '" + std::string(flag) + "'";
     if (i + 1 >= argc) return std::string(flag) + " needs a value";
     std::string_view v = argv[++i];
@@ -128,6 +136,12 @@ inline std::string parse_probe_options(int argc, const char* const* argv, probe_
       if (v != "asio" && v != "uring")
         return "--transport must be asio or uring, got '" + std::string(v) + "'";
       o.transport = std::string(v);
+    } else if (is("--tls-ca")) {
+      o.tls_ca = std::string(v);
+    } else if (is("--tls-cert")) {
+      o.tls_cert = std::string(v);
+    } else if (is("--tls-key")) {
+      o.tls_key = std::string(v);
     }
     if (!err.empty()) return err;
   }
@@ -135,6 +149,8 @@ inline std::string parse_probe_options(int argc, const char* const* argv, probe_
   auto need = [&](bool seen, const char* name) {
     if (!seen) missing += (missing.empty() ? "" : ", ") + std::string(name);
   };
+  // A cluster's masters are the instances: their number comes from its slot map.
+  if (o.url.rfind("resp+cluster://", 0) == 0 && !seen_inst) seen_inst = true, o.instances = 1;
   need(seen_url, "--url"), need(seen_inst, "--instances"), need(seen_chunk, "--chunk-bytes");
   need(seen_batch, "--batch"), need(seen_rounds, "--rounds"), need(seen_timeout, "--timeout-ms");
   if (!missing.empty()) return "missing required flag(s): " + missing;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Integration tests of kvtier-probe against real redis-server processes on free loopback ports.
 #   probe_test.sh PROBE MODE
-# MODE: one_server | two_servers | two_servers_uring | auth | dead_port | black_hole | stalled_server |
-#       wrong_server | bad_flags | interrupt
+# MODE: one_server | two_servers | two_servers_uring | cluster | auth | dead_port | black_hole |
+#       stalled_server | wrong_server | bad_flags | interrupt
 # Servers (and helper listeners) are started here and stopped by PID on exit. Exit 77: skipped.
 set -uo pipefail
 probe=$1
@@ -114,6 +114,38 @@ case "$mode" in
       [ "$(redis-cli -p $((BASE + i)) dbsize)" = 1 ] || fail "instance $i: probe keys left behind (dbsize != 1)"
       [ "$(redis-cli -p $((BASE + i)) get other:key)" = keep ] || fail "instance $i: a foreign key was touched"
     done
+    ;;
+  cluster)
+    need redis-server; need redis-cli
+    REDIS_ARGS=(--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000)
+    start_servers 3
+    redis-cli --cluster create "127.0.0.1:$BASE" "127.0.0.1:$((BASE + 1))" "127.0.0.1:$((BASE + 2))" \
+      --cluster-replicas 0 --cluster-yes >"$work/create" 2>&1 || fail "redis-cli --cluster create failed"
+    for _ in $(seq 200); do
+      ok=0
+      for ((i = 0; i < 3; i++)); do
+        redis-cli -p $((BASE + i)) cluster info | grep -q cluster_state:ok && ok=$((ok + 1))
+      done
+      [ "$ok" -eq 3 ] && break
+      sleep 0.05
+    done
+    [ "$ok" -eq 3 ] || fail "cluster not ok"
+    run_probe --url "resp+cluster://127.0.0.1:$BASE" --chunk-bytes 200000 --batch 4 --rounds 4 \
+      --timeout-ms 10000 --bytes-per-token 48400 --prefill-tokens-per-s 52200 --json || fail "exit status $?"
+    grep -q "cluster: all 16384 slots served by 3 masters" "$work/out" || fail "no slot coverage line"
+    for ((i = 0; i < 3; i++)); do
+      grep -q "master $i (127.0.0.1:" "$work/out" || fail "no line for master $i"
+      [ "$(redis-cli -p $((BASE + i)) dbsize)" = 0 ] || fail "master $i: probe keys left behind"
+    done
+    grep -q '"cluster":{"slots_served":16384,"masters":3}' <<<"$(last_json)" || fail "JSON lacks the cluster object"
+    grep -q "masters needed for B > B\*" "$work/out" || fail "no masters-needed line"
+    # A slot without a master (as the seed sees it): named, exit 1, nothing written.
+    redis-cli -p "$BASE" cluster delslots 0 >/dev/null
+    run_probe --url "resp+cluster://127.0.0.1:$BASE" --chunk-bytes 1000 --batch 2 \
+      --rounds 1 --timeout-ms 5000
+    st=$?
+    [ "$st" -eq 1 ] || fail "a slot without a master: exit status $st (expected 1)"
+    grep -q "serves 16383 of 16384 slots (slot 0 " "$work/err" || fail "the unserved slot is not named"
     ;;
   auth)
     need redis-server; need redis-cli

@@ -10,6 +10,10 @@
 //   kvtier::resp::batch b;
 //   b.add_into({"GET", key}, std::span<std::byte>(dst));
 //   std::error_code ec = conn.execute(b, kvtier::deadline_after(std::chrono::milliseconds(100)));
+//
+// TLS (rediss://, resp+tls://) is the same class with OpenSSL plugged in:
+// kvtier::resp::asio_tls_connection (kvtier/resp/asio_tls_connection.hpp, target kvtier::tls).
+// asio_connection refuses a TLS endpoint with errc::invalid_argument and says so in last_error().
 #pragma once
 
 #include <algorithm>
@@ -30,27 +34,53 @@
 
 namespace kvtier::resp {
 
-/// RESP connection over Boost.Asio: resp:// (TCP) and resp+unix:// (Unix socket) endpoints.
-class asio_connection : public connection_base<asio_connection> {
+namespace detail {
+/// The TLS policy of a plain asio_connection: none (see asio_tls_connection.hpp for OpenSSL's).
+struct asio_no_tls {
+  static constexpr bool enabled = false;
+  asio_no_tls(boost::asio::io_context&, const connection_options&) {}
+};
+}  // namespace detail
+
+/// RESP connection over Boost.Asio: resp:// (TCP) and resp+unix:// (Unix socket) endpoints, and
+/// with a TLS policy also rediss:// / resp+tls://. Use the aliases asio_connection and
+/// asio_tls_connection.
+template <class Tls>
+class basic_asio_connection : public connection_base<basic_asio_connection<Tls>> {
+  using base = connection_base<basic_asio_connection<Tls>>;
+
  public:
-  explicit asio_connection(connection_options opt) : connection_base(std::move(opt)) {}
-  asio_connection(const asio_connection&) = delete;
-  asio_connection& operator=(const asio_connection&) = delete;
-  ~asio_connection() { close(); }
+  explicit basic_asio_connection(connection_options opt) : base(std::move(opt)), tls_(ctx_, this->opts()) {}
+  basic_asio_connection(const basic_asio_connection&) = delete;
+  basic_asio_connection& operator=(const basic_asio_connection&) = delete;
+  ~basic_asio_connection() { this->close(); }
 
  private:
-  friend class connection_base<asio_connection>;
+  friend base;
+  using base::on_read;
+  using base::on_written;
+  using base::opts;
+  using base::read_span;
+  using base::replies_done;
+  using base::write_buffers;
+  using base::write_pending;
   using tcp = boost::asio::ip::tcp;
   using local = boost::asio::local::stream_protocol;
   using asio_ec = boost::system::error_code;
 
   bool is_unix() const noexcept { return opts().server.kind == endpoint::transport::unix_socket; }
 
-  // Calls f with the active socket.
+  // Calls f with the active stream: the Unix socket, the TLS stream, or the TCP socket.
   template <class F>
-  decltype(auto) with_socket(F&& f) {
+  void with_stream(F&& f) {
     if (is_unix()) return f(unix_);
-    return f(tcp_);
+    if constexpr (Tls::enabled) {
+      if (tls_.active()) return f(tls_.stream());
+    }
+    f(tcp_);
+  }
+  int fd() {
+    return is_unix() ? static_cast<int>(unix_.native_handle()) : static_cast<int>(tcp_.native_handle());
   }
 
   // Runs the io_context until `pending_` operations are done or `dl` passes; at the deadline
@@ -87,7 +117,13 @@ class asio_connection : public connection_base<asio_connection> {
 
   std::error_code transport_connect(deadline dl) {
     close_socket();
+    if constexpr (Tls::enabled) tls_.reset();
     ctx_.restart();
+    if (opts().server.tls && !Tls::enabled) {
+      this->set_transport_text(
+          "a TLS endpoint needs asio_tls_connection (kvtier/resp/asio_tls_connection.hpp)");
+      return make_error_code(errc::invalid_argument);
+    }
     asio_ec result;
     pending_ = 1;
     const endpoint& ep = opts().server;
@@ -138,8 +174,40 @@ class asio_connection : public connection_base<asio_connection> {
       close_socket();
       return map_connect_error(result);
     }
-    const int fd = with_socket([](auto& s) { return static_cast<int>(s.native_handle()); });
-    detail::conn_tune_socket(fd, !is_unix(), opts().socket_buffer_bytes);
+    detail::conn_tune_socket(fd(), !is_unix(), opts().socket_buffer_bytes);
+    if constexpr (Tls::enabled) {
+      if (opts().server.tls) return tls_handshake(dl);
+    }
+    return {};
+  }
+
+  // The TLS handshake on the connected socket, by `dl`; a failure's reason goes to the base.
+  std::error_code tls_handshake(deadline dl) {
+    std::string why;
+    if (std::error_code ec = tls_.start(tcp_, opts(), why)) {
+      this->set_transport_text("TLS: " + why);
+      close_socket();
+      return ec;
+    }
+    asio_ec result;
+    pending_ = 1;
+    tls_.stream().async_handshake(Tls::client, [this, &result](const asio_ec& e) {
+      --pending_;
+      result = e;
+    });
+    if (run_until(dl)) {
+      this->set_transport_text(
+          "TLS handshake: no answer by the deadline (is the server speaking TLS on this port? a "
+          "plaintext Redis waits silently for the rest of a command)");
+      tls_.reset();
+      return make_error_code(errc::timeout);
+    }
+    if (result) {
+      this->set_transport_text("TLS handshake: " + tls_.explain(result));
+      close_socket();
+      tls_.reset();
+      return make_error_code(errc::tls_failed);
+    }
     return {};
   }
 
@@ -153,12 +221,19 @@ class asio_connection : public connection_base<asio_connection> {
     return error_;
   }
 
-  void transport_close() noexcept { close_socket(); }
+  void transport_close() noexcept {
+    close_socket();
+    if constexpr (Tls::enabled) tls_.reset();  // no operation is pending on it any more
+  }
 
   bool transport_peer_closed() noexcept {
-    return with_socket([](auto& s) {
-      return !s.is_open() || detail::conn_peer_closed(static_cast<int>(s.native_handle()));
-    });
+    const bool open = is_unix() ? unix_.is_open() : tcp_.is_open();
+    // Over TLS, bytes waiting on an idle socket may be a TLS record (a session ticket), not junk.
+    return !open || detail::conn_peer_closed(fd(), /*data_means_closed=*/!tls_active());
+  }
+  bool tls_active() const noexcept {
+    if constexpr (Tls::enabled) return tls_.active();
+    return false;
   }
 
   // ---- the exchange ---------------------------------------------------------------------
@@ -176,7 +251,7 @@ class asio_connection : public connection_base<asio_connection> {
       if (wbufs_.size() == max_write_buffers) break;
     }
     ++pending_;
-    with_socket([this](auto& s) {
+    with_stream([this](auto& s) {
       s.async_write_some(wbufs_, [this](const asio_ec& e, std::size_t n) {
         --pending_;
         if (e) return fail(make_error_code(errc::connection_lost));
@@ -190,7 +265,7 @@ class asio_connection : public connection_base<asio_connection> {
     if (error_ || replies_done()) return;
     const std::span<std::byte> into = read_span();
     ++pending_;
-    with_socket([this, into](auto& s) {
+    with_stream([this, into](auto& s) {
       s.async_read_some(boost::asio::buffer(into.data(), into.size()),
                         [this](const asio_ec& e, std::size_t n) {
                           --pending_;
@@ -210,8 +285,11 @@ class asio_connection : public connection_base<asio_connection> {
   std::vector<boost::asio::const_buffer> wbufs_;
   std::size_t pending_ = 0;
   std::error_code error_;
+  Tls tls_;  // after ctx_: built from it
 };
 
+/// Plain TCP and Unix sockets.
+using asio_connection = basic_asio_connection<detail::asio_no_tls>;
 static_assert(connection<asio_connection>);
 
 }  // namespace kvtier::resp

@@ -28,7 +28,10 @@
 //  - Connecting: resolve, connect (TCP_NODELAY), then HELLO 3 (protocol 3) or AUTH, CLIENT
 //    SETNAME, SELECT, all pipelined in one round trip. Failed connects back off exponentially
 //    (capped); a call whose deadline falls before the next allowed attempt fails at once with
-//    errc::not_connected instead of waiting.
+//    the last attempt's error (e.g. errc::connection_refused, errc::auth_failed) instead of
+//    waiting.
+//  - last_error() says in words what failed last, with the server's own error text where it
+//    sent one ("SELECT 99: ERR DB index is out of range") and the server's address.
 //  - Server error replies are replies, not failures: check reply(i).is_error().
 //  - A batch holding a command with no arguments is refused whole (errc::invalid_argument).
 //  - Not thread-safe: one thread at a time per connection (use one connection per worker).
@@ -56,6 +59,16 @@
 
 namespace kvtier::resp {
 
+/// TLS settings for rediss:// and resp+tls:// endpoints (the Asio transport with OpenSSL,
+/// kvtier/resp/asio_tls_connection.hpp). Peer verification is on unless turned off.
+struct tls_options {
+  std::string ca_file{};      ///< PEM file of trusted CAs; empty: the system's default CA paths
+  std::string cert_file{};    ///< client certificate (PEM), for servers that ask for one
+  std::string key_file{};     ///< the client certificate's private key (PEM)
+  std::string server_name{};  ///< name to verify and send as SNI; empty: the endpoint's host
+  bool verify_peer = true;    ///< check the server's certificate chain and name
+};
+
 /// How a connection reaches and talks to its server.
 struct connection_options {
   endpoint server{};  ///< where (from parse_url)
@@ -68,6 +81,7 @@ struct connection_options {
   std::string client_name{};                              ///< CLIENT SETNAME when non-empty
   parser_limits limits{};                                 ///< reply limits (bulk, aggregate, depth, buffer)
   int socket_buffer_bytes = 0;  ///< SO_RCVBUF/SO_SNDBUF when > 0 (else kernel autotuning)
+  tls_options tls{};            ///< used when server.tls (rediss://, resp+tls://)
 };
 
 /// Counters of one connection (monotonic since construction).
@@ -209,6 +223,9 @@ class connection_base {
 
   const connection_options& options() const noexcept { return opt_; }
   connection_stats stats() const noexcept { return stats_; }
+  /// The last failure in words (empty before any): address, what failed, and the server's own
+  /// error text when it sent one. Kept until the next failure.
+  const std::string& last_error() const noexcept { return last_error_; }
   bool connected() const noexcept { return connected_; }
 
   /// Connects now (otherwise the first execute() does). No-op when connected.
@@ -240,8 +257,8 @@ class connection_base {
     if (b.empty()) return {};
     // The server answers nothing to an empty command, so each later reply would be taken for
     // the reply of the command before it: refuse the batch before sending any of it.
-    if (b.empty_command_) return make_error_code(errc::invalid_argument);
-    if (expired(dl)) return make_error_code(errc::timeout);
+    if (b.empty_command_) return note_error(errc::invalid_argument, "a command without arguments");
+    if (expired(dl)) return note_error(errc::timeout, "deadline passed before the batch was sent");
     if (std::error_code ec = ensure_ready(dl)) return ec;
     ++stats_.batches;
     stats_.commands += b.size();
@@ -294,6 +311,8 @@ class connection_base {
   /// Every reply of the batch has arrived.
   bool replies_done() const noexcept { return cur_->completed_ >= cur_->size(); }
   const connection_options& opts() const noexcept { return opt_; }
+  /// Why transport_connect() failed, in words (e.g. "TLS: certificate has expired").
+  void set_transport_text(std::string text) { transport_text_ = std::move(text); }
 
  private:
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
@@ -326,6 +345,9 @@ class connection_base {
     else
       ++stats_.failures;
     close();
+    note_error(ec, ec == errc::protocol_error
+                       ? "reply is not RESP (is a Redis-protocol server listening there?)"
+                       : "");
     return ec;
   }
 
@@ -349,16 +371,19 @@ class connection_base {
   std::error_code establish(deadline dl) {
     const auto now = clock::now();
     if (now < next_attempt_) {
-      if (next_attempt_ >= dl) return make_error_code(errc::not_connected);
+      // Too early for another attempt: the caller learns why the last one failed.
+      if (next_attempt_ >= dl) return last_connect_error_;
       std::this_thread::sleep_until(next_attempt_);
     }
     const deadline cdl =
         std::min(dl, clock::now() + std::chrono::duration_cast<clock::duration>(opt_.connect_timeout));
+    transport_text_.clear();
     std::error_code ec = self().transport_connect(cdl);
+    std::string server_text = transport_text_;  // e.g. a TLS failure's reason
     if (!ec) {
       connected_ = true;
       parser_.reset();
-      ec = handshake(cdl);
+      ec = handshake(cdl, server_text);
       // run() closed the stream for bytes after the handshake's replies: this attempt failed.
       if (!ec && !connected_) ec = make_error_code(errc::protocol_error);
     }
@@ -369,6 +394,8 @@ class connection_base {
       parser_.reset();
       if (ec == errc::timeout && cdl < dl)
         ec = make_error_code(errc::connection_refused);  // connect_timeout, not the caller's
+      last_connect_error_ = ec;
+      note_error(ec, server_text.empty() ? "connect" : server_text);
       next_attempt_ = clock::now() + std::chrono::duration_cast<clock::duration>(backoff_);
       backoff_ = std::min(backoff_ * 2, opt_.reconnect_backoff_max);
       return ec;
@@ -380,8 +407,24 @@ class connection_base {
     return {};
   }
 
-  // HELLO/AUTH, CLIENT SETNAME, SELECT in one round trip.
-  std::error_code handshake(deadline dl) {
+  // "host:port: what (message)" into last_error_; returns ec.
+  std::error_code note_error(std::error_code ec, std::string_view what) {
+    last_error_ = opt_.server.describe();
+    last_error_ += ": ";
+    if (!what.empty()) {
+      last_error_ += what;
+      last_error_ += " (";
+      last_error_ += ec.message();
+      last_error_ += ")";
+    } else {
+      last_error_ += ec.message();
+    }
+    return ec;
+  }
+
+  // HELLO/AUTH, CLIENT SETNAME, SELECT in one round trip. A refusal's text (command name and
+  // the server's words) goes to `server_text`.
+  std::error_code handshake(deadline dl, std::string& server_text) {
     probe_.clear();
     const endpoint& ep = opt_.server;
     const std::string db = std::to_string(ep.db);
@@ -417,6 +460,10 @@ class connection_base {
     for (std::size_t i = 0; i < n; ++i) {
       const value& r = probe_.reply(i);
       if (!r.is_error()) continue;
+      static constexpr std::string_view names[] = {"AUTH", "CLIENT SETNAME", "SELECT"};
+      server_text = std::string(opt_.protocol == 3 && steps[i] == auth ? "HELLO" : names[steps[i]]);
+      server_text += ": ";
+      server_text += r.str;
       if (steps[i] != auth) return make_error_code(errc::server_error);
       // AUTH: any refusal is a failed login. HELLO: only the login errors are; NOPROTO or an
       // unknown command (a server older than RESP3) is the server's answer to the protocol.
@@ -434,6 +481,9 @@ class connection_base {
   clock::time_point last_used_{};
   clock::time_point next_attempt_{};
   std::chrono::milliseconds backoff_;
+  std::error_code last_connect_error_;
+  std::string last_error_;
+  std::string transport_text_;
   batch ping_;   // ping()
   batch probe_;  // health checks and the handshake (never at the same time as a caller's batch)
   batch* cur_ = nullptr;

@@ -15,7 +15,8 @@
 //    limits are checked (prepare() returns a slice of that string once the buffer is drained).
 // Limits (bulk length, aggregate count, nesting depth, header-line length) are checked before
 // anything is allocated. A violation or malformed input is a sticky error (errc::too_large or
-// errc::protocol_error): the connection must be closed; the parser never resyncs. RESP3
+// errc::protocol_error): the connection must be closed; the parser never resyncs. A reply whose
+// first byte starts no RESP type (an HTTP server's answer, say) fails as soon as that byte is in. RESP3
 // streamed strings and aggregates (`$?`, `*?`), which Redis and Valkey never send, are a
 // protocol error. RESP3 pushes (`>`) come back as top-level values of type::push; they are not
 // replies to a command and take no destination.
@@ -54,6 +55,11 @@
 namespace kvtier::resp {
 
 namespace detail {
+
+/// True for the bytes that start a RESP2/RESP3 value.
+constexpr bool resp_type_byte(char c) noexcept {
+  return std::string_view("+-:$*_,#!=(%~>|").find(c) != std::string_view::npos;
+}
 
 /// Strict RESP integer: [+|-]digits, no spaces, no overflow.
 inline bool parse_int64(std::string_view s, std::int64_t& out) noexcept {
@@ -442,6 +448,10 @@ class parser {
         continue;
       }
 
+      // A first byte that starts no RESP type fails at once, without waiting for a CRLF that
+      // may never come (an HTTP server's "<html>\n..." has none, then it closes).
+      if (scanned_ == 0 && begin_ < end_ && !detail::resp_type_byte(static_cast<char>(buf_[begin_])))
+        return fail(errc::protocol_error);
       const auto line = take_line();
       if (!line) return std::nullopt;
       const char t = (*line)[0];

@@ -135,6 +135,10 @@ class uring_connection : public connection_base<uring_connection> {
 
   std::error_code transport_connect(deadline dl) {
     if (!ring_ok_) return make_error_code(errc::backend_error);
+    if (opts().server.tls) {
+      set_transport_text("TLS is not supported by the io_uring transport (use asio_tls_connection)");
+      return make_error_code(errc::invalid_argument);
+    }
     transport_close();
     const endpoint& ep = opts().server;
     const bool unix_socket = ep.kind == endpoint::transport::unix_socket;

@@ -4,6 +4,8 @@
 //   resp://[user[:password]@]host[:port][/db]          TCP; port defaults to 6379, db to 0
 //   resp://[user[:password]@][v6addr]:port[/db]        IPv6 literal in brackets
 //   resp+unix://[user[:password]@]/path/to.sock[?db=N] Unix socket (absolute path)
+//   rediss://... or resp+tls://...                      TCP with TLS (as resp://; see
+//                                                       connection_options::tls)
 // User and password may be percent-encoded (%40 for '@', %3A for ':').
 //
 // Templates: "{rank}" is replaced by the rank anywhere in the text, and "{rank+N}"
@@ -44,6 +46,7 @@ struct endpoint {
   std::string user;           ///< empty: AUTH with password only (the "default" user)
   std::string password;       ///< empty: no AUTH
   int db = 0;                 ///< SELECT db after connecting when non-zero
+  bool tls = false;           ///< TCP with TLS (rediss://, resp+tls://)
 
   /// "host:port/db" or "unix:/path/db" without credentials, for messages and logs.
   std::string describe() const {
@@ -165,14 +168,25 @@ inline std::string substitute_rank(std::string_view tmpl, int rank) {
 inline url_result parse_url(std::string_view url, std::optional<int> rank = std::nullopt) {
   using detail::conn_url_error;
   // The scheme first: "redis://h:{rank+1}" is a wrong scheme, whatever else it contains.
+  // rediss:// and resp+tls:// are TCP endpoints with TLS: host, port, {rank+N} as for resp://.
   constexpr std::string_view tcp_scheme = "resp://", unix_scheme = "resp+unix://";
-  const bool is_tcp = url.substr(0, tcp_scheme.size()) == tcp_scheme;
+  constexpr std::string_view tls_schemes[] = {"rediss://", "resp+tls://"};
+  std::size_t scheme_size = url.substr(0, tcp_scheme.size()) == tcp_scheme ? tcp_scheme.size() : 0;
+  bool is_tls = false;
+  for (const std::string_view t : tls_schemes) {
+    if (url.substr(0, t.size()) == t) {
+      scheme_size = t.size();
+      is_tls = true;
+    }
+  }
+  const bool is_tcp = scheme_size != 0;
   if (!is_tcp && url.substr(0, unix_scheme.size()) != unix_scheme) {
     const auto colon = url.find("://");
-    return conn_url_error(url, colon == std::string_view::npos
-                                   ? "missing scheme (expected resp:// or resp+unix://)"
-                                   : "unsupported scheme '" + std::string(url.substr(0, colon)) +
-                                         "' (expected resp or resp+unix)");
+    return conn_url_error(url,
+                          colon == std::string_view::npos
+                              ? "missing scheme (expected resp://, resp+unix://, rediss:// or resp+tls://)"
+                              : "unsupported scheme '" + std::string(url.substr(0, colon)) +
+                                    "' (expected resp, resp+unix, rediss or resp+tls)");
   }
   // "{rank}" as the whole port would make the port the rank itself (0 for rank 0).
   for (std::size_t p = url.find(":{rank}"); is_tcp && p != std::string_view::npos;
@@ -199,15 +213,16 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
           url, "unknown placeholder " + std::string(ph) + " (only {rank} anywhere and {rank+N} as the port)");
     if (!rank)
       return conn_url_error(url, "contains the placeholder " + std::string(ph) + " but no rank was given");
-    const bool port_position =
-        b > 0 && s[b - 1] == ':' && (e + 1 == s.size() || s[e + 1] == '/') && s.substr(0, 7) == "resp://";
+    const bool port_position = b > 0 && s[b - 1] == ':' && (e + 1 == s.size() || s[e + 1] == '/') &&
+                               s.substr(0, 12) != "resp+unix://";
     if (!port_position) return conn_url_error(url, std::string(ph) + " is only allowed as the port");
   }
 
   endpoint ep;
   std::string_view rest;
   if (is_tcp) {
-    rest = s.substr(tcp_scheme.size());
+    rest = s.substr(scheme_size);
+    ep.tls = is_tls;
   } else {
     ep.kind = endpoint::transport::unix_socket;
     rest = s.substr(unix_scheme.size());

@@ -23,7 +23,8 @@
 // store is given value_format::v2(group_bytes). A store reads only the format it writes: a
 // version-1 value read by a version-2 store has another length and is refused (corrupt, counted
 // as other_format); a version-2 value whose payload was altered fails only its own group's
-// checksum (counted as bad_checksum; the status is corrupt either way).
+// checksum (counted as bad_checksum; the status is corrupt either way). The framing and checks
+// live in store/detail/remote_codec.hpp, shared with cluster_store.
 //
 // Pipelined GETs rather than MGET: only a top-level bulk reply can be read into a destination
 // without a second copy (MGET's values are elements of one array reply).
@@ -33,308 +34,147 @@
 //   std::vector<kvtier::chunk_status> st(keys.size());
 //   std::error_code ec = l2.get(keys, dst_spans, st, kvtier::deadline_after(std::chrono::milliseconds(200)));
 //
-// Thread safety: calls are serialised on one connection; a call waiting for another thread's
-// call gives up at its own deadline (every key timeout). Use one store per worker for
-// parallelism.
+// Thread safety: calls from several threads run in parallel, each on a connection of the
+// store's pool (kvtier/resp/pool.hpp; default 4 connections, one kept for small calls such as
+// exists, so an EXISTS never waits behind a batch of 12 MB GETs). A call that finds no free
+// connection gives up at its own deadline (every key timeout).
 #pragma once
 
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstddef>
-#include <cstdint>
-#include <mutex>
 #include <span>
 #include <string>
-#include <string_view>
 #include <system_error>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
 #include "kvtier/deadline.hpp"
-#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/resp/connection.hpp"
+#include "kvtier/resp/pool.hpp"
 #include "kvtier/store/chunk_store.hpp"
+#include "kvtier/store/detail/remote_codec.hpp"
+#include "kvtier/store/remote_stats.hpp"
 #include "kvtier/store/value_header.hpp"
 
 namespace kvtier {
 
-/// Counters of a remote_store (monotonic since construction; read with relaxed loads).
-struct remote_store_stats {
-  std::uint64_t hits = 0;           ///< get: verified values delivered
-  std::uint64_t misses = 0;         ///< get: key absent
-  std::uint64_t corrupt = 0;        ///< get: all rejected values (sum of the four below)
-  std::uint64_t wrong_length = 0;   ///< get: stored length differs from the destination's
-  std::uint64_t bad_header = 0;     ///< get: magic/version/header checksum/namespace/key mismatch
-  std::uint64_t bad_checksum = 0;   ///< get: payload (or a group's) checksum mismatch
-  std::uint64_t other_format = 0;   ///< get: a version-1 value read by a version-2 store
-  std::uint64_t timeouts = 0;       ///< calls that hit their deadline
-  std::uint64_t errors = 0;         ///< calls lost to connection/protocol errors, and error replies
-  std::uint64_t bytes_fetched = 0;  ///< payload bytes of hits
-  std::uint64_t bytes_stored = 0;   ///< payload bytes of successful puts
-};
-
-/// The L2 store: one namespace's chunks on one server, through one connection.
+/// The L2 store: one namespace's chunks on one server, through a pool of connections.
 template <resp::connection Connection>
 class remote_store {
  public:
+  /// `pool` sizes the connection pool (resp/pool.hpp): calls run in parallel, one per
+  /// connection; a call that moves more than `small_request_bytes` of payload is `large`.
   /// `format`: the value format written and expected (version 1 unless given).
-  remote_store(key_namespace ns, resp::connection_options opt, value_format format = value_format::v1())
-      : ns_(std::move(ns)),
-        fingerprint_(ns_.fingerprint()),
-        format_(format),
-        key_prefix_(remote_key_prefix(ns_)),
-        conn_(std::move(opt)) {}
+  remote_store(key_namespace ns, resp::connection_options opt, resp::pool_options pool = {},
+               value_format format = value_format::v1())
+      : codec_(std::move(ns), {}, format),
+        where_(opt.server.describe()),
+        pool_(std::move(opt), pool),
+        scratch_(pool_.size()) {}
+  remote_store(key_namespace ns, resp::connection_options opt, value_format format,
+               resp::pool_options pool = {})
+      : remote_store(std::move(ns), std::move(opt), pool, format) {}
 
   remote_store(const remote_store&) = delete;
   remote_store& operator=(const remote_store&) = delete;
 
+  /// Calls moving at most this many payload bytes count as small (never wait behind large ones).
+  static constexpr std::size_t small_request_bytes = 64 << 10;
+
   /// Presence of each key (one EXISTS per key, one round trip). hit = present, miss = absent.
   std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
     if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
-    turn t(*this);
-    if (std::error_code ec = enter(t, status, dl)) return ec;
-    batch_.clear();
-    for (const chunk_key& k : keys) {
-      const std::string name = remote_key_text(key_prefix_, k);
-      batch_.add({"EXISTS", name});
-    }
-    const std::error_code ec = conn_.execute(batch_, dl);
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (i >= batch_.completed()) {
-        status[i] = unfinished(ec);
-        continue;
-      }
-      const resp::value& r = batch_.reply(i);
-      if (r.kind == resp::type::integer) {
-        status[i] = r.integer > 0 ? chunk_status::hit : chunk_status::miss;
-      } else {
-        status[i] = chunk_status::error;
-        bump(stats_.errors);
-      }
-    }
-    count_call(ec);
-    return ec;
+    return run(
+        keys, status, dl, resp::request_size::small,
+        [&](detail::remote_scratch& s, std::size_t, const chunk_key&, const std::string& name) {
+          codec_.add_exists(s.batch, name);
+        },
+        [&](detail::remote_scratch&, std::size_t, const resp::value& r, const std::string& name) {
+          return codec_.exists_status(r, where_, name);
+        });
   }
 
   /// Reads each key's payload into dst[i] (its size is the expected length) and verifies it.
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != dst.size() || keys.size() != status.size() || !frame_headers(dst))
+    if (keys.size() != dst.size() || keys.size() != status.size() || !codec_.can_frame(dst))
       return make_error_code(errc::invalid_argument);
-    turn t(*this);
-    if (std::error_code ec = enter(t, status, dl)) return ec;
-    batch_.clear();
-    parts_.resize(2 * keys.size());
-    gates_.resize(keys.size());  // sized before any address is taken: the pointers stay valid
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      parts_[2 * i] = header(i);
-      parts_[2 * i + 1] = dst[i];
-      gates_[i] = gate_context{&format_, fingerprint_, keys[i], dst[i].size()};
-      const std::string name = remote_key_text(key_prefix_, keys[i]);
-      batch_.add_into({"GET", name}, std::span<const std::span<std::byte>>(parts_).subspan(2 * i, 2),
-                      resp::destination_gate{&header_gate, &gates_[i]});
-    }
-    const std::error_code ec = conn_.execute(batch_, dl);
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      status[i] =
-          i < batch_.completed() ? judge(batch_.reply(i), keys[i], header(i), dst[i]) : unfinished(ec);
-    }
-    count_call(ec);
-    return ec;
+    return run(
+        keys, status, dl, size_class(dst),
+        [&](detail::remote_scratch& s, std::size_t i, const chunk_key& k, const std::string& name) {
+          codec_.add_get(s, i, k, name, dst[i]);
+        },
+        [&](detail::remote_scratch& s, std::size_t i, const resp::value& r, const std::string& name) {
+          return codec_.get_status(r, s, i, keys[i], dst[i], where_, name);
+        });
   }
 
   /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != src.size() || keys.size() != status.size() || !frame_headers(src))
+    if (keys.size() != src.size() || keys.size() != status.size() || !codec_.can_frame(src))
       return make_error_code(errc::invalid_argument);
-    turn t(*this);
-    if (std::error_code ec = enter(t, status, dl)) return ec;
-    batch_.clear();
-    out_parts_.resize(2 * keys.size());
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      encode_value_header(format_, fingerprint_, keys[i], src[i], header(i));
-      out_parts_[2 * i] = header(i);
-      out_parts_[2 * i + 1] = src[i];
-      const std::string name = remote_key_text(key_prefix_, keys[i]);
-      batch_.add_with_payload({"SET", name},
-                              std::span<const std::span<const std::byte>>(out_parts_).subspan(2 * i, 2));
-    }
-    const std::error_code ec = conn_.execute(batch_, dl);
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (i >= batch_.completed()) {
-        status[i] = unfinished(ec);
-      } else if (batch_.reply(i).kind == resp::type::simple_string) {
-        status[i] = chunk_status::stored;
-        bump(stats_.bytes_stored, src[i].size());
-      } else {
-        status[i] = chunk_status::error;  // e.g. OOM with maxmemory and noeviction
-        bump(stats_.errors);
-      }
-    }
-    count_call(ec);
-    return ec;
+    return run(
+        keys, status, dl, size_class(src),
+        [&](detail::remote_scratch& s, std::size_t i, const chunk_key& k, const std::string& name) {
+          codec_.add_put(s, i, k, name, src[i]);
+        },
+        [&](detail::remote_scratch&, std::size_t i, const resp::value& r, const std::string& name) {
+          return codec_.put_status(r, src[i].size(), where_, name);
+        });
   }
 
   /// A snapshot of the counters.
-  remote_store_stats stats() const noexcept {
-    remote_store_stats s;
-    s.hits = stats_.hits.load(std::memory_order_relaxed);
-    s.misses = stats_.misses.load(std::memory_order_relaxed);
-    s.wrong_length = stats_.wrong_length.load(std::memory_order_relaxed);
-    s.bad_header = stats_.bad_header.load(std::memory_order_relaxed);
-    s.bad_checksum = stats_.bad_checksum.load(std::memory_order_relaxed);
-    s.other_format = stats_.other_format.load(std::memory_order_relaxed);
-    s.corrupt = s.wrong_length + s.bad_header + s.bad_checksum + s.other_format;
-    s.timeouts = stats_.timeouts.load(std::memory_order_relaxed);
-    s.errors = stats_.errors.load(std::memory_order_relaxed);
-    s.bytes_fetched = stats_.bytes_fetched.load(std::memory_order_relaxed);
-    s.bytes_stored = stats_.bytes_stored.load(std::memory_order_relaxed);
-    return s;
-  }
+  remote_store_stats stats() const noexcept { return codec_.stats(); }
 
-  const key_namespace& ns() const noexcept { return ns_; }
-  const value_format& format() const noexcept { return format_; }
-  /// The connection (e.g. for its stats); do not use it while a store call runs elsewhere.
-  Connection& connection() noexcept { return conn_; }
+  const key_namespace& ns() const noexcept { return codec_.ns(); }
+  const value_format& format() const noexcept { return codec_.format(); }
+  /// The last failure in words (empty before any): a failed call's connection error with the
+  /// server's address and text ("127.0.0.1:6379: SELECT: ERR DB index is out of range (server
+  /// replied with an error)"), or a key's error reply ("127.0.0.1:6379: GET kv:...: WRONGTYPE ...").
+  std::string last_error() const { return codec_.last_error(); }
+  /// The connection pool (e.g. for its stats()).
+  resp::connection_pool<Connection>& pool() noexcept { return pool_; }
 
  private:
-  struct counters {
-    std::atomic<std::uint64_t> hits{0}, misses{0}, wrong_length{0}, bad_header{0}, bad_checksum{0},
-        other_format{0}, timeouts{0}, errors{0}, bytes_fetched{0}, bytes_stored{0};
-  };
-  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
-    c.fetch_add(n, std::memory_order_relaxed);
+  template <class Span>
+  static resp::request_size size_class(Span spans) noexcept {
+    std::size_t bytes = 0;
+    for (const auto& x : spans) bytes += x.size();
+    return bytes > small_request_bytes ? resp::request_size::large : resp::request_size::small;
   }
 
-  // One call at a time on the connection. A condition variable rather than a timed_mutex:
-  // the wait is bounded by the caller's deadline, and ThreadSanitizer understands it.
-  struct turn {
-    explicit turn(remote_store& s) noexcept : store(s) {}
-    turn(const turn&) = delete;
-    turn& operator=(const turn&) = delete;
-    ~turn() {
-      if (!held) return;
-      {
-        std::lock_guard<std::mutex> lock(store.mu_);
-        store.busy_ = false;
-      }
-      store.cv_.notify_one();
-    }
-    remote_store& store;
-    bool held = false;
-  };
-
-  // Takes the store's turn by the deadline; else every key timeout.
-  std::error_code enter(turn& t, std::span<chunk_status> status, deadline dl) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      auto free = [this] { return !busy_; };
-      if (detail::wait_until(cv_, lock, dl, free)) t.held = busy_ = true;
-    }
-    if (!t.held || expired(dl)) {
+  // One pipelined round trip on a pooled connection: add(s, i, key, name) per key, then
+  // status[i] = judge(s, i, reply, name) for each reply that came back.
+  template <class Add, class Judge>
+  std::error_code run(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl,
+                      resp::request_size kind, Add&& add, Judge&& judge) {
+    typename resp::connection_pool<Connection>::lease lease;
+    if (pool_.acquire(kind, dl, lease) || expired(dl)) {
       std::fill(status.begin(), status.end(), chunk_status::timeout);
-      bump(stats_.timeouts);
+      codec_.count_call(make_error_code(errc::timeout),
+                        where_ + ": no pooled connection came free by the deadline");
       return make_error_code(errc::timeout);
     }
-    return {};
+    detail::remote_scratch& s = scratch_[lease.index()];
+    s.size_for(keys.size());
+    std::vector<std::string>& names = s.names;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      names[i] = codec_.key_text(keys[i]);
+      add(s, i, keys[i], names[i]);
+    }
+    const std::error_code ec = lease.conn().execute(s.batch, dl);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      status[i] = i < s.batch.completed() ? judge(s, i, s.batch.reply(i), names[i])
+                                          : detail::remote_codec::unfinished(ec);
+    codec_.count_call(ec, lease.conn().last_error());
+    return ec;
   }
 
-  static chunk_status unfinished(const std::error_code& ec) noexcept {
-    return ec == errc::timeout ? chunk_status::timeout : chunk_status::error;
-  }
-
-  void count_call(const std::error_code& ec) noexcept {
-    if (!ec) return;
-    bump(ec == errc::timeout ? stats_.timeouts : stats_.errors);
-  }
-
-  // What the parser's gate checks for one GET: the header, before the payload reaches dst.
-  struct gate_context {
-    const value_format* format = nullptr;
-    std::uint64_t fingerprint = 0;
-    chunk_key key{};
-    std::size_t length = 0;
-  };
-  static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
-    const auto& g = *static_cast<const gate_context*>(context);
-    return check_value_header(*g.format, header, g.fingerprint, g.key, g.length) == header_check::ok;
-  }
-
-  // Lays out one header per value of `values` in headers_ (sizes from the format); false when
-  // the format cannot frame one of them (version 2 with too many groups).
-  template <class Span>
-  bool frame_headers(std::span<const Span> values) {
-    header_at_.resize(values.size() + 1);
-    header_at_[0] = 0;
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      if (!format_.valid_for(values[i].size())) return false;
-      header_at_[i + 1] = header_at_[i] + format_.header_size(values[i].size());
-    }
-    headers_.resize(header_at_.back());
-    return true;
-  }
-  std::span<std::byte> header(std::size_t i) noexcept {
-    return std::span<std::byte>(headers_).subspan(header_at_[i], header_at_[i + 1] - header_at_[i]);
-  }
-
-  // Status of one GET reply whose bytes went to header + dst (or did not).
-  chunk_status judge(const resp::value& r, const chunk_key& key, std::span<const std::byte> header,
-                     std::span<std::byte> dst) {
-    if (r.is_null()) {
-      bump(stats_.misses);
-      return chunk_status::miss;
-    }
-    if (r.kind != resp::type::bulk_string) {
-      bump(stats_.errors);  // WRONGTYPE and the like
-      return chunk_status::error;
-    }
-    if (r.refused_by_gate) {  // the header failed: nothing was written to dst
-      const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
-      bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
-      return chunk_status::corrupt;
-    }
-    if (!r.into_destination) {  // stored length != header + dst: nothing was written to dst
-      const bool v1_value = format_.version != 1 && r.length == value_header::size + dst.size();
-      bump(v1_value ? stats_.other_format : stats_.wrong_length);
-      return chunk_status::corrupt;
-    }
-    // The gate passed this header already; checked again so a hit never rests on the parser alone.
-    const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
-    if (hc == header_check::wrong_length) {
-      bump(stats_.wrong_length);
-      return chunk_status::corrupt;
-    }
-    if (hc != header_check::ok) {
-      bump(stats_.bad_header);
-      return chunk_status::corrupt;
-    }
-    if (first_bad_group(format_, header, dst) != format_.groups(dst.size())) {  // needs the bytes in dst
-      bump(stats_.bad_checksum);
-      return chunk_status::corrupt;
-    }
-    bump(stats_.hits);
-    bump(stats_.bytes_fetched, dst.size());
-    return chunk_status::hit;
-  }
-
-  key_namespace ns_;
-  std::uint64_t fingerprint_;
-  value_format format_;
-  std::string key_prefix_;  // remote_key_prefix(ns_), hashed once
-  Connection conn_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool busy_ = false;
-  resp::batch batch_;
-  std::vector<std::byte> headers_;      // the batch's value headers, back to back
-  std::vector<std::size_t> header_at_;  // header i is headers_[header_at_[i], header_at_[i+1])
-  std::vector<std::span<std::byte>> parts_;
-  std::vector<gate_context> gates_;
-  std::vector<std::span<const std::byte>> out_parts_;
-  counters stats_;
+  detail::remote_codec codec_;
+  std::string where_;
+  resp::connection_pool<Connection> pool_;
+  std::vector<detail::remote_scratch> scratch_;
 };
 
 }  // namespace kvtier

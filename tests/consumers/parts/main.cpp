@@ -4,6 +4,7 @@
 #include <string>
 
 std::string use_asio();
+std::string use_tls();
 std::string use_uring();
 std::string use_nccl();
 std::string use_openssl();
@@ -13,6 +14,9 @@ int main() {
   std::printf("consumer_parts: start\n");
 #ifdef KVTIER_CONSUMER_HAS_ASIO
   std::printf("part asio: %s\n", use_asio().c_str());
+#endif
+#ifdef KVTIER_CONSUMER_HAS_TLS
+  std::printf("part tls: %s\n", use_tls().c_str());
 #endif
 #ifdef KVTIER_CONSUMER_HAS_URING
   std::printf("part uring: %s\n", use_uring().c_str());

@@ -41,15 +41,16 @@ inline void conn_tune_socket(int fd, bool tcp, int buffer_bytes) noexcept {
   }
 }
 
-/// For a connection with no request in flight: true if the peer closed it, reset it, or sent
-/// bytes nobody asked for (the stream is then unusable). One non-blocking peek, no waiting.
-inline bool conn_peer_closed(int fd) noexcept {
+/// For a connection with no request in flight: true if the peer closed it, reset it, or (with
+/// data_means_closed) sent bytes nobody asked for (the stream is then unusable). One
+/// non-blocking peek, no waiting.
+inline bool conn_peer_closed(int fd, bool data_means_closed = true) noexcept {
   char c;
   for (;;) {
     const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return !(errno == EAGAIN || errno == EWOULDBLOCK);
-    return true;  // 0: orderly close; > 0: unsolicited bytes
+    return n == 0 || data_means_closed;  // 0: orderly close; > 0: unsolicited bytes
   }
 }
 

@@ -1,0 +1,258 @@
+// kvtier/store/detail/remote_codec.hpp: what every Redis-protocol store does per key, whatever
+// the routing (one server: remote_store; a cluster: cluster_store): key names, the EXISTS / GET /
+// SET commands with the value header and its parser gate, the verdict on each reply, counters and
+// the last error in words.
+//
+//   kvtier::detail::remote_codec codec(ns);
+//   kvtier::detail::remote_scratch s;
+//   s.size_for(n);                              // before any add_get: the gate pointers stay valid
+//   codec.add_get(s, j, key, name, dst[i]);      // the j-th entry of this batch
+//   ... execute s.batch ...
+//   status[i] = codec.get_status(s.batch.reply(k), s, j, key, dst[i], where, name);
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "kvtier/chunker.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/resp/connection.hpp"
+#include "kvtier/store/chunk_store.hpp"
+#include "kvtier/store/remote_stats.hpp"
+#include "kvtier/store/value_header.hpp"
+
+namespace kvtier {
+
+namespace detail {
+
+/// What the parser's gate checks for one GET: the header, before the payload reaches dst.
+struct remote_gate_context {
+  const value_format* format = nullptr;
+  std::uint64_t fingerprint = 0;
+  chunk_key key{};
+  std::size_t length = 0;
+};
+
+/// A batch and the per-entry buffers of one call on one connection (keep one per connection).
+struct remote_scratch {
+  resp::batch batch;
+  std::vector<std::vector<std::byte>> headers;  ///< entry j's value header (size from the format)
+  std::vector<std::span<std::byte>> parts;
+  std::vector<remote_gate_context> gates;
+  std::vector<std::span<const std::byte>> out_parts;
+  std::vector<std::string> names;  ///< the entries' key names
+
+  /// Room for n entries; call before adding any (the gates' addresses must not move).
+  void size_for(std::size_t n) {
+    batch.clear();
+    headers.resize(n);
+    parts.resize(2 * n);
+    gates.resize(n);
+    out_parts.resize(2 * n);
+    names.resize(n);
+  }
+};
+
+/// Per-key commands and verdicts shared by the Redis-protocol stores.
+class remote_codec {
+ public:
+  /// `hash_tag` non-empty: every key name carries "{hash_tag}", so a cluster keeps them in one slot.
+  /// `format`: the value format written and expected (value_header.hpp).
+  explicit remote_codec(key_namespace ns, std::string hash_tag = {}, value_format format = value_format::v1())
+      : ns_(std::move(ns)),
+        fingerprint_(ns_.fingerprint()),
+        format_(format),
+        prefix_(key_prefix(ns_, hash_tag)) {}
+
+  const key_namespace& ns() const noexcept { return ns_; }
+  const value_format& format() const noexcept { return format_; }
+
+  /// False when the format cannot frame one of `values` (version 2 with too many groups): the
+  /// call is then refused with invalid_argument before anything is sent.
+  template <class Span>
+  bool can_frame(std::span<const Span> values) const noexcept {
+    for (const auto& v : values)
+      if (!format_.valid_for(v.size())) return false;
+    return true;
+  }
+
+  /// The server-side key name of `key`.
+  std::string key_text(const chunk_key& key) const { return remote_key_text(prefix_, key); }
+
+  void add_exists(resp::batch& b, std::string_view name) const { b.add({"EXISTS", name}); }
+
+  /// GET `name` as entry j of `s`: header into s.headers[j], payload into dst, gated.
+  void add_get(remote_scratch& s, std::size_t j, const chunk_key& key, std::string_view name,
+               std::span<std::byte> dst) const {
+    s.headers[j].resize(format_.header_size(dst.size()));
+    s.parts[2 * j] = std::span<std::byte>(s.headers[j]);
+    s.parts[2 * j + 1] = dst;
+    s.gates[j] = remote_gate_context{&format_, fingerprint_, key, dst.size()};
+    s.batch.add_into({"GET", name}, std::span<const std::span<std::byte>>(s.parts).subspan(2 * j, 2),
+                     resp::destination_gate{&header_gate, &s.gates[j]});
+  }
+
+  /// SET `name` to header + src as entry j of `s` (written from the caller's memory).
+  void add_put(remote_scratch& s, std::size_t j, const chunk_key& key, std::string_view name,
+               std::span<const std::byte> src) const {
+    s.headers[j].resize(format_.header_size(src.size()));
+    encode_value_header(format_, fingerprint_, key, src, s.headers[j]);
+    s.out_parts[2 * j] = std::span<const std::byte>(s.headers[j]);
+    s.out_parts[2 * j + 1] = src;
+    s.batch.add_with_payload({"SET", name},
+                             std::span<const std::span<const std::byte>>(s.out_parts).subspan(2 * j, 2));
+  }
+
+  /// Verdict on an EXISTS reply. `where` names the server for the error text.
+  chunk_status exists_status(const resp::value& r, std::string_view where, std::string_view name) {
+    if (r.kind == resp::type::integer) return r.integer > 0 ? chunk_status::hit : chunk_status::miss;
+    return key_error("EXISTS", r, where, name);
+  }
+
+  /// Verdict on a SET reply of `bytes` payload bytes.
+  chunk_status put_status(const resp::value& r, std::size_t bytes, std::string_view where,
+                          std::string_view name) {
+    if (r.kind == resp::type::simple_string) {
+      bump(stats_.bytes_stored, bytes);
+      return chunk_status::stored;
+    }
+    return key_error("SET", r, where, name);  // e.g. OOM with maxmemory and noeviction
+  }
+
+  /// Verdict on a GET reply whose bytes went to s.headers[j] + dst (or did not).
+  chunk_status get_status(const resp::value& r, const remote_scratch& s, std::size_t j, const chunk_key& key,
+                          std::span<std::byte> dst, std::string_view where, std::string_view name) {
+    const std::span<const std::byte> header(s.headers[j]);
+    if (r.is_null()) {
+      bump(stats_.misses);
+      return chunk_status::miss;
+    }
+    if (r.kind != resp::type::bulk_string) return key_error("GET", r, where, name);  // WRONGTYPE and the like
+    if (r.refused_by_gate) {  // the header failed: nothing was written to dst
+      const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
+      bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
+      return chunk_status::corrupt;
+    }
+    if (!r.into_destination) {  // stored length != header + dst: nothing was written to dst
+      // A version-1 value read by a version-2 store: another length, so refused here.
+      const bool v1_value = format_.version != 1 && r.length == value_header::size + dst.size();
+      bump(v1_value ? stats_.other_format : stats_.wrong_length);
+      return chunk_status::corrupt;
+    }
+    // The gate passed this header already; checked again so a hit never rests on the parser alone.
+    const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
+    if (hc != header_check::ok) {
+      bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
+      return chunk_status::corrupt;
+    }
+    if (first_bad_group(format_, header, dst) != format_.groups(dst.size())) {  // needs the bytes in dst
+      bump(stats_.bad_checksum);
+      return chunk_status::corrupt;
+    }
+    bump(stats_.hits);
+    bump(stats_.bytes_fetched, dst.size());
+    return chunk_status::hit;
+  }
+
+  /// A key the call could not finish.
+  static chunk_status unfinished(const std::error_code& ec) noexcept {
+    return ec == errc::timeout ? chunk_status::timeout : chunk_status::error;
+  }
+
+  /// Counts a failed call and keeps its text.
+  void count_call(const std::error_code& ec, std::string text) {
+    if (!ec) return;
+    bump(ec == errc::timeout ? stats_.timeouts : stats_.errors);
+    note(std::move(text));
+  }
+  void count_redirect() noexcept { bump(stats_.redirects); }
+  void count_retry() noexcept { bump(stats_.retries); }
+  void count_refresh() noexcept { bump(stats_.map_refreshes); }
+
+  /// Keeps `text` as the last error.
+  void note(std::string text) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    last_error_ = std::move(text);
+  }
+  std::string last_error() const {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    return last_error_;
+  }
+
+  remote_store_stats stats() const noexcept {
+    remote_store_stats s;
+    s.hits = load(stats_.hits);
+    s.misses = load(stats_.misses);
+    s.wrong_length = load(stats_.wrong_length);
+    s.bad_header = load(stats_.bad_header);
+    s.bad_checksum = load(stats_.bad_checksum);
+    s.other_format = load(stats_.other_format);
+    s.corrupt = s.wrong_length + s.bad_header + s.bad_checksum + s.other_format;
+    s.timeouts = load(stats_.timeouts);
+    s.errors = load(stats_.errors);
+    s.bytes_fetched = load(stats_.bytes_fetched);
+    s.bytes_stored = load(stats_.bytes_stored);
+    s.redirects = load(stats_.redirects);
+    s.retries = load(stats_.retries);
+    s.map_refreshes = load(stats_.map_refreshes);
+    return s;
+  }
+
+ private:
+  struct counters {
+    std::atomic<std::uint64_t> hits{0}, misses{0}, wrong_length{0}, bad_header{0}, bad_checksum{0},
+        other_format{0}, timeouts{0}, errors{0}, bytes_fetched{0}, bytes_stored{0}, redirects{0}, retries{0},
+        map_refreshes{0};
+  };
+  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
+    c.fetch_add(n, std::memory_order_relaxed);
+  }
+  static std::uint64_t load(const std::atomic<std::uint64_t>& c) noexcept {
+    return c.load(std::memory_order_relaxed);
+  }
+
+  // A key's error reply (or a reply of the wrong type): counted, and its text kept.
+  chunk_status key_error(std::string_view command, const resp::value& r, std::string_view where,
+                         std::string_view name) {
+    bump(stats_.errors);
+    std::string text(where);
+    text += ": ";
+    text += command;
+    text += " ";
+    text += name;
+    text += ": ";
+    text += r.is_error() ? r.str : "reply of type " + std::string(resp::to_string(r.kind));
+    note(std::move(text));
+    return chunk_status::error;
+  }
+
+  static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
+    const auto& g = *static_cast<const remote_gate_context*>(context);
+    return check_value_header(*g.format, header, g.fingerprint, g.key, g.length) == header_check::ok;
+  }
+
+  // "kvtier:<ns>:", or "kvtier:{<tag>}:<ns>:" with a hash tag; built once.
+  static std::string key_prefix(const key_namespace& ns, const std::string& tag) {
+    std::string p = remote_key_prefix(ns);
+    if (!tag.empty()) p.insert(p.find(':') + 1, "{" + tag + "}:");
+    return p;
+  }
+
+  key_namespace ns_;
+  std::uint64_t fingerprint_;
+  value_format format_;
+  std::string prefix_;
+  counters stats_;
+  mutable std::mutex error_mu_;
+  std::string last_error_;
+};
+
+}  // namespace detail
+}  // namespace kvtier

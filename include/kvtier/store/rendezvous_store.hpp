@@ -1,0 +1,147 @@
+// kvtier/store/rendezvous_store.hpp: one rank's partition spread over K stores (K standalone
+// servers, say) by rendezvous hashing of the chunk key: the second level of hashing inside a rank's
+// partition, for users who outgrow one server per rank but do not run a cluster.
+//
+// Each key goes to the instance with the highest weight mix(key, instance, seed). Every engine that
+// lists the same instances in the same order agrees on every key's instance without talking, and
+// adding an instance moves only the keys the new one wins (about 1/(K+1) of them). A batch is split
+// by instance; the parts run in parallel (one thread per extra instance) and every key's status
+// lands in the caller's order.
+//
+//   std::vector<kvtier::remote_store<conn>*> parts = {&l2_a, &l2_b, &l2_c};
+//   kvtier::rendezvous_store<kvtier::remote_store<conn>> l2(parts);
+//   std::error_code ec = l2.get(keys, dst_spans, status, dl);
+//
+// Thread-safe when the instances are. The instances must outlive the store.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "kvtier/chunker.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/errc.hpp"
+#include "kvtier/store/chunk_store.hpp"
+
+namespace kvtier {
+
+/// A chunk_store over K chunk_stores, each key on the instance rendezvous hashing picks.
+template <chunk_store Store>
+class rendezvous_store {
+ public:
+  /// Throws std::invalid_argument for no instance or a null one.
+  explicit rendezvous_store(std::vector<Store*> instances, std::uint64_t seed = 0)
+      : parts_(std::move(instances)), seed_(seed) {
+    if (parts_.empty()) throw std::invalid_argument("kvtier::rendezvous_store: no instance");
+    for (Store* s : parts_)
+      if (s == nullptr) throw std::invalid_argument("kvtier::rendezvous_store: a null instance");
+  }
+
+  /// The instance (0..size()-1) that holds `k`.
+  std::size_t instance_of(const chunk_key& k) const noexcept {
+    std::size_t best = 0;
+    std::uint64_t best_weight = 0;
+    for (std::size_t i = 0; i < parts_.size(); ++i) {
+      const std::uint64_t w = mix(mix(k.hi ^ seed_) ^ k.lo ^ (0x9E3779B97F4A7C15ull * (i + 1)));
+      if (i == 0 || w > best_weight) best = i, best_weight = w;
+    }
+    return best;
+  }
+  std::size_t size() const noexcept { return parts_.size(); }
+  Store& instance(std::size_t i) const noexcept { return *parts_[i]; }
+
+  std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
+    if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
+    return split(keys, status, /*parallel=*/false,
+                 [&](Store& s, part& p) { return s.exists(p.keys, p.status, dl); });
+  }
+
+  std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                      std::span<chunk_status> status, deadline dl) {
+    if (keys.size() != dst.size() || keys.size() != status.size())
+      return make_error_code(errc::invalid_argument);
+    return split(keys, status, /*parallel=*/true, [&](Store& s, part& p) {
+      std::vector<std::span<std::byte>> d;
+      d.reserve(p.index.size());
+      for (std::size_t i : p.index) d.push_back(dst[i]);
+      return s.get(p.keys, d, p.status, dl);
+    });
+  }
+
+  std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+                      std::span<chunk_status> status, deadline dl) {
+    if (keys.size() != src.size() || keys.size() != status.size())
+      return make_error_code(errc::invalid_argument);
+    return split(keys, status, /*parallel=*/true, [&](Store& s, part& p) {
+      std::vector<std::span<const std::byte>> d;
+      d.reserve(p.index.size());
+      for (std::size_t i : p.index) d.push_back(src[i]);
+      return s.put(p.keys, d, p.status, dl);
+    });
+  }
+
+ private:
+  // The keys of one instance: caller indices, their keys, their statuses.
+  struct part {
+    std::vector<std::size_t> index;
+    std::vector<chunk_key> keys;
+    std::vector<chunk_status> status;
+    std::error_code ec;
+  };
+
+  static std::uint64_t mix(std::uint64_t x) noexcept {  // splitmix64 finaliser
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  }
+
+  // Splits by instance, runs `call(store, part)` per instance (in parallel if asked), scatters the
+  // statuses back. The first instance error (a timeout first) is the call's.
+  template <class Call>
+  std::error_code split(std::span<const chunk_key> keys, std::span<chunk_status> status, bool parallel,
+                        Call&& call) {
+    std::vector<part> parts(parts_.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      part& p = parts[instance_of(keys[i])];
+      p.index.push_back(i);
+      p.keys.push_back(keys[i]);
+    }
+    std::vector<std::thread> helpers;
+    std::size_t first = parts.size();
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      part& p = parts[k];
+      if (p.keys.empty()) continue;
+      p.status.assign(p.keys.size(), chunk_status::error);
+      auto work = [&, k] { parts[k].ec = call(*parts_[k], parts[k]); };
+      if (!parallel || first == parts.size()) {
+        if (first == parts.size()) first = k;
+        if (!parallel) work();
+        continue;
+      }
+      try {
+        helpers.emplace_back(work);
+      } catch (const std::system_error&) {
+        work();  // no thread: run it here
+      }
+    }
+    if (parallel && first < parts.size()) parts[first].ec = call(*parts_[first], parts[first]);
+    for (auto& t : helpers) t.join();
+    std::error_code ec;
+    for (const part& p : parts) {
+      for (std::size_t j = 0; j < p.index.size(); ++j) status[p.index[j]] = p.status[j];
+      if (p.ec && (!ec || p.ec == errc::timeout)) ec = p.ec;
+    }
+    return ec;
+  }
+
+  std::vector<Store*> parts_;
+  std::uint64_t seed_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,119 @@
+// Unit tests of connection_pool: size classes, the deadline to get a connection, lease hand-back.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "kvtier/resp/pool.hpp"
+
+using namespace std::chrono_literals;
+using kvtier::deadline_after;
+using kvtier::errc;
+using kvtier::resp::batch;
+using kvtier::resp::connection_options;
+using kvtier::resp::connection_stats;
+using kvtier::resp::request_size;
+
+namespace {
+
+// A connection that does no I/O: counts batches, so the pool's stats can be checked.
+class fake_connection {
+ public:
+  explicit fake_connection(connection_options opt) : opt_(std::move(opt)) {}
+  std::error_code execute(batch& b, kvtier::deadline) {
+    ++stats_.batches;
+    stats_.commands += b.size();
+    return {};
+  }
+  std::error_code connect(kvtier::deadline) { return {}; }
+  std::error_code ping(kvtier::deadline) { return {}; }
+  void close() {}
+  bool connected() const { return true; }
+  const connection_options& options() const { return opt_; }
+  connection_stats stats() const { return stats_; }
+
+ private:
+  connection_options opt_;
+  connection_stats stats_{};
+};
+static_assert(kvtier::resp::connection<fake_connection>);
+using pool_t = kvtier::resp::connection_pool<fake_connection>;
+
+}  // namespace
+
+TEST_CASE("pool: large requests leave the reserved connections to small ones", "[unit]") {
+  pool_t pool(connection_options{}, {.connections = 3, .reserved_small = 1});
+  pool_t::lease a, b, c, d;
+  REQUIRE_FALSE(pool.acquire(request_size::large, deadline_after(1s), a));
+  REQUIRE_FALSE(pool.acquire(request_size::large, deadline_after(1s), b));
+  REQUIRE(a.index() != b.index());
+  REQUIRE(a.index() >= 1);
+  REQUIRE(b.index() >= 1);
+  // Every large connection is busy: a third large request waits until its deadline ...
+  REQUIRE(pool.acquire(request_size::large, deadline_after(30ms), c) == errc::timeout);
+  REQUIRE_FALSE(c);
+  // ... but a small one gets the reserved connection at once.
+  REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), c));
+  REQUIRE(c.index() == 0);
+  // Now nothing is free for anyone.
+  REQUIRE(pool.acquire(request_size::small, deadline_after(30ms), d) == errc::timeout);
+  b.release();
+  REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), d));
+  REQUIRE(d.index() != a.index());
+}
+
+TEST_CASE("pool: small requests take the reserved connections first", "[unit]") {
+  pool_t pool(connection_options{}, {.connections = 4, .reserved_small = 2});
+  pool_t::lease s1, s2, s3;
+  REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), s1));
+  REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), s2));
+  REQUIRE(s1.index() + s2.index() == 1);  // 0 and 1
+  REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), s3));
+  REQUIRE(s3.index() >= 2);  // reserved ones busy: a small request may use a large connection
+}
+
+TEST_CASE("pool: a single connection is never reserved; a lease moves and returns once", "[unit]") {
+  pool_t pool(connection_options{}, {.connections = 1, .reserved_small = 5});
+  REQUIRE(pool.reserved_small() == 0);
+  pool_t::lease a;
+  REQUIRE_FALSE(pool.acquire(request_size::large, deadline_after(1s), a));
+  pool_t::lease moved = std::move(a);
+  REQUIRE_FALSE(a);
+  REQUIRE(moved);
+  a.release();  // an empty lease gives nothing back
+  pool_t::lease b;
+  REQUIRE(pool.acquire(request_size::small, deadline_after(20ms), b) == errc::timeout);
+  batch bt;
+  bt.add({"PING"});
+  REQUIRE_FALSE(moved.conn().execute(bt, deadline_after(1s)));
+  moved = pool_t::lease{};  // move-assigning an empty lease gives the connection back
+  REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), b));
+  b.release();
+  REQUIRE(pool.stats().batches == 1);  // counted once the connection came back
+}
+
+TEST_CASE("pool: a waiter is woken by a release and each connection has one holder", "[unit][tsan]") {
+  pool_t pool(connection_options{}, {.connections = 3, .reserved_small = 1});
+  std::vector<std::atomic<int>> holders(3);
+  std::atomic<int> violations{0}, acquired{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 6; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 300; ++i) {
+        pool_t::lease l;
+        const auto kind = (t + i) % 3 == 0 ? request_size::small : request_size::large;
+        if (pool.acquire(kind, kvtier::no_deadline, l)) continue;
+        if (kind == request_size::large && l.index() == 0) violations.fetch_add(1);
+        if (holders[l.index()].fetch_add(1) != 0) violations.fetch_add(1);
+        std::this_thread::yield();
+        holders[l.index()].fetch_sub(1);
+        acquired.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  REQUIRE(violations == 0);
+  REQUIRE(acquired == 6 * 300);
+}

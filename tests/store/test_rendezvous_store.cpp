@@ -1,0 +1,100 @@
+// Unit tests of rendezvous_store: a rank's partition over K stores (memory stores here; the same
+// code runs over remote_stores): stable placement, balance, growth moves few keys, caller order.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "kvtier/store/memory_store.hpp"
+#include "kvtier/store/rendezvous_store.hpp"
+
+using namespace std::chrono_literals;
+using kvtier::chunk_key;
+using kvtier::chunk_status;
+using kvtier::deadline_after;
+using kvtier::memory_store;
+using kvtier::rendezvous_store;
+
+static_assert(kvtier::chunk_store<rendezvous_store<memory_store>>);
+
+namespace {
+std::vector<chunk_key> keys_n(std::size_t n) {
+  std::vector<chunk_key> k;
+  for (std::size_t i = 0; i < n; ++i) k.push_back(chunk_key{0x1234 * (i + 7), i * 0x9E3779B97F4A7C15ull});
+  return k;
+}
+struct instances {
+  explicit instances(std::size_t k) {
+    for (std::size_t i = 0; i < k; ++i) owned.push_back(std::make_unique<memory_store>(64 << 20));
+    for (auto& s : owned) ptrs.push_back(s.get());
+  }
+  std::vector<std::unique_ptr<memory_store>> owned;
+  std::vector<memory_store*> ptrs;
+};
+}  // namespace
+
+TEST_CASE("rendezvous_store: balanced, stable, and growth moves only the new instance's keys", "[unit]") {
+  const auto keys = keys_n(4000);
+  instances four(4), five(5);
+  rendezvous_store<memory_store> a(four.ptrs), b(four.ptrs), grown(five.ptrs);
+  std::vector<std::size_t> count(4, 0);
+  std::size_t moved = 0;
+  for (const auto& k : keys) {
+    REQUIRE(a.instance_of(k) == b.instance_of(k));  // every engine agrees without talking
+    ++count[a.instance_of(k)];
+    const std::size_t g = grown.instance_of(k);
+    if (g != a.instance_of(k)) {
+      ++moved;
+      REQUIRE(g == 4);  // a key only ever moves to the new instance
+    }
+  }
+  for (std::size_t c : count) REQUIRE((c > 800 && c < 1200));  // 1000 each, give or take
+  REQUIRE((moved > 600 && moved < 1000));                      // about 1/5 of 4000
+  // Another seed is another placement.
+  rendezvous_store<memory_store> other(four.ptrs, 99);
+  std::size_t same = 0;
+  for (const auto& k : keys) same += other.instance_of(k) == a.instance_of(k);
+  REQUIRE(same < 1500);
+}
+
+TEST_CASE("rendezvous_store: batches split by instance, statuses in the caller's order", "[unit]") {
+  instances three(3);
+  rendezvous_store<memory_store> store(three.ptrs);
+  const auto keys = keys_n(60);
+  std::vector<std::vector<std::byte>> src;
+  for (std::size_t i = 0; i < keys.size(); ++i) src.emplace_back(10 + i, static_cast<std::byte>(i));
+  // Store every other key.
+  std::vector<chunk_key> half;
+  std::vector<std::span<const std::byte>> half_src;
+  for (std::size_t i = 0; i < keys.size(); i += 2) half.push_back(keys[i]), half_src.emplace_back(src[i]);
+  std::vector<chunk_status> st(half.size());
+  REQUIRE_FALSE(store.put(half, half_src, st, deadline_after(1s)));
+  for (auto s : st) REQUIRE(s == chunk_status::stored);
+  // Each value is on its own instance only.
+  for (std::size_t i = 0; i < keys.size(); i += 2) {
+    for (std::size_t k = 0; k < 3; ++k) {
+      chunk_status one = chunk_status::error;
+      REQUIRE_FALSE(three.ptrs[k]->exists(std::span(&keys[i], 1), std::span(&one, 1), deadline_after(1s)));
+      REQUIRE(one == (k == store.instance_of(keys[i]) ? chunk_status::hit : chunk_status::miss));
+    }
+  }
+  std::vector<std::vector<std::byte>> dst;
+  for (const auto& s : src) dst.emplace_back(s.size());
+  std::vector<std::span<std::byte>> d(dst.begin(), dst.end());
+  st.assign(keys.size(), chunk_status::error);
+  REQUIRE_FALSE(store.get(keys, d, st, deadline_after(1s)));
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    INFO("key " << i);
+    REQUIRE(st[i] == (i % 2 == 0 ? chunk_status::hit : chunk_status::miss));
+    if (i % 2 == 0) REQUIRE(dst[i] == src[i]);
+  }
+  REQUIRE_FALSE(store.exists(keys, st, deadline_after(1s)));
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    REQUIRE(st[i] == (i % 2 == 0 ? chunk_status::hit : chunk_status::miss));
+  // The contract's checks pass through: sizes, and a deadline already gone.
+  REQUIRE(store.get(keys, std::span(d).first(3), st, deadline_after(1s)) == kvtier::errc::invalid_argument);
+  REQUIRE(store.exists(keys, st, kvtier::clock::now() - 1ms) == kvtier::errc::timeout);
+  for (auto s : st) REQUIRE(s == chunk_status::timeout);
+  REQUIRE_THROWS_AS(rendezvous_store<memory_store>({}), std::invalid_argument);
+}
