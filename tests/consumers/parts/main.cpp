@@ -9,6 +9,7 @@ std::string use_uring();
 std::string use_nccl();
 std::string use_openssl();
 std::string use_cuda();
+std::string use_mpi();
 
 int main() {
   std::printf("consumer_parts: start\n");
@@ -29,6 +30,9 @@ int main() {
 #endif
 #ifdef KVTIER_CONSUMER_HAS_CUDA
   std::printf("part cuda: %s\n", use_cuda().c_str());
+#endif
+#ifdef KVTIER_CONSUMER_HAS_MPI
+  std::printf("part mpi: %s\n", use_mpi().c_str());
 #endif
   return 0;
 }
