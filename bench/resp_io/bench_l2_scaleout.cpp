@@ -84,7 +84,7 @@ std::string make_pki() {
   }
   const std::string cmds[] = {"openssl req -x509 -newkey rsa:2048 -nodes -keyout " + d + "ca.key -out " + d +
                                   "ca.pem -days 2 -subj /CN=ca",
-                                                      "openssl req -newkey rsa:2048 -nodes -keyout " + d + "srv.key -out " + d +
+                              "openssl req -newkey rsa:2048 -nodes -keyout " + d + "srv.key -out " + d +
                                   "srv.csr -subj /CN=127.0.0.1",
                               "openssl x509 -req -in " + d + "srv.csr -CA " + d + "ca.pem -CAkey " + d +
                                   "ca.key -CAcreateserial -out " + d + "srv.pem -days 2 -extfile " + d +
