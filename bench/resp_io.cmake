@@ -31,9 +31,14 @@ else()
   message(STATUS "kvtier: bench_resp_get skipped (needs kvtier::asio, kvtier::uring or hiredis)")
 endif()
 
-# The L2 at scale-out settings: one server (baseline), a 3-master cluster, TLS (needs kvtier::tls).
+# The L2 at scale-out settings: one server (baseline), a 3-master cluster, TLS over Asio (needs
+# kvtier::tls) and over io_uring (kvtier::uring_tls).
 if(TARGET kvtier::tls AND TARGET kvtier::asio)
   add_executable(bench_l2_scaleout ${CMAKE_CURRENT_LIST_DIR}/resp_io/bench_l2_scaleout.cpp)
   target_include_directories(bench_l2_scaleout PRIVATE ${PROJECT_SOURCE_DIR}/tests ${CMAKE_CURRENT_LIST_DIR})
   target_link_libraries(bench_l2_scaleout PRIVATE kvtier::tls)
+  if(TARGET kvtier::uring_tls)  # the TLS row over io_uring
+    target_link_libraries(bench_l2_scaleout PRIVATE kvtier::uring_tls)
+    target_compile_definitions(bench_l2_scaleout PRIVATE KVTIER_BENCH_URING_TLS=1)
+  endif()
 endif()

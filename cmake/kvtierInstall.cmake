@@ -1,5 +1,5 @@
 # Install rules and the package config: find_package(kvtier CONFIG REQUIRED)
-# gives kvtier::kvtier, plus kvtier::asio / kvtier::uring / kvtier::nccl / kvtier::mpi where
+# gives kvtier::kvtier, plus kvtier::<part> (asio, tls, uring, uring_tls, openssl, ...) where
 # those parts were built and their dependencies are found on the consumer side.
 set(KVTIER_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvtier)
 

@@ -26,8 +26,17 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_cluster_store SOURCES resp_io/test_cluster_store.cpp LABELS integration
                   LIBS kvtier::asio kvtier::uring TIMEOUT 300)
 endif()
+# TLS on both transports (the io_uring one where kvtier::uring_tls is built).
 if(TARGET kvtier::tls)
-  kvtier_add_test(test_tls SOURCES resp_io/test_tls.cpp LABELS integration LIBS kvtier::tls TIMEOUT 120)
+  if(TARGET kvtier::uring_tls)
+    kvtier_add_test(test_tls SOURCES resp_io/test_tls.cpp LABELS integration LIBS kvtier::tls kvtier::uring_tls
+                    TIMEOUT 120)
+    if(TARGET test_tls)
+      target_compile_definitions(test_tls PRIVATE KVTIER_TEST_URING_TLS=1)
+    endif()
+  else()
+    kvtier_add_test(test_tls SOURCES resp_io/test_tls.cpp LABELS integration LIBS kvtier::tls TIMEOUT 120)
+  endif()
 endif()
 # remote_store with value format 2 (per-group checksums) against redis-server (issue 10).
 if(TARGET kvtier::asio)

@@ -1,10 +1,11 @@
 // bench_l2_scaleout: GET GB/s and client CPU per GB of the L2 stores at the scale-out settings,
 // side by side in one run: one redis-server (remote_store, the baseline), a 3-master Redis Cluster
 // (cluster_store, spread placement) and one redis-server over TLS (remote_store over
-// asio_tls_connection). 12.4 MB values, batches of 8, every value verified (header + XXH3), the
-// configurations interleaved rep by rep; medians. Then the cost of a redirect: a GET that meets a
-// MOVED (patch + map refresh + retry on the new master) against the same GET on a fresh map.
-// All servers are loopback children of this process (tests/support harness), stopped at exit.
+// asio_tls_connection, and over uring_tls_connection where kvtier::uring_tls is built). 12.4 MB values,
+// batches of 8, every value verified (header + XXH3), the configurations interleaved rep by rep; medians.
+// Then the cost of a redirect: a GET that meets a MOVED (patch + map refresh + retry on the new master)
+// against the same GET on a fresh map. All servers are loopback children of this process (tests/support
+// harness), stopped at exit.
 //
 //   bench_l2_scaleout [--reps N] [--batch K] [--value-bytes B]
 // The last stdout line is one JSON object.
@@ -20,11 +21,15 @@
 #include <vector>
 
 #include "kvtier/resp/asio_tls_connection.hpp"
+#if KVTIER_BENCH_URING_TLS
+#include "kvtier/resp/uring_tls_connection.hpp"
+#endif
 #include "kvtier/store/cluster_store.hpp"
 #include "kvtier/store/remote_store.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "support/stats.hpp"
+#include "support/test_pki.hpp"
 
 namespace {
 
@@ -73,27 +78,6 @@ config make_config(std::string name, Store& s) {
                 {}};
 }
 
-// A CA and a server certificate for 127.0.0.1, made with the openssl command line.
-std::string make_pki() {
-  char tmpl[] = "/tmp/kvtier-bench-tls-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp");
-  const std::string d = std::string(tmpl) + "/";
-  if (FILE* f = std::fopen((d + "san.ext").c_str(), "w")) {
-    std::fputs("subjectAltName=IP:127.0.0.1\n", f);
-    std::fclose(f);
-  }
-  const std::string cmds[] = {"openssl req -x509 -newkey rsa:2048 -nodes -keyout " + d + "ca.key -out " + d +
-                                  "ca.pem -days 2 -subj /CN=ca",
-                              "openssl req -newkey rsa:2048 -nodes -keyout " + d + "srv.key -out " + d +
-                                  "srv.csr -subj /CN=127.0.0.1",
-                              "openssl x509 -req -in " + d + "srv.csr -CA " + d + "ca.pem -CAkey " + d +
-                                  "ca.key -CAcreateserial -out " + d + "srv.pem -days 2 -extfile " + d +
-                                  "san.ext"};
-  for (const auto& c : cmds)
-    if (std::system((c + " >/dev/null 2>&1").c_str()) != 0) throw std::runtime_error("openssl failed: " + c);
-  return d;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,10 +93,8 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "bench_l2_scaleout: starting 1 server, a 3-master cluster, 1 TLS server ...\n");
   kvtier::test::redis_server plain;
   kvtier::test::redis_cluster cluster({.masters = 3, .replicas_per_master = 0});
-  const std::string pki = make_pki();
-  kvtier::test::redis_server tls_srv(
-      {.tls_args = {"--tls-cert-file", pki + "srv.pem", "--tls-key-file", pki + "srv.key",
-                    "--tls-ca-cert-file", pki + "ca.pem", "--tls-auth-clients", "no"}});
+  const kvtier::test::test_pki pki;
+  kvtier::test::redis_server tls_srv({.tls_args = pki.server_args("server", /*client_certs=*/false)});
 
   kvtier::remote_store<kvtier::resp::asio_connection> single(
       ns, {.server = kvtier::resp::parse_url(plain.url()).value});
@@ -120,13 +102,19 @@ int main(int argc, char** argv) {
   kvtier::cluster_store<kvtier::resp::asio_connection> clustered(ns, kvtier::cluster_options_for(cu, 0));
   kvtier::resp::connection_options topt{
       .server = kvtier::resp::parse_url("rediss://127.0.0.1:" + std::to_string(tls_srv.tls_port())).value};
-  topt.tls.ca_file = pki + "ca.pem";
+  topt.tls.ca_file = pki.path("ca.pem");
   kvtier::remote_store<kvtier::resp::asio_tls_connection> tls(ns, topt);
+#if KVTIER_BENCH_URING_TLS
+  kvtier::remote_store<kvtier::resp::uring_tls_connection> uring_tls(ns, topt);
+#endif
 
   std::vector<config> cfgs;
   cfgs.push_back(make_config("standalone (baseline)", single));
   cfgs.push_back(make_config("cluster, 3 masters", clustered));
   cfgs.push_back(make_config("standalone over TLS", tls));
+#if KVTIER_BENCH_URING_TLS
+  cfgs.push_back(make_config("standalone over TLS, io_uring", uring_tls));
+#endif
 
   std::vector<chunk_key> keys;
   std::vector<std::vector<std::byte>> src, dst;
@@ -200,13 +188,13 @@ int main(int argc, char** argv) {
   const double base = kvtier_bench::median(cfgs[0].gbps);
   std::printf("GET %zu x %.1f MB per batch, loopback, every value verified, median of %d reps\n", batch,
               static_cast<double>(value_bytes) / 1e6, reps);
-  std::printf("%-24s %9s %12s %10s\n", "configuration", "GB/s", "CPU-s/GB", "vs base");
+  std::printf("%-32s %9s %12s %10s\n", "configuration", "GB/s", "CPU-s/GB", "vs base");
   std::string js = "{\"bench\":\"l2_scaleout\",\"batch\":" + std::to_string(batch) +
                    ",\"value_bytes\":" + std::to_string(value_bytes) + ",\"reps\":" + std::to_string(reps) +
                    ",\"configs\":{";
   for (std::size_t i = 0; i < cfgs.size(); ++i) {
     const double g = kvtier_bench::median(cfgs[i].gbps), c = kvtier_bench::median(cfgs[i].cpu_per_gb);
-    std::printf("%-24s %9.3f %12.3f %9.2fx\n", cfgs[i].name.c_str(), g, c, g / base);
+    std::printf("%-32s %9.3f %12.3f %9.2fx\n", cfgs[i].name.c_str(), g, c, g / base);
     char b[256];
     std::snprintf(b, sizeof b, "%s\"%s\":{\"gbps\":%.4f,\"cpu_s_per_gb\":%.4f,\"ratio\":%.3f}", i ? "," : "",
                   cfgs[i].name.c_str(), g, c, g / base);
@@ -223,7 +211,5 @@ int main(int argc, char** argv) {
                 st_ms, mv_ms, mv_ms - st_ms);
   js += b;
   std::printf("%s\n", js.c_str());
-  std::error_code ignore;
-  std::filesystem::remove_all(pki, ignore);
   return 0;
 }

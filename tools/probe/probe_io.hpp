@@ -30,6 +30,9 @@
 #if KVTIER_PROBE_HAS_TLS
 #include "kvtier/resp/asio_tls_connection.hpp"
 #endif
+#if KVTIER_PROBE_HAS_URING_TLS
+#include "kvtier/resp/uring_tls_connection.hpp"
+#endif
 
 namespace kvtier_probe {
 
@@ -206,12 +209,16 @@ inline std::unique_ptr<instance_client> make_instance_client(std::string_view tr
                                                              const kvtier::resp::endpoint& ep,
                                                              std::chrono::milliseconds connect_timeout,
                                                              const kvtier::resp::tls_options& tls = {}) {
+#if KVTIER_PROBE_HAS_URING_TLS
+  if (ep.tls && transport == "uring")
+    return std::make_unique<connection_client<kvtier::resp::uring_tls_connection>>(ep, connect_timeout, tls);
+#endif
 #if KVTIER_PROBE_HAS_TLS
-  if (ep.tls)
+  if (ep.tls && transport == "asio")
     return std::make_unique<connection_client<kvtier::resp::asio_tls_connection>>(ep, connect_timeout, tls);
 #endif
 #if KVTIER_PROBE_HAS_URING
-  if (transport == "uring")
+  if (transport == "uring")  // a TLS endpoint without kvtier::uring_tls is refused with a reason
     return std::make_unique<connection_client<kvtier::resp::uring_connection>>(ep, connect_timeout);
 #endif
   (void)transport;

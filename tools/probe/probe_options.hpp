@@ -55,7 +55,7 @@ inline constexpr std::string_view probe_usage =
     "                          for deleting the keys on the other instances\n"
     "  --bytes-per-token S     KV bytes per token (e.g. 48400)      } both: break-even bandwidth, the\n"
     "  --prefill-tokens-per-s R  prefill speed of a node on a miss } profitable prompt length, instances\n"
-    "  --transport asio|uring  connection implementation (default asio; TLS needs asio)\n"
+    "  --transport asio|uring  connection implementation (default asio; both speak TLS)\n"
     "  --tls-ca FILE           CA certificates (PEM) that sign the servers' certificates (default: the\n"
     "                          system's); the server name is always verified\n"
     "  --tls-cert FILE, --tls-key FILE  a client certificate and its key, for servers that ask for one\n"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration tests of kvtier-probe against real redis-server processes on free loopback ports.
 #   probe_test.sh PROBE MODE
-# MODE: one_server | two_servers | two_servers_uring | cluster | auth | dead_port | black_hole |
+# MODE: one_server | two_servers | two_servers_uring | cluster | tls | auth | dead_port | black_hole |
 #       stalled_server | wrong_server | bad_flags | interrupt
 # Servers (and helper listeners) are started here and stopped by PID on exit. Exit 77: skipped.
 set -uo pipefail
@@ -114,6 +114,35 @@ case "$mode" in
       [ "$(redis-cli -p $((BASE + i)) dbsize)" = 1 ] || fail "instance $i: probe keys left behind (dbsize != 1)"
       [ "$(redis-cli -p $((BASE + i)) get other:key)" = keep ] || fail "instance $i: a foreign key was touched"
     done
+    ;;
+  tls)
+    # rediss:// through both transports (a test CA made here); a CA that did not sign fails.
+    need redis-server; need redis-cli; need openssl
+    d="$work/pki"; mkdir -p "$d"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout "$d/ca.key" -out "$d/ca.pem" -days 2 -subj /CN=ca \
+      >/dev/null 2>&1 || fail "openssl (CA)"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout "$d/other.key" -out "$d/other.pem" -days 2 -subj /CN=other \
+      >/dev/null 2>&1 || fail "openssl (other CA)"
+    echo "subjectAltName=IP:127.0.0.1" >"$d/san.ext"
+    openssl req -newkey rsa:2048 -nodes -keyout "$d/srv.key" -out "$d/srv.csr" -subj /CN=127.0.0.1 >/dev/null 2>&1 &&
+      openssl x509 -req -in "$d/srv.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -out "$d/srv.pem" \
+        -days 2 -extfile "$d/san.ext" >/dev/null 2>&1 || fail "openssl (server certificate)"
+    tport=$(dead_port) || fail "no free port"
+    REDIS_ARGS=(--tls-port "$tport" --tls-cert-file "$d/srv.pem" --tls-key-file "$d/srv.key"
+                --tls-ca-cert-file "$d/ca.pem" --tls-auth-clients no)
+    start_servers 1
+    transports=(asio)
+    "$probe" --transport uring --url resp://x:1 --instances 1 --chunk-bytes 1 --batch 1 --rounds 1 \
+      --timeout-ms 1 2>&1 | grep -q "not available" || transports+=(uring)
+    for t in "${transports[@]}"; do
+      run_probe --url "rediss://127.0.0.1:$tport" --tls-ca "$d/ca.pem" --transport "$t" --instances 1 \
+        --chunk-bytes 1000000 --batch 4 --rounds 4 --timeout-ms 10000 --json || fail "$t: exit status $? (expected 0)"
+      grep -qF '"aggregate_gbps":' <<<"$(last_json)" || fail "$t: JSON lacks aggregate_gbps"
+      run_probe --url "rediss://127.0.0.1:$tport" --tls-ca "$d/other.pem" --transport "$t" --instances 1 \
+        --chunk-bytes 1000 --batch 1 --rounds 1 --timeout-ms 3000 && fail "$t: a CA that did not sign succeeded"
+      grep -q "certificate verify failed" "$work/err" "$work/out" || fail "$t: no OpenSSL reason for the wrong CA"
+    done
+    [ "${#transports[@]}" -eq 2 ] || echo "note: built without io_uring; TLS checked on asio only" >&2
     ;;
   cluster)
     need redis-server; need redis-cli

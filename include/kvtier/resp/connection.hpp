@@ -59,8 +59,9 @@
 
 namespace kvtier::resp {
 
-/// TLS settings for rediss:// and resp+tls:// endpoints (the Asio transport with OpenSSL,
-/// kvtier/resp/asio_tls_connection.hpp). Peer verification is on unless turned off.
+/// TLS settings for rediss:// and resp+tls:// endpoints (OpenSSL on either transport:
+/// kvtier/resp/asio_tls_connection.hpp, kvtier/resp/uring_tls_connection.hpp). Peer
+/// verification is on unless turned off.
 struct tls_options {
   std::string ca_file{};      ///< PEM file of trusted CAs; empty: the system's default CA paths
   std::string cert_file{};    ///< client certificate (PEM), for servers that ask for one

@@ -13,6 +13,11 @@
 //   kvtier::resp::batch b;
 //   b.add_into({"GET", key}, std::span<std::byte>(dst));
 //   std::error_code ec = conn.execute(b, kvtier::deadline_after(std::chrono::milliseconds(100)));
+//
+// TLS (rediss://, resp+tls://) is the same class with OpenSSL's memory-BIO engine plugged in:
+// kvtier::resp::uring_tls_connection (kvtier/resp/uring_tls_connection.hpp, target
+// kvtier::uring_tls). uring_connection refuses a TLS endpoint with errc::invalid_argument and
+// says so in last_error().
 #pragma once
 
 #include <liburing.h>
@@ -34,23 +39,43 @@
 
 namespace kvtier::resp {
 
-/// RESP connection over io_uring: resp:// (TCP) and resp+unix:// (Unix socket) endpoints.
-/// A ring that cannot be created (old kernel, seccomp) makes every connect fail with
-/// errc::backend_error.
-class uring_connection : public connection_base<uring_connection> {
+namespace detail {
+/// The TLS policy of a plain uring_connection: none (see uring_tls_connection.hpp for OpenSSL's).
+struct uring_no_tls {
+  static constexpr bool enabled = false;
+  explicit uring_no_tls(const connection_options&) {}
+};
+}  // namespace detail
+
+/// RESP connection over io_uring: resp:// (TCP) and resp+unix:// (Unix socket) endpoints, and
+/// with a TLS engine (detail::tls_engine) also rediss:// / resp+tls://. Use the aliases
+/// uring_connection and uring_tls_connection. A ring that cannot be created (old kernel,
+/// seccomp) makes every connect fail with errc::backend_error.
+template <class Tls>
+class basic_uring_connection : public connection_base<basic_uring_connection<Tls>> {
+  using base = connection_base<basic_uring_connection<Tls>>;
+
  public:
-  explicit uring_connection(connection_options opt) : connection_base(std::move(opt)) {
+  explicit basic_uring_connection(connection_options opt) : base(std::move(opt)), tls_(this->opts()) {
     ring_ok_ = io_uring_queue_init(ring_entries, &ring_, 0) == 0;
   }
-  uring_connection(const uring_connection&) = delete;
-  uring_connection& operator=(const uring_connection&) = delete;
-  ~uring_connection() {
-    close();
+  basic_uring_connection(const basic_uring_connection&) = delete;
+  basic_uring_connection& operator=(const basic_uring_connection&) = delete;
+  ~basic_uring_connection() {
+    this->close();
     if (ring_ok_) io_uring_queue_exit(&ring_);
   }
 
  private:
-  friend class connection_base<uring_connection>;
+  friend base;
+  using base::on_read;
+  using base::on_written;
+  using base::opts;
+  using base::read_span;
+  using base::read_span_is_payload;
+  using base::replies_done;
+  using base::write_buffers;
+  using base::write_pending;
 
   static constexpr unsigned ring_entries = 8;
   enum op : std::uint64_t { op_none = 0, op_send = 1, op_recv = 2, op_connect = 3, op_cancel = 4 };
@@ -135,11 +160,12 @@ class uring_connection : public connection_base<uring_connection> {
 
   std::error_code transport_connect(deadline dl) {
     if (!ring_ok_) return make_error_code(errc::backend_error);
-    if (opts().server.tls) {
-      set_transport_text("TLS is not supported by the io_uring transport (use asio_tls_connection)");
+    transport_close();
+    if (opts().server.tls && !Tls::enabled) {
+      this->set_transport_text(
+          "a TLS endpoint needs uring_tls_connection (kvtier/resp/uring_tls_connection.hpp)");
       return make_error_code(errc::invalid_argument);
     }
-    transport_close();
     const endpoint& ep = opts().server;
     const bool unix_socket = ep.kind == endpoint::transport::unix_socket;
     detail::conn_addresses addrs;
@@ -180,7 +206,12 @@ class uring_connection : public connection_base<uring_connection> {
         }
         reap(cqe, &on);
       }
-      if (result == 0) return {};
+      if (result == 0) {
+        if constexpr (Tls::enabled) {
+          if (opts().server.tls) return tls_handshake(dl);
+        }
+        return {};
+      }
       last = make_error_code(errc::connection_refused);
       transport_close();
     }
@@ -188,6 +219,9 @@ class uring_connection : public connection_base<uring_connection> {
   }
 
   std::error_code transport_exchange(deadline dl) {
+    if constexpr (Tls::enabled) {
+      if (tls_.active()) return tls_exchange(dl);
+    }
     std::error_code result;
     auto fail = [&](std::error_code e) {
       if (!result) result = e;
@@ -257,9 +291,167 @@ class uring_connection : public connection_base<uring_connection> {
     if (inflight_ > 0) cancel_all();
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
+    if constexpr (Tls::enabled) tls_.reset();  // after cancel_all: no I/O into its buffers left
   }
 
-  bool transport_peer_closed() noexcept { return fd_ < 0 || detail::conn_peer_closed(fd_); }
+  bool transport_peer_closed() noexcept {
+    // Over TLS, bytes waiting on an idle socket may be a TLS record (a session ticket), not junk.
+    return fd_ < 0 || detail::conn_peer_closed(fd_, /*data_means_closed=*/!tls_active());
+  }
+  bool tls_active() const noexcept {
+    if constexpr (Tls::enabled) return tls_.active();
+    return false;
+  }
+
+  // ---- TLS: ciphertext through the ring, plaintext through the engine ---------------------
+
+  // Posts a SEND of the engine's ciphertext and a RECV into its buffer, each when none is in
+  // flight (and, for the RECV, when `want_read`; its buffer is never full then: a read that
+  // wants more has consumed it).
+  void tls_post(bool want_read) {
+    if (!(inflight_mask_ & (1u << op_send))) {
+      const std::span<const std::byte> out = tls_.to_send();
+      if (!out.empty()) {
+        io_uring_sqe* s = sqe();
+        io_uring_prep_send(s, fd_, out.data(), out.size(), MSG_NOSIGNAL);
+        io_uring_sqe_set_data64(s, op_send);
+        submit(op_send);
+      }
+    }
+    if (want_read && !(inflight_mask_ & (1u << op_recv))) {
+      const std::span<std::byte> in = tls_.recv_space();
+      if (!in.empty()) {
+        io_uring_sqe* s = sqe();
+        io_uring_prep_recv(s, fd_, in.data(), in.size(), 0);
+        io_uring_sqe_set_data64(s, op_recv);
+        submit(op_recv);
+      }
+    }
+  }
+
+  // Reaps one completion (waiting by dl) into the engine. Returns 0, -ETIME at the deadline,
+  // -ECONNRESET when the peer closed or the socket failed, else -errno of the wait.
+  int tls_reap(deadline dl) {
+    int outcome = 0;
+    auto on = [this, &outcome](std::uint64_t id, int res) {
+      if (res == -EINTR || res == -EAGAIN) return;  // nothing moved: posted again
+      if (res <= 0) {
+        outcome = -ECONNRESET;  // 0: EOF
+      } else if (id == op_send) {
+        tls_.sent(static_cast<std::size_t>(res));
+      } else if (id == op_recv) {
+        tls_.received(static_cast<std::size_t>(res));
+      }
+    };
+    io_uring_cqe* cqe = nullptr;
+    if (const int w = wait(dl, &cqe); w != 0) return w;
+    reap(cqe, &on);
+    while (outcome == 0 && io_uring_peek_cqe(&ring_, &cqe) == 0) reap(cqe, &on);
+    return outcome;
+  }
+
+  // The client handshake by dl; a failure's reason goes to the base.
+  std::error_code tls_handshake(deadline dl) {
+    std::string why;
+    if (std::error_code ec = tls_.start(opts(), why)) {
+      this->set_transport_text("TLS: " + why);
+      return ec;
+    }
+    using st = typename Tls::status;
+    for (;;) {
+      st s = st::want_read;
+      if (!(inflight_mask_ & (1u << op_recv))) {  // a RECV in flight: the engine must not read
+        s = tls_.handshake();
+        if (s == st::ok && tls_.to_send().empty() && inflight_ == 0) return {};
+        if (s == st::failed || s == st::closed) {
+          this->set_transport_text("TLS handshake: " + tls_.explain());
+          cancel_all();
+          return make_error_code(errc::tls_failed);
+        }
+      }
+      tls_post(s == st::want_read);
+      const int r = tls_reap(dl);
+      if (r == -ETIME) {
+        this->set_transport_text(
+            "TLS handshake: no answer by the deadline (is the server speaking TLS on this port? a "
+            "plaintext Redis waits silently for the rest of a command)");
+        cancel_all();
+        return make_error_code(errc::timeout);
+      }
+      if (r != 0) {
+        this->set_transport_text("TLS handshake: " + tls_.explain("connection closed by the server", true));
+        cancel_all();
+        return make_error_code(r == -ECONNRESET ? errc::tls_failed : errc::backend_error);
+      }
+    }
+  }
+
+  // The exchange over TLS: plaintext from write_buffers() is encrypted into the engine and its
+  // ciphertext sent; ciphertext received is decrypted into read_span(), so a payload is
+  // decrypted straight into the caller's span.
+  std::error_code tls_exchange(deadline dl) {
+    using st = typename Tls::status;
+    std::error_code result;
+    auto fail = [&](std::error_code e) {
+      if (!result) result = e;
+    };
+    for (;;) {
+      bool want_read = false;
+      // Encrypt while the engine has room (small buffers are gathered into one record).
+      while (!result && write_pending()) {
+        std::size_t n = 0;
+        const st s = tls_.write(next_plaintext(), n);
+        if (s == st::ok) {
+          on_written(n);
+        } else {
+          if (s != st::want_write) fail(make_error_code(errc::connection_lost));
+          break;
+        }
+      }
+      // Decrypt what arrived, unless a RECV into the engine's buffer is in flight. After the
+      // last reply, plaintext already decrypted is read too, so the base sees the stray bytes.
+      const bool recv_busy = inflight_mask_ & (1u << op_recv);
+      while (!result && !recv_busy && (!replies_done() || tls_.pending() > 0)) {
+        std::size_t n = 0;
+        const st s = tls_.read(read_span(), n);
+        if (s == st::ok) {
+          if (std::error_code e = on_read(n)) fail(e);
+        } else {
+          want_read = s == st::want_read && !replies_done();
+          if (s != st::want_read && s != st::want_write) fail(make_error_code(errc::connection_lost));
+          break;
+        }
+      }
+      if (!result) tls_post(want_read);
+      if (inflight_ == 0) {
+        if (!result && (write_pending() || !replies_done())) fail(make_error_code(errc::connection_lost));
+        break;
+      }
+      if (result) {
+        cancel_all();
+        break;
+      }
+      const int r = tls_reap(dl);
+      if (r == -ETIME)
+        fail(make_error_code(errc::timeout));
+      else if (r != 0)
+        fail(make_error_code(r == -ECONNRESET ? errc::connection_lost : errc::backend_error));
+    }
+    return result;
+  }
+
+  // The next plaintext to encrypt: the first write buffer, or when it is small, the small
+  // buffers after it gathered into one record's worth (a TLS record per RESP header costs).
+  std::span<const std::byte> next_plaintext() {
+    const auto bufs = write_buffers();
+    if (bufs.front().size() >= stage_bytes) return bufs.front();
+    stage_.clear();
+    for (const auto& b : bufs) {
+      if (stage_.size() + b.size() > stage_bytes) break;
+      stage_.insert(stage_.end(), b.begin(), b.end());
+    }
+    return stage_;
+  }
 
   io_uring ring_{};
   bool ring_ok_ = false;
@@ -269,8 +461,13 @@ class uring_connection : public connection_base<uring_connection> {
   unsigned cancels_ = 0;        // cancel requests not reaped
   std::vector<iovec> iov_;
   msghdr msg_{};
+  static constexpr std::size_t stage_bytes = 16 * 1024;  // one TLS record
+  std::vector<std::byte> stage_;
+  Tls tls_;
 };
 
+/// Plain TCP and Unix sockets.
+using uring_connection = basic_uring_connection<detail::uring_no_tls>;
 static_assert(connection<uring_connection>);
 
 }  // namespace kvtier::resp

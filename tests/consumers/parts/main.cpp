@@ -6,6 +6,7 @@
 std::string use_asio();
 std::string use_tls();
 std::string use_uring();
+std::string use_uring_tls();
 std::string use_nccl();
 std::string use_openssl();
 std::string use_cuda();
@@ -21,6 +22,9 @@ int main() {
 #endif
 #ifdef KVTIER_CONSUMER_HAS_URING
   std::printf("part uring: %s\n", use_uring().c_str());
+#endif
+#ifdef KVTIER_CONSUMER_HAS_URING_TLS
+  std::printf("part uring_tls: %s\n", use_uring_tls().c_str());
 #endif
 #ifdef KVTIER_CONSUMER_HAS_NCCL
   std::printf("part nccl: %s\n", use_nccl().c_str());

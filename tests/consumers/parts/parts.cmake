@@ -2,7 +2,7 @@
 # add_subdirectory). KVTIER_PARTS lists the optional parts the tested build has; the
 # executable consumer_parts links each as kvtier::<part> and uses it, so a missing or
 # misnamed target fails the configure, and a part that does not link fails the build.
-set(KVTIER_PARTS "" CACHE STRING "optional kvtier parts to link (tls, asio, uring, nccl, openssl, cuda, mpi)")
+set(KVTIER_PARTS "" CACHE STRING "optional kvtier parts to link (uring_tls, openssl, tls, asio, uring, nccl, cuda, mpi)")
 string(REPLACE "," ";" _kvtier_parts "${KVTIER_PARTS}")
 add_executable(consumer_parts ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
 foreach(part IN LISTS _kvtier_parts)
