@@ -184,10 +184,25 @@ TEST_CASE("cluster: resp+cluster:// URLs", "[unit]") {
     CHECK(s.password == "s@cret");
   }
   CHECK(u.seeds[1].port == 6379);
+  for (const auto& s : u.seeds) CHECK_FALSE(s.tls);
+  CHECK(is_cluster_url("resp+cluster://h:1"));
+
+  // Over TLS: every seed is a TLS endpoint; the rest parses alike.
+  u = parse_cluster_url("resp+cluster+tls://alice:pw@h1:7000,h2:7001?placement=pinned");
+  REQUIRE(u);
+  REQUIRE(u.seeds.size() == 2);
+  CHECK(u.placement == cluster_placement::pinned);
+  for (const auto& s : u.seeds) {
+    CHECK(s.tls);
+    CHECK(s.password == "pw");
+  }
+  CHECK(is_cluster_url("resp+cluster+tls://h:1"));
+  CHECK_FALSE(is_cluster_url("rediss://h:1"));
 
   for (const char* bad :
        {"resp://h:1", "h:1,h:2", "resp+cluster://", "resp+cluster://h:1,,h:2", "resp+cluster://h:1/3",
-        "resp+cluster://h:99999", "resp+cluster://h:1?placement=other", "resp+cluster://:pw@"}) {
+        "resp+cluster://h:99999", "resp+cluster://h:1?placement=other", "resp+cluster://:pw@",
+        "resp+cluster+tls://", "resp+cluster+tls://h:1/2", "resp+tls+cluster://h:1"}) {
     INFO(bad);
     u = parse_cluster_url(bad);
     CHECK(u.ec == errc::bad_url);
@@ -195,7 +210,9 @@ TEST_CASE("cluster: resp+cluster:// URLs", "[unit]") {
     CHECK(u.message.find("bad cluster URL") != std::string::npos);
   }
   // A message never shows the password.
-  u = parse_cluster_url("resp+cluster://bob:topsecret@h:0");
-  REQUIRE_FALSE(u);
-  CHECK(u.message.find("topsecret") == std::string::npos);
+  for (const char* secret : {"resp+cluster://bob:topsecret@h:0", "resp+cluster+tls://bob:topsecret@h:0"}) {
+    u = parse_cluster_url(secret);
+    REQUIRE_FALSE(u);
+    CHECK(u.message.find("topsecret") == std::string::npos);
+  }
 }

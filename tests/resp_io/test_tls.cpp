@@ -3,16 +3,22 @@
 // by `openssl` in the test: values round-trip bit-exact through remote_store; a wrong CA, an
 // expired certificate, a wrong name, a CA file that does not load and a plaintext server fail
 // cleanly (errc::tls_failed, OpenSSL's reason in last_error()), by the deadline; a silent peer
-// ends the handshake at the deadline; a mid-exchange stall ends the call at its deadline.
+// ends the handshake at the deadline; a mid-exchange stall ends the call at its deadline; a
+// 3-master cluster over TLS (resp+cluster+tls://, --tls-cluster yes) routes and follows MOVED
+// to TLS ports.
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/resp/asio_tls_connection.hpp"
+#include "kvtier/store/cluster_store.hpp"
 #include "kvtier/store/remote_store.hpp"
 #include "resp_io/io_test_util.hpp"
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_pki.hpp"
 #if KVTIER_TEST_URING_TLS
@@ -64,6 +70,14 @@ redis_server::options tls_server(const std::string& cert = "server") {
   return {.tls_args = pki().server_args(cert)};
 }
 
+// One 3-master cluster over TLS (no replicas) for the tests of both transports.
+kvtier::test::redis_cluster& tls_cluster() {
+  static kvtier::test::redis_cluster c({.masters = 3,
+                                        .replicas_per_master = 0,
+                                        .tls_args = pki().server_args("server", /*client_certs=*/false)});
+  return c;
+}
+
 kvtier::resp::connection_options tls_options_for(const redis_server& srv, const std::string& ca = "ca.pem") {
   auto u = kvtier::resp::parse_url("rediss://127.0.0.1:" + std::to_string(srv.tls_port()));
   REQUIRE(u);
@@ -76,6 +90,25 @@ kvtier::resp::connection_options tls_options_for(const redis_server& srv, const 
   return o;
 }
 
+// Puts `src` under `keys`, gets them back into fresh buffers: every key stored, then a hit with
+// the same bytes.
+template <class Store>
+void require_round_trip(Store& store, const std::vector<chunk_key>& keys,
+                        const std::vector<std::vector<std::byte>>& src) {
+  const std::vector<std::span<const std::byte>> s(src.begin(), src.end());
+  std::vector<chunk_status> st(keys.size());
+  REQUIRE_FALSE(store.put(keys, s, st, deadline_after(30s)));
+  for (auto x : st) REQUIRE(x == chunk_status::stored);
+  std::vector<std::vector<std::byte>> dst;
+  for (const auto& v : src) dst.emplace_back(v.size());
+  std::vector<std::span<std::byte>> d(dst.begin(), dst.end());
+  REQUIRE_FALSE(store.get(keys, d, st, deadline_after(30s)));
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    REQUIRE(st[i] == chunk_status::hit);
+    REQUIRE(dst[i] == src[i]);
+  }
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("tls: 12.4 MB values round-trip bit-exact over rediss://", "[integration]",
@@ -85,18 +118,8 @@ TEMPLATE_TEST_CASE("tls: 12.4 MB values round-trip bit-exact over rediss://", "[
       kvtier::key_namespace{.model = "tls", .kv_format = "raw", .chunk_tokens = 256}, tls_options_for(srv));
   const std::vector<chunk_key> keys = {{1, 2}, {3, 4}, {5, 6}};
   std::vector<std::vector<std::byte>> src = {pattern(12'400'000, 1), pattern(12'400'000, 2), pattern(100, 3)};
-  std::vector<std::span<const std::byte>> s(src.begin(), src.end());
+  require_round_trip(store, keys, src);
   std::vector<chunk_status> st(keys.size());
-  REQUIRE_FALSE(store.put(keys, s, st, deadline_after(20s)));
-  for (auto x : st) REQUIRE(x == chunk_status::stored);
-  std::vector<std::vector<std::byte>> dst;
-  for (const auto& v : src) dst.emplace_back(v.size());
-  std::vector<std::span<std::byte>> d(dst.begin(), dst.end());
-  REQUIRE_FALSE(store.get(keys, d, st, deadline_after(20s)));
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    REQUIRE(st[i] == chunk_status::hit);
-    REQUIRE(dst[i] == src[i]);
-  }
   // The idle connection is reused (a waiting session ticket is not taken for junk).
   REQUIRE_FALSE(store.exists(keys, st, deadline_after(5s)));
   REQUIRE(store.pool().stats().connects <= 2);
@@ -194,4 +217,64 @@ TEMPLATE_TEST_CASE("tls: a server that stops answering mid-exchange ends the cal
   kvtier::test::require_returned_by(dl);
   // The connection was closed and comes back.
   REQUIRE_FALSE(conn.ping(deadline_after(5s)));
+}
+
+TEMPLATE_TEST_CASE("tls: a 3-master cluster over TLS: values bit-exact over every master, MOVED to TLS ports",
+                   "[integration]", KVTIER_TLS_CONNECTIONS) {
+  kvtier::test::redis_cluster& cluster = tls_cluster();
+  auto u = kvtier::resp::parse_cluster_url(cluster.tls_url());
+  REQUIRE(u);
+  kvtier::cluster_options o = kvtier::cluster_options_for(u, 0);
+  o.connection.tls.ca_file = pki().path("ca.pem");
+  o.connection.reconnect_backoff_min = 1ms;
+  const kvtier::key_namespace ns{.model = "tls-cluster", .kv_format = "raw", .chunk_tokens = 256};
+  kvtier::cluster_store<TestType> store(ns, o);
+
+  // 12.4 MB values on keys that land on every master (the plain ports never see a client).
+  std::vector<chunk_key> keys;
+  for (std::uint64_t i = 1; keys.size() < 6 && i < 1000; ++i) keys.push_back(chunk_key{0x7157, i});
+  std::vector<std::vector<std::byte>> src;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    src.push_back(pattern(i < 3 ? 12'400'000 : 1000, static_cast<unsigned>(i) + 10));
+  require_round_trip(store, keys, src);
+  const std::vector<std::span<const std::byte>> s(src.begin(), src.end());
+  // The map names TLS ports, and the keys live on more than one master.
+  std::set<std::uint16_t> masters;
+  for (const auto& k : keys) {
+    const auto n = store.node_of(k);
+    REQUIRE(n);
+    masters.insert(n->port);
+  }
+  REQUIRE(masters.size() >= 2);
+  for (std::size_t i = 0; i < cluster.size(); ++i) {
+    if (masters.count(cluster.node(i).port())) FAIL("a plain port in the TLS slot map");
+  }
+
+  // Move an empty slot to another master behind the store's back: MOVED names a TLS port, the
+  // store follows it over TLS.
+  const std::string tag =
+      std::string("tls-moved-") + (std::is_same_v<TestType, asio_tls_connection> ? "a" : "u");
+  kvtier::cluster_options po = o;
+  po.hash_tag = tag;
+  kvtier::cluster_store<TestType> pinned(ns, po);
+  const std::vector<chunk_key> one = {chunk_key{0x7158, 1}};
+  std::vector<std::span<const std::byte>> small = {s[3]};
+  std::vector<chunk_status> st1(1);
+  REQUIRE_FALSE(pinned.refresh(deadline_after(5s)));
+  const unsigned slot = kvtier::resp::hash_slot(pinned.key_text(one[0]));
+  const std::size_t from = cluster.master_of_slot(slot);
+  REQUIRE(from < cluster.size());
+  const std::size_t to = (from + 1) % cluster.size();
+  const std::string to_id = cluster.id(to);
+  for (std::size_t i = 0; i < cluster.size(); ++i)
+    REQUIRE(cluster.node(i).call({"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", to_id}) == "OK");
+  REQUIRE_FALSE(pinned.put(one, small, st1, deadline_after(10s)));
+  REQUIRE(st1[0] == chunk_status::stored);
+  REQUIRE(pinned.stats().redirects >= 1);
+  REQUIRE(pinned.node_of(one[0])->port == cluster.node(to).tls_port());
+  std::vector<std::byte> back(1000);
+  std::vector<std::span<std::byte>> bd = {back};
+  REQUIRE_FALSE(pinned.get(one, bd, st1, deadline_after(10s)));
+  REQUIRE(st1[0] == chunk_status::hit);
+  REQUIRE(back == src[3]);
 }

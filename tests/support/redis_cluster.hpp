@@ -37,17 +37,24 @@ class redis_cluster {
     std::size_t replicas_per_master = 1;
     int node_timeout_ms = 1000;  ///< failure detection (and so failover) time
     std::chrono::milliseconds ready_timeout{30000};
+    /// Non-empty: every node also listens with TLS (redis_server::options::tls_args) and the
+    /// cluster bus runs over TLS (--tls-cluster yes), so clients asking over TLS are told TLS
+    /// ports; the plain ports stay for the harness.
+    std::vector<std::string> tls_args{};
   };
 
   redis_cluster() : redis_cluster(options{}) {}
   explicit redis_cluster(options opt) : opt_(opt) {
     const std::size_t n = opt.masters * (1 + opt.replicas_per_master);
     for (std::size_t i = 0; i < n; ++i) {
-      nodes_.push_back(std::make_unique<redis_server>(redis_server::options{
+      redis_server::options o{
           .extra_args = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                          "--cluster-node-timeout", std::to_string(opt.node_timeout_ms),
                          "--cluster-require-full-coverage", "no"},
-          .max_port = 55535}));
+          .max_port = 55535,
+          .tls_args = opt.tls_args};
+      if (!opt.tls_args.empty()) o.extra_args.insert(o.extra_args.end(), {"--tls-cluster", "yes"});
+      nodes_.push_back(std::make_unique<redis_server>(std::move(o)));
     }
     std::vector<std::string> args = {"/usr/bin/redis-cli", "--cluster", "create"};
     for (const auto& s : nodes_) args.push_back("127.0.0.1:" + std::to_string(s->port()));
@@ -64,6 +71,14 @@ class redis_cluster {
     std::string u = "resp+cluster://";
     for (std::size_t i = 0; i < nodes_.size(); ++i)
       u += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(nodes_[i]->port());
+    return u;
+  }
+
+  /// "resp+cluster+tls://127.0.0.1:T1,..." with every node's TLS port (only with options::tls_args).
+  std::string tls_url() const {
+    std::string u = "resp+cluster+tls://";
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      u += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(nodes_[i]->tls_port());
     return u;
   }
 

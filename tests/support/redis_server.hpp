@@ -221,8 +221,12 @@ class redis_server {
     for (int attempt = 0;; ++attempt) {
       port_ = detail::pick_free_port();
       for (int pick = 0; port_ > opt_.max_port && pick < 1000; ++pick) port_ = detail::pick_free_port();
-      if (!opt_.tls_args.empty()) tls_port_ = detail::pick_free_port();
-      if (port_ <= opt_.max_port && launch()) return;
+      if (!opt_.tls_args.empty()) {  // within max_port too: with --tls-cluster the bus is tls_port + 10000
+        tls_port_ = detail::pick_free_port();
+        for (int pick = 0; (tls_port_ > opt_.max_port || tls_port_ == port_) && pick < 1000; ++pick)
+          tls_port_ = detail::pick_free_port();
+      }
+      if (port_ <= opt_.max_port && tls_port_ <= opt_.max_port && launch()) return;
       if (attempt == 4) {
         std::string log = read_log();
         cleanup_dir();

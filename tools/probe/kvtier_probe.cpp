@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   const auto timeout = std::chrono::milliseconds(opt.timeout_ms);
   // A cluster: its masters are the instances, each probed through keys whose hash tag lands in a
   // slot that master serves; first every one of the 16384 slots must have a master.
-  const bool cluster = opt.url.rfind("resp+cluster://", 0) == 0;
+  const bool cluster = kvtier::resp::is_cluster_url(opt.url);
   std::vector<std::string> tags;
   std::size_t slots_served = 0;
   std::vector<instance> inst;

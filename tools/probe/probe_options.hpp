@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "kvtier/resp/cluster.hpp"
+
 namespace kvtier_probe {
 
 struct probe_options {
@@ -42,6 +44,7 @@ inline constexpr std::string_view probe_usage =
     "                          rediss:// or resp+tls:// for TLS; resp+cluster://host:port[,host:port...]\n"
     "                          for a Redis/Valkey Cluster: checks that all 16384 slots are served and\n"
     "                          measures each master (one thread each; --instances is then not needed);\n"
+    "                          resp+cluster+tls:// for a cluster over TLS (--tls-cluster yes);\n"
     "                          the password is printed as *** everywhere\n"
     "  --password-file PATH    the password is the file's first line (keeps it out of argv); without\n"
     "                          it and without a password in --url, KVTIER_PASSWORD is used when set\n"
@@ -150,7 +153,7 @@ inline std::string parse_probe_options(int argc, const char* const* argv, probe_
     if (!seen) missing += (missing.empty() ? "" : ", ") + std::string(name);
   };
   // A cluster's masters are the instances: their number comes from its slot map.
-  if (o.url.rfind("resp+cluster://", 0) == 0 && !seen_inst) seen_inst = true, o.instances = 1;
+  if (kvtier::resp::is_cluster_url(o.url) && !seen_inst) seen_inst = true, o.instances = 1;
   need(seen_url, "--url"), need(seen_inst, "--instances"), need(seen_chunk, "--chunk-bytes");
   need(seen_batch, "--batch"), need(seen_rounds, "--rounds"), need(seen_timeout, "--timeout-ms");
   if (!missing.empty()) return "missing required flag(s): " + missing;

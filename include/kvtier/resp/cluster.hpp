@@ -306,12 +306,20 @@ struct cluster_url {
   explicit operator bool() const noexcept { return !ec; }
 };
 
+/// True when `url` names a cluster (resp+cluster:// or resp+cluster+tls://).
+inline bool is_cluster_url(std::string_view url) noexcept {
+  return url.rfind("resp+cluster://", 0) == 0 || url.rfind("resp+cluster+tls://", 0) == 0;
+}
+
 /// Parses "resp+cluster://[user[:password]@]host:port[,host:port...][?placement=spread|pinned]":
 /// seed nodes (any reachable one gives the whole slot map), credentials shared by every node.
+/// "resp+cluster+tls://" is the same over TLS: every seed is a TLS endpoint, and a node asked
+/// over TLS names its masters' TLS ports (redis-server --tls-cluster yes).
 /// A cluster has only database 0, so a "/db" is an error. Never throws.
 inline cluster_url parse_cluster_url(std::string_view url) {
   cluster_url out;
-  constexpr std::string_view scheme = "resp+cluster://";
+  const bool tls = url.rfind("resp+cluster+tls://", 0) == 0;
+  const std::string_view scheme = tls ? "resp+cluster+tls://" : "resp+cluster://";
   // Messages never echo credentials: whatever precedes the last '@' is shown as "***".
   std::string shown(url);
   if (const auto at = shown.rfind('@'); at != std::string::npos && shown.substr(0, scheme.size()) == scheme)
@@ -325,8 +333,9 @@ inline cluster_url parse_cluster_url(std::string_view url) {
   if (url.substr(0, scheme.size()) != scheme) {
     const auto colon = url.find("://");
     return bad(colon == std::string_view::npos
-                   ? "missing scheme (expected resp+cluster://)"
-                   : "scheme '" + std::string(url.substr(0, colon)) + "' is not resp+cluster");
+                   ? "missing scheme (expected resp+cluster:// or resp+cluster+tls://)"
+                   : "scheme '" + std::string(url.substr(0, colon)) +
+                         "' is not resp+cluster or resp+cluster+tls");
   }
   std::string_view rest = url.substr(scheme.size());
   if (const auto q = rest.find('?'); q != std::string_view::npos) {
@@ -357,6 +366,7 @@ inline cluster_url parse_cluster_url(std::string_view url) {
     if (!r) return bad("seed '" + std::string(item) + "': " + r.message);
     r.value.user = login.user;
     r.value.password = login.password;
+    r.value.tls = tls;
     out.seeds.push_back(std::move(r.value));
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);

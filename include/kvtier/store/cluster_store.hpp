@@ -166,9 +166,10 @@ class cluster_store {
       c.server.host = a.host;
       c.server.port = a.port;
       c.server.db = 0;
-      if (!o.seeds.empty()) {
+      if (!o.seeds.empty()) {  // credentials and TLS as the seeds' (a TLS client is told TLS ports)
         c.server.user = o.seeds.front().user;
         c.server.password = o.seeds.front().password;
+        c.server.tls = o.seeds.front().tls;
       }
       return c;
     }
@@ -281,7 +282,8 @@ class cluster_store {
         if (!shards) continue;  // e.g. a server without CLUSTER SLOTS: try SHARDS
         return make_error_code(errc::server_error);
       }
-      const std::error_code ec = shards ? resp::parse_cluster_shards(r, n.addr, out, why)
+      const bool tls = !opt_.seeds.empty() && opt_.seeds.front().tls;
+      const std::error_code ec = shards ? resp::parse_cluster_shards(r, n.addr, out, why, tls)
                                         : resp::parse_cluster_slots(r, n.addr, out, why);
       if (ec) {
         codec_.note(n.where + ": " + why);
