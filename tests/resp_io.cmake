@@ -27,6 +27,11 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
                   LIBS kvtier::asio kvtier::uring TIMEOUT 300)
 endif()
 # TLS on both transports (the io_uring one where kvtier::uring_tls is built).
+# cluster_store shared by threads while a slot moves (the TSan build runs it too).
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  kvtier_add_test(test_cluster_store_threads SOURCES resp_io/test_cluster_store_threads.cpp
+                  LABELS integration tsan LIBS kvtier::asio kvtier::uring TIMEOUT 300)
+endif()
 if(TARGET kvtier::tls)
   if(TARGET kvtier::uring_tls)
     kvtier_add_test(test_tls SOURCES resp_io/test_tls.cpp LABELS integration LIBS kvtier::tls kvtier::uring_tls
