@@ -19,6 +19,7 @@
 #include "kvtier/resp/uring_connection.hpp"
 #include "kvtier/store/cluster_store.hpp"
 #include "resp_io/io_test_util.hpp"
+#include "resp_io/store_test_util.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/scripted_server.hpp"
 
@@ -31,33 +32,22 @@ using kvtier::deadline_after;
 using kvtier::errc;
 using kvtier::resp::asio_connection;
 using kvtier::resp::uring_connection;
+using kvtier::test::cspans;
+using kvtier::test::keys_n;
 using kvtier::test::pattern;
 using kvtier::test::redis_cluster;
 using kvtier::test::scripted_server;
+using kvtier::test::spans;
+using kvtier::test::test_ns;
 
 static_assert(kvtier::chunk_store<cluster_store<asio_connection>>);
 static_assert(kvtier::chunk_store<cluster_store<uring_connection>>);
 
 namespace {
 
-kvtier::key_namespace test_ns(std::string model = "cluster-test") {
-  return kvtier::key_namespace{.model = std::move(model), .kv_format = "raw", .chunk_tokens = 256};
-}
-
-std::vector<chunk_key> keys_n(std::size_t n, std::uint64_t salt) {
-  std::vector<chunk_key> k;
-  for (std::size_t i = 0; i < n; ++i) k.push_back(chunk_key{0xc1a0 + salt, i + 1});
-  return k;
-}
-
-template <class V>
-std::vector<std::span<std::byte>> spans(V& bufs) {
-  return {bufs.begin(), bufs.end()};
-}
-template <class V>
-std::vector<std::span<const std::byte>> cspans(const V& bufs) {
-  return {bufs.begin(), bufs.end()};
-}
+// This file's keys and namespace (distinct from the other store tests').
+constexpr std::uint64_t key_base = 0xc1a0;
+const std::string ns_model = "cluster-test";
 
 cluster_options options_for(const std::string& url, std::string tag = {}) {
   auto u = kvtier::resp::parse_cluster_url(url);
@@ -86,8 +76,8 @@ TEST_CASE("cluster_store: a MOVED loop ends after max_rounds as error, by the de
     return "-MOVED 1 127.0.0.1:" + std::to_string(self) + "\r\n";  // "ask me again"
   });
   self = loop.port();
-  cluster_store<asio_connection> store(test_ns(), options_for(seed(loop)));
-  const auto keys = keys_n(3, 1);
+  cluster_store<asio_connection> store(test_ns(ns_model), options_for(seed(loop)));
+  const auto keys = keys_n(3, 1, key_base);
   std::vector<chunk_status> st(keys.size(), chunk_status::hit);
   const auto dl = deadline_after(5s);
   const std::error_code ec = store.exists(keys, st, dl);
@@ -108,8 +98,8 @@ TEST_CASE("cluster_store: TRYAGAIN for ever: retried with backoff until the dead
   auto opt = options_for(seed(busy));
   opt.max_rounds = 1000;
   opt.retry_backoff_min = 20ms;
-  cluster_store<asio_connection> store(test_ns(), opt);
-  const auto keys = keys_n(2, 2);
+  cluster_store<asio_connection> store(test_ns(ns_model), opt);
+  const auto keys = keys_n(2, 2, key_base);
   std::vector<chunk_status> st(keys.size());
   const auto dl = deadline_after(300ms);
   REQUIRE(store.exists(keys, st, dl) == errc::timeout);
@@ -131,7 +121,7 @@ TEST_CASE("cluster_store: ASK retries that key alone, after ASKING, on the named
   });
   target_port = target.port();
   std::uint16_t self = 0;
-  const auto keys = keys_n(4, 3);
+  const auto keys = keys_n(4, 3, key_base);
   std::string asked_name;
   scripted_server source([&](const std::vector<std::string>& cmd) -> std::string {
     if (cmd[0] == "CLUSTER") return all_slots_to(self);
@@ -140,7 +130,7 @@ TEST_CASE("cluster_store: ASK retries that key alone, after ASKING, on the named
     return "$-1\r\n";  // the other keys: still here, absent
   });
   self = source.port();
-  cluster_store<asio_connection> store(test_ns(), options_for(seed(source)));
+  cluster_store<asio_connection> store(test_ns(ns_model), options_for(seed(source)));
   asked_name = store.key_text(keys[2]);
   std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(100));
   std::vector<chunk_status> st(keys.size());
@@ -165,8 +155,8 @@ TEST_CASE("cluster_store: CLUSTER SHARDS when the server does not know CLUSTER S
     return ":1\r\n";
   });
   self = shards_only.port();
-  cluster_store<asio_connection> store(test_ns(), options_for(seed(shards_only)));
-  const auto keys = keys_n(2, 4);
+  cluster_store<asio_connection> store(test_ns(ns_model), options_for(seed(shards_only)));
+  const auto keys = keys_n(2, 4, key_base);
   std::vector<chunk_status> st(keys.size());
   REQUIRE_FALSE(store.exists(keys, st, deadline_after(5s)));
   for (auto s : st) REQUIRE(s == chunk_status::hit);
@@ -175,9 +165,9 @@ TEST_CASE("cluster_store: CLUSTER SHARDS when the server does not know CLUSTER S
 
 TEST_CASE("cluster_store: no seed reachable: clean errors by the deadline", "[integration]") {
   const auto port = kvtier::test::detail::pick_free_port();
-  cluster_store<asio_connection> store(test_ns(),
+  cluster_store<asio_connection> store(test_ns(ns_model),
                                        options_for("resp+cluster://127.0.0.1:" + std::to_string(port)));
-  const auto keys = keys_n(2, 5);
+  const auto keys = keys_n(2, 5, key_base);
   std::vector<chunk_status> st(keys.size(), chunk_status::hit);
   const auto dl = deadline_after(2s);
   REQUIRE(store.exists(keys, st, dl) == errc::connection_refused);
@@ -197,8 +187,8 @@ redis_cluster& cluster() {
 
 TEMPLATE_TEST_CASE("cluster_store: 12.4 MB values bit-exact across the masters", "[integration]",
                    asio_connection, uring_connection) {
-  cluster_store<TestType> store(test_ns(), options_for(cluster().url()));
-  const auto keys = keys_n(6, 10);
+  cluster_store<TestType> store(test_ns(ns_model), options_for(cluster().url()));
+  const auto keys = keys_n(6, 10, key_base);
   std::vector<std::vector<std::byte>> src;
   for (unsigned i = 0; i < keys.size(); ++i) src.push_back(pattern(12'400'000, i));
   std::vector<chunk_status> st(keys.size());
@@ -219,8 +209,8 @@ TEMPLATE_TEST_CASE("cluster_store: 12.4 MB values bit-exact across the masters",
 }
 
 TEST_CASE("cluster_store: many keys over every master come back in the caller's order", "[integration]") {
-  cluster_store<asio_connection> store(test_ns(), options_for(cluster().url()));
-  const auto keys = keys_n(200, 11);
+  cluster_store<asio_connection> store(test_ns(ns_model), options_for(cluster().url()));
+  const auto keys = keys_n(200, 11, key_base);
   std::vector<std::vector<std::byte>> src;
   for (unsigned i = 0; i < keys.size(); ++i) src.push_back(pattern(100 + i, 1000 + i));
   // Every third key is never stored: a miss in its place.
@@ -262,8 +252,8 @@ TEST_CASE("cluster_store: value format 2 (group checksums) across the masters; f
   cluster_store<asio_connection> v2(test_ns("cluster-v2"), o2);
   cluster_store<asio_connection> v1(test_ns("cluster-v2"), options_for(cluster().url()));
   REQUIRE(v2.ns().fingerprint() == v1.ns().fingerprint());
-  const auto keys = keys_n(30, 23);
-  const auto keys1 = keys_n(30, 24);
+  const auto keys = keys_n(30, 23, key_base);
+  const auto keys1 = keys_n(30, 24, key_base);
   std::vector<std::vector<std::byte>> src;
   for (unsigned i = 0; i < keys.size(); ++i) src.push_back(pattern(10000 + 997 * i, 300 + i));
   std::vector<chunk_status> st(keys.size());
@@ -302,8 +292,8 @@ TEST_CASE("cluster_store: value format 2 (group checksums) across the masters; f
 }
 
 TEST_CASE("cluster_store: pinned placement keeps a rank's keys on one master", "[integration]") {
-  cluster_store<asio_connection> store(test_ns(), options_for(cluster().url(), "rank3"));
-  const auto keys = keys_n(50, 12);
+  cluster_store<asio_connection> store(test_ns(ns_model), options_for(cluster().url(), "rank3"));
+  const auto keys = keys_n(50, 12, key_base);
   std::set<std::uint16_t> masters;
   for (const auto& k : keys) {
     REQUIRE(store.key_text(k).find("{rank3}") != std::string::npos);
@@ -348,8 +338,8 @@ TEST_CASE("cluster_store: a slot migrated while loads run: verified hits, ASK th
   // Pinned: all keys share one slot, so migrating that slot moves all of them one by one.
   const std::string tag = "migrate-me";
   const unsigned slot = kvtier::resp::hash_slot(tag);
-  cluster_store<asio_connection> writer(test_ns(), options_for(c.url(), tag));
-  const auto keys = keys_n(16, 13);
+  cluster_store<asio_connection> writer(test_ns(ns_model), options_for(c.url(), tag));
+  const auto keys = keys_n(16, 13, key_base);
   std::vector<std::vector<std::byte>> src;
   for (unsigned i = 0; i < keys.size(); ++i) src.push_back(pattern(300'000 + i, 2000 + i));
   std::vector<chunk_status> st(keys.size());
@@ -361,7 +351,7 @@ TEST_CASE("cluster_store: a slot migrated while loads run: verified hits, ASK th
   for (std::size_t i = 0; i < c.size(); ++i)
     if (i != from && c.node(i).call({"ROLE"}).rfind("[master", 0) == 0) to = i;
 
-  cluster_store<asio_connection> reader(test_ns(), options_for(c.url(), tag));
+  cluster_store<asio_connection> reader(test_ns(ns_model), options_for(c.url(), tag));
   std::atomic<bool> stop{false};
   std::atomic<std::size_t> loads{0}, hits{0}, wrong{0}, other{0};
   auto load_all = [&](cluster_store<asio_connection>& store) {
@@ -399,8 +389,8 @@ TEST_CASE("cluster_store: a slot migrated while loads run: verified hits, ASK th
 
 TEST_CASE("cluster_store: a master killed: loads recover after the failover", "[integration]") {
   redis_cluster& c = cluster();
-  cluster_store<asio_connection> store(test_ns(), options_for(c.url()));
-  const auto keys = keys_n(24, 14);
+  cluster_store<asio_connection> store(test_ns(ns_model), options_for(c.url()));
+  const auto keys = keys_n(24, 14, key_base);
   std::vector<std::vector<std::byte>> src;
   for (unsigned i = 0; i < keys.size(); ++i) src.push_back(pattern(50'000, 3000 + i));
   std::vector<chunk_status> st(keys.size());
@@ -441,10 +431,10 @@ TEST_CASE("cluster_store: a master killed: loads recover after the failover", "[
 
 TEST_CASE("cluster_store: every node down: clean errors by the deadline", "[integration]") {
   redis_cluster& c = cluster();
-  cluster_store<asio_connection> store(test_ns(), options_for(c.url()));
+  cluster_store<asio_connection> store(test_ns(ns_model), options_for(c.url()));
   REQUIRE_FALSE(store.refresh(deadline_after(5s)));
   for (std::size_t i = 0; i < c.size(); ++i) c.node(i).kill();
-  const auto keys = keys_n(8, 15);
+  const auto keys = keys_n(8, 15, key_base);
   std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(1000));
   auto d = spans(dst);
   std::vector<chunk_status> st(keys.size(), chunk_status::hit);

@@ -13,6 +13,7 @@
 #include "kvtier/resp/uring_connection.hpp"
 #include "kvtier/store/remote_store.hpp"
 #include "resp_io/io_test_util.hpp"
+#include "resp_io/store_test_util.hpp"
 #include "support/redis_server.hpp"
 
 using namespace std::chrono_literals;
@@ -24,34 +25,19 @@ using kvtier::remote_store;
 using kvtier::resp::asio_connection;
 using kvtier::resp::uring_connection;
 using kvtier::test::black_hole_server;
+using kvtier::test::cspans;
+using kvtier::test::keys_n;
 using kvtier::test::options_for;
 using kvtier::test::pattern;
 using kvtier::test::redis_server;
 using kvtier::test::require_returned_by;
+using kvtier::test::spans;
+using kvtier::test::test_ns;
 
 static_assert(kvtier::chunk_store<remote_store<asio_connection>>);
 static_assert(kvtier::chunk_store<remote_store<uring_connection>>);
 
 namespace {
-
-kvtier::key_namespace test_ns(std::string model = "test-model") {
-  return kvtier::key_namespace{.model = std::move(model), .kv_format = "raw", .chunk_tokens = 256};
-}
-
-std::vector<chunk_key> keys_n(std::size_t n, std::uint64_t salt = 0) {
-  std::vector<chunk_key> k;
-  for (std::size_t i = 0; i < n; ++i) k.push_back(chunk_key{0xabc0 + salt, i + 1});
-  return k;
-}
-
-template <class V>
-std::vector<std::span<std::byte>> spans(V& bufs) {
-  return {bufs.begin(), bufs.end()};
-}
-template <class V>
-std::vector<std::span<const std::byte>> cspans(const V& bufs) {
-  return {bufs.begin(), bufs.end()};
-}
 
 std::string as_string(std::span<const std::byte> b) {
   return {reinterpret_cast<const char*>(b.data()), b.size()};

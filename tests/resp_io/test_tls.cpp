@@ -18,6 +18,7 @@
 #include "kvtier/store/cluster_store.hpp"
 #include "kvtier/store/remote_store.hpp"
 #include "resp_io/io_test_util.hpp"
+#include "resp_io/store_test_util.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_pki.hpp"
@@ -35,6 +36,7 @@ using kvtier::resp::asio_tls_connection;
 using kvtier::resp::batch;
 using kvtier::test::pattern;
 using kvtier::test::redis_server;
+using kvtier::test::require_round_trip;
 
 namespace {
 
@@ -88,25 +90,6 @@ kvtier::resp::connection_options tls_options_for(const redis_server& srv, const 
   o.tls.key_file = pki().path("client.key");
   o.reconnect_backoff_min = 1ms;
   return o;
-}
-
-// Puts `src` under `keys`, gets them back into fresh buffers: every key stored, then a hit with
-// the same bytes.
-template <class Store>
-void require_round_trip(Store& store, const std::vector<chunk_key>& keys,
-                        const std::vector<std::vector<std::byte>>& src) {
-  const std::vector<std::span<const std::byte>> s(src.begin(), src.end());
-  std::vector<chunk_status> st(keys.size());
-  REQUIRE_FALSE(store.put(keys, s, st, deadline_after(30s)));
-  for (auto x : st) REQUIRE(x == chunk_status::stored);
-  std::vector<std::vector<std::byte>> dst;
-  for (const auto& v : src) dst.emplace_back(v.size());
-  std::vector<std::span<std::byte>> d(dst.begin(), dst.end());
-  REQUIRE_FALSE(store.get(keys, d, st, deadline_after(30s)));
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    REQUIRE(st[i] == chunk_status::hit);
-    REQUIRE(dst[i] == src[i]);
-  }
 }
 
 }  // namespace
