@@ -3,7 +3,8 @@
 // by `openssl` in the test: values round-trip bit-exact through remote_store; a wrong CA, an
 // expired certificate, a wrong name, a CA file that does not load and a plaintext server fail
 // cleanly (errc::tls_failed, OpenSSL's reason in last_error()), by the deadline; a silent peer
-// ends the handshake at the deadline; a mid-exchange stall ends the call at its deadline; a
+// ends the handshake at the deadline; a mid-exchange stall ends the call at its deadline and a
+// server closing mid-batch is a lost connection; a
 // 3-master cluster over TLS (resp+cluster+tls://, --tls-cluster yes) routes and follows MOVED
 // to TLS ports.
 #include <catch2/catch.hpp>
@@ -199,6 +200,15 @@ TEMPLATE_TEST_CASE("tls: a server that stops answering mid-exchange ends the cal
   REQUIRE(conn.execute(b, dl) == errc::timeout);
   kvtier::test::require_returned_by(dl);
   // The connection was closed and comes back.
+  REQUIRE_FALSE(conn.ping(deadline_after(5s)));
+  // The server closes mid-batch (QUIT answers, then the stream ends before PING's reply): the
+  // call fails as a lost connection with the reply it got, and the next one reconnects.
+  b.clear();
+  b.add({"QUIT"});
+  b.add({"PING"});
+  REQUIRE(conn.execute(b, deadline_after(5s)) == errc::connection_lost);
+  REQUIRE(b.completed() == 1);
+  REQUIRE(b.reply(0).str == "OK");
   REQUIRE_FALSE(conn.ping(deadline_after(5s)));
 }
 
