@@ -90,7 +90,7 @@ timing model (modeled seconds; defaults are the reference's figures):
 engine:
   --max-batch-tokens N (32768)  --max-batch-requests N (256)
   --load-timeout-s S          one deadline per request, from its lookup, over every rank's I/O (10, modeled)
-  --broadcast per_chunk|grouped|gathered (gathered)   --fetch-workers N (8)
+  --broadcast per_chunk|grouped|gathered (grouped)   --fetch-workers N (8)
   --estimator-prior optimistic|model   the load estimator's starting (T0, B): optimistic (0 ms, 1000 GB/s;
                               the first hits teach it) or model (the modeled tier's T0 and B, as a probe
                               of the tier would report them); refined online by every load either way
