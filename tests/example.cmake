@@ -14,3 +14,14 @@ foreach(t IN LISTS KVTIER_EXAMPLE_TESTS)
     target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/examples/pcp_prefill)
   endif()
 endforeach()
+# pcp_prefill as 4 MPI processes beside its thread form, against 4 real redis-servers and the
+# embedded model L2 (label mpi: run alone after the others). The test runs the example binary.
+if(KVTIER_BUILD_EXAMPLES AND TARGET kvtier::mpi AND TARGET kvtier::asio AND EXISTS /usr/bin/redis-server
+   AND KVTIER_SANITIZE STREQUAL "")
+  kvtier_add_test(test_example_pcp_prefill_mpi SOURCES example/test_pcp_prefill_mpi.cpp LABELS mpi TIMEOUT 240)
+  target_include_directories(test_example_pcp_prefill_mpi PRIVATE ${PROJECT_SOURCE_DIR}/examples/pcp_prefill)
+  target_compile_definitions(test_example_pcp_prefill_mpi PRIVATE PCP_PREFILL_BIN="$<TARGET_FILE:pcp_prefill>"
+                                                                  MPIEXEC_BIN="${MPIEXEC_EXECUTABLE}")
+  add_dependencies(test_example_pcp_prefill_mpi pcp_prefill)
+  set_tests_properties(test_example_pcp_prefill_mpi PROPERTIES PROCESSORS 4)
+endif()

@@ -1,10 +1,14 @@
 // examples/pcp_prefill/engine.hpp: a context-parallel prefill engine made of
 // kvtier components, replaying a trace on a modeled clock.
 //
-// W ranks run as threads over kvtier::comm::inproc and advance in lockstep;
-// every scheduling decision derives from values all ranks agreed on through a
-// collective or from replicated modeled times, so every rank issues the same
-// collectives in the same order.
+// W ranks advance in lockstep: as threads of one process over kvtier::comm::inproc
+// (`run()`), or one rank per process over any other communicator, e.g. MPI
+// (`run(comm)`: the same rank loop, this process's rank only). Every scheduling
+// decision derives from values all ranks agreed on through a collective or from
+// replicated modeled times, so every rank issues the same collectives in the same
+// order. Nothing in the rank loop is shared between ranks: the modeled clock is
+// replicated (each rank books every rank's modeled I/O), so it runs alike in both
+// forms; the process form combines its counters over the communicator after the loop.
 //
 // Time: each rank keeps the same modeled clock (`now`), which advances by
 // events: a compute step (n/R), the modeled end of a lookup, load, broadcast or
@@ -40,7 +44,9 @@
 // kvtier::split_point on the estimator's (T0, B); then compute [hit, n)).
 //
 //   pcp::engine<pcp::modeled_l2> e(reqs, tm, opt, l1s, l2s);
-//   pcp::run_result r = e.run();
+//   pcp::run_result r = e.run();                       // W rank threads
+//   pcp::engine<pcp::modeled_l2, kvtier::comm::mpi_communicator> p(reqs, tm, opt, l1s, l2s);
+//   pcp::run_result q = p.run(mpi_comm);               // this process's rank (l1s/l2s[rank] set)
 #pragma once
 
 #include <algorithm>
@@ -64,6 +70,7 @@
 #include "kvtier/comm/inproc.hpp"
 #include "kvtier/comm/recording.hpp"
 #include "kvtier/cost_model.hpp"
+#include "kvtier/detail/xxhash.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/host_kv_cache.hpp"
 #include "kvtier/lookup.hpp"
@@ -104,7 +111,9 @@ struct engine_options {
       10;                   ///< one deadline per request (modeled s), from its lookup, over every rank's I/O
   double cost_slack_s = 0;  ///< --policy cost: also load when predicted at most this much slower
   std::size_t fetch_workers = 8;                                        ///< fetch_queue threads per rank
-  kvtier::broadcast_mode broadcast = kvtier::broadcast_mode::gathered;  ///< 2 collectives per load
+  /// grouped: chosen from bench_chunk_broadcast at the real 12.4 MB chunk (gathered copies every byte
+  /// twice through staging: 0.48x per_chunk there; grouped 0.83x with at most 1 + W collectives).
+  kvtier::broadcast_mode broadcast = kvtier::broadcast_mode::grouped;
   /// The load estimator's starting (T0, B), refined by every measured load. The default is
   /// optimistic (the first hits load and teach it); a probe of the tier gives a better one.
   kvtier::load_path estimator_prior{.fixed_cost_s = 0, .bandwidth_gb_per_s = 1000};
@@ -117,9 +126,11 @@ struct engine_options {
   /// request holds blocks only while in flight); a smaller cap aborts the run with a clear
   /// error when an overloaded replay queues more loaded requests than fit (--kv-cache-tokens).
   std::uint64_t kv_cache_tokens = 0;
-  /// Test hook: after request `corrupt_paged_request` is scattered into rank 0's pages, one
-  /// byte of its first loaded chunk is flipped there (the paged check must catch it).
+  /// Test hook: after request `corrupt_paged_request` is scattered into rank
+  /// `corrupt_paged_rank`'s pages, one byte of its first loaded chunk is flipped there (the
+  /// paged check must catch it).
   std::size_t corrupt_paged_request = static_cast<std::size_t>(-1);
+  kvtier::rank_t corrupt_paged_rank = 0;
 };
 
 /// A trace request with its chunk keys (full chunks before the last token: the
@@ -177,10 +188,12 @@ struct run_result {
   std::string fatal;                   ///< non-empty when the run aborted (a collective failed)
 };
 
-template <class L2>
+/// `Comm`: the ranks' communicator. The in-process one runs W rank threads (`run()`);
+/// any other runs this process's rank of W processes (`run(comm)`).
+template <class L2, kvtier::comm::communicator Comm = kvtier::comm::inproc_communicator>
 class engine {
   using tiers_t = kvtier::tiered_store<modeled_l1, L2>;
-  using comm_t = kvtier::comm::inproc_communicator;
+  using comm_t = Comm;
   using rec_t = kvtier::comm::recording<comm_t&>;  // every rank's collectives, compared after the run
   static constexpr bool modeled = modeled_timing_v<L2>;
   static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
@@ -191,30 +204,33 @@ class engine {
          std::vector<modeled_l1*> l1s, std::vector<L2*> l2s)
       : reqs_(reqs), tm_(tm), opt_(opt), l1s_(std::move(l1s)), l2s_(std::move(l2s)), own_(opt.world) {}
 
-  run_result run() {
-    result_ = run_result{};
-    result_.requests.resize(reqs_.size());
-    result_.l2_errors.resize(opt_.world);
-    calls_.assign(opt_.world, {});
-    for (std::size_t i = 0; i < reqs_.size(); ++i) {
-      auto& r = result_.requests[i];
-      r.id = reqs_[i].src->id;
-      r.prompt_tokens = reqs_[i].src->tokens.size();
-    }
+  /// Thread form: W rank threads over an in-process world.
+  run_result run() requires std::is_same_v<Comm, kvtier::comm::inproc_communicator> {
+    begin();
     kvtier::comm::inproc_world world(opt_.world);
     kvtier::comm::run_ranks(world, [&](comm_t& c) { rank_main(c); });
-    double first = never, last = 0;
-    for (const auto& r : result_.requests) {
-      first = std::min(first, r.arrival_s);
-      last = std::max(last, r.arrival_s + r.ttft_s);
-    }
-    result_.makespan_s = reqs_.empty() ? 0 : last - first;
-    result_.max_step_io_wall_s = static_cast<double>(max_wall_ns_.load()) * 1e-9;
-    result_.mismatched_chunks = mismatches_.load();
-    result_.failed_l2_calls = failed_calls_.load();
     result_.symmetric_collectives =
         std::all_of(calls_.begin(), calls_.end(), [&](const auto& c) { return c == calls_[0]; });
-    return std::move(result_);
+    return finish();
+  }
+
+  /// Process form: this process's rank (comm.rank(); its l1s/l2s entries must be set) of
+  /// comm.size() == world processes. Every rank returns the counters summed (mismatches,
+  /// failed calls) or maxed over the ranks, every rank's first store error, and whether the
+  /// ranks' collective sequences matched (their digests compared); the per-request results
+  /// and modeled costs are rank 0's, as in the thread form. A rank whose loop failed
+  /// (`fatal`) returns at once without the closing collectives: its peers would wait on it,
+  /// so the caller ends the job (MPI_Abort).
+  run_result run(comm_t& comm) {
+    if (comm.size() != opt_.world)
+      throw std::invalid_argument("engine: the communicator has " + std::to_string(comm.size()) +
+                                  " ranks, the options say world = " + std::to_string(opt_.world));
+    if (!l1s_.at(comm.rank()) || !l2s_.at(comm.rank()))
+      throw std::invalid_argument("engine: no L1/L2 store for rank " + std::to_string(comm.rank()));
+    begin();
+    rank_main(comm);
+    if (result_.fatal.empty()) combine_over_ranks(comm);
+    return finish();
   }
 
  private:
@@ -265,6 +281,74 @@ class engine {
       return arrivals >= 2 && span > 0 ? offered_work_s / span : 0.0;
     }
   };
+
+  // ---- run set-up and results ----------------------------------------------------------
+
+  void begin() {
+    result_ = run_result{};
+    result_.requests.resize(reqs_.size());
+    result_.l2_errors.resize(opt_.world);
+    calls_.assign(opt_.world, {});
+    max_wall_ns_ = 0, mismatches_ = 0, failed_calls_ = 0;
+    for (std::size_t i = 0; i < reqs_.size(); ++i) {
+      auto& r = result_.requests[i];
+      r.id = reqs_[i].src->id;
+      r.prompt_tokens = reqs_[i].src->tokens.size();
+    }
+  }
+  run_result finish() {
+    double first = never, last = 0;
+    for (const auto& r : result_.requests) {
+      first = std::min(first, r.arrival_s);
+      last = std::max(last, r.arrival_s + r.ttft_s);
+    }
+    result_.makespan_s = reqs_.empty() ? 0 : last - first;
+    result_.max_step_io_wall_s = static_cast<double>(max_wall_ns_.load()) * 1e-9;
+    result_.mismatched_chunks = mismatches_.load();
+    result_.failed_l2_calls = failed_calls_.load();
+    return std::move(result_);
+  }
+
+  /// Process form, after the loop: this rank's counters and first store error combined with
+  /// every peer's, and the collective sequences compared by digest. The same collectives on
+  /// every rank, unconditionally, on the unrecorded communicator.
+  void combine_over_ranks(comm_t& comm) {
+    namespace kc = kvtier::comm;
+    const kvtier::rank_t me = comm.rank();
+    const auto& calls = calls_[me];
+    std::vector<std::uint64_t> seq;
+    for (const auto& c : calls)
+      seq.insert(seq.end(),
+                 {static_cast<std::uint64_t>(c.op), c.root, c.bytes, static_cast<std::uint64_t>(c.type),
+                  static_cast<std::uint64_t>(c.reduce), c.group_depth});
+    const std::uint64_t digest = XXH3_64bits(seq.data(), seq.size() * sizeof(std::uint64_t));
+    // min of x and of ~x gives min and max: equal on every rank iff the digests are.
+    std::uint64_t mins[5] = {digest, ~digest, calls.size(), ~static_cast<std::uint64_t>(calls.size()),
+                             none - static_cast<std::uint64_t>(max_wall_ns_.load())};
+    std::uint64_t sums[2] = {mismatches_.load(), failed_calls_.load()};
+    constexpr std::size_t err_bytes = 240;  // a rank's first store error, cut to this length
+    std::vector<char> mine(err_bytes, '\0'), all(err_bytes * opt_.world);
+    const std::string& e = result_.l2_errors[me];
+    std::copy_n(e.begin(), std::min(e.size(), err_bytes - 1), mine.begin());
+    auto check = [&](std::error_code ec, const char* what) {
+      if (ec) throw std::runtime_error(std::string("engine: ") + what + " over ranks: " + comm.last_error());
+    };
+    const auto dl = coll_dl();
+    check(kc::all_reduce(comm, std::span<const std::uint64_t>(mins), std::span<std::uint64_t>(mins),
+                         kc::reduce_op::min, dl),
+          "min");
+    check(kc::all_reduce(comm, std::span<const std::uint64_t>(sums), std::span<std::uint64_t>(sums),
+                         kc::reduce_op::sum, dl),
+          "sum");
+    check(comm.all_gather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), dl),
+          "all-gather of store errors");
+    result_.symmetric_collectives = mins[0] == ~mins[1] && mins[2] == ~mins[3];
+    max_wall_ns_ = static_cast<std::int64_t>(none - mins[4]);
+    mismatches_ = sums[0];
+    failed_calls_ = sums[1];
+    for (kvtier::rank_t r = 0; r < opt_.world; ++r)
+      result_.l2_errors[r] = std::string(all.data() + r * err_bytes);
+  }
 
   // ---- helpers --------------------------------------------------------------------
 
@@ -639,7 +723,8 @@ class engine {
     // would produce (each chunk gathered back from the pages). Real CPU work, not modeled time.
     reserve_pages(env, i, agreed);
     for (std::size_t k = c0; k < chunks(agreed); ++k) to_pages(env, i, k, slot(env, i, k));
-    if (i == opt_.corrupt_paged_request && env.lead && chunks(agreed) > c0) {
+    if (i == opt_.corrupt_paged_request && env.comm->rank() == opt_.corrupt_paged_rank &&
+        chunks(agreed) > c0) {
       auto v = std::span<std::byte>(env.paged_scratch);
       from_pages(env, i, c0, v);
       v[v.size() / 2] ^= std::byte{0x01};

@@ -11,9 +11,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine.hpp"
@@ -26,11 +28,15 @@
 #if defined(PCP_HAVE_RESP)
 #include "resp_l2.hpp"
 #endif
+#if defined(PCP_HAVE_MPI)
+#include "kvtier/comm/mpi.hpp"
+#endif
 
 namespace {
 
 const char* usage = R"(usage:
   pcp_prefill [options]                      replay a trace through the engine
+  mpiexec -n W pcp_prefill --mpi [options]   the same, one process per rank (MPI)
   pcp_prefill gen-trace --kind hit-heavy|cold|mixed|long [--requests N] [--seed S] [--rate R] --out FILE
   pcp_prefill table NAME=SUMMARY_FILE ...     side-by-side table of replays (+ the reference's figures)
   pcp_prefill plot OUT.png NAME=REQUESTS_FILE ...
@@ -45,6 +51,8 @@ replay options:
                               about half of each prompt) or long (64k-200k tokens, slow arrivals);
                               --requests, --seed, --rate apply
   --world W                   ranks (threads) in lockstep (8)
+  --mpi                       ranks as processes: run under mpiexec -n W, one rank per process
+                              (W from mpiexec; --world, if given, must match); rank 0 reports
   --mode recompute|sync|async|split   loading mode (async); split computes the front of a hit while
                               loading its back, at the cost model's split point
   --policy always|cost        load every hit, or let the cost model decide per request (always)
@@ -82,7 +90,7 @@ timing model (modeled seconds; defaults are the reference's figures):
 engine:
   --max-batch-tokens N (32768)  --max-batch-requests N (256)
   --load-timeout-s S          one deadline per request, from its lookup, over every rank's I/O (10, modeled)
-  --broadcast per_chunk|grouped|gathered (gathered)   --fetch-workers N (8)
+  --broadcast per_chunk|grouped|gathered (grouped)   --fetch-workers N (8)
   --estimator-prior optimistic|model   the load estimator's starting (T0, B): optimistic (0 ms, 1000 GB/s;
                               the first hits teach it) or model (the modeled tier's T0 and B, as a probe
                               of the tier would report them); refined online by every load either way
@@ -121,6 +129,7 @@ struct options {
   double l1_capacity_gb = 64;
   double sustained_gbps = 0;  ///< > 0: derive tm.l2_gbps from it
   bool prime = false, prime_shared = false, keep_l1 = false, quiet = false, prior_from_model = false;
+  bool mpi = false, world_set = false;
   std::size_t prime_first = 0;
   std::uint64_t fault_every = 0;
 };
@@ -143,7 +152,8 @@ pcp::trace_spec generated_spec(const std::string& kind, const options& o) {
   return spec;
 }
 
-options parse_replay(int argc, char** argv) {
+/// The replay's options. `mpi_world`: the number of processes when running under MPI (0: not).
+options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -191,7 +201,9 @@ options parse_replay(int argc, char** argv) {
     else if (a == "--collective-us")
       o.tm.collective_s = parse_double(a, val(), 0, 1e9) / 1e6;
     else if (a == "--world")
-      o.eng.world = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 256));
+      o.eng.world = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 256)), o.world_set = true;
+    else if (a == "--mpi")
+      o.mpi = true;
     else if (a == "--mode") {
       const std::string m = val();
       if (m == "recompute")
@@ -285,6 +297,14 @@ options parse_replay(int argc, char** argv) {
     } else
       throw usage_error("unknown option '" + a + "' (see --help)");
   }
+  if (o.mpi) {
+    if (mpi_world == 0)
+      throw usage_error("--mpi: this build has no MPI (kvtier::mpi missing: install libopenmpi-dev)");
+    if (o.world_set && o.eng.world != mpi_world)
+      throw usage_error("--world " + std::to_string(o.eng.world) + " but mpiexec started " +
+                        std::to_string(mpi_world) + " processes (with --mpi, W is the number of processes)");
+    o.eng.world = mpi_world;
+  }
   if (o.trace_file.empty() == o.generate.empty())
     throw usage_error("give exactly one of --trace FILE or --generate hit-heavy|cold");
   if (!o.generate.empty()) o.spec = generated_spec(o.generate, o);
@@ -328,42 +348,84 @@ double l2_rho(const options& o, const std::vector<pcp::prepared_request>& reqs) 
   return lambda * (o.eng.mode == pcp::load_mode::sync ? o.tm.l2_t0_s + hold : hold);
 }
 
+/// Where the ranks run: W threads of this process. Every rank's stores live here.
+struct thread_ranks {
+  bool hosts(std::uint32_t) const { return true; }
+  bool lead() const { return true; }
+  template <class L2>
+  pcp::run_result run(const std::vector<pcp::prepared_request>& reqs, const pcp::timing_model& tm,
+                      const pcp::engine_options& eo, const std::vector<pcp::modeled_l1*>& l1s,
+                      const std::vector<L2*>& l2s) {
+    return pcp::engine<L2>(reqs, tm, eo, l1s, l2s).run();
+  }
+  /// Counters over every rank: here they already are.
+  void sum(std::span<std::uint64_t>) {}
+};
+
+#if defined(PCP_HAVE_MPI)
+/// Where the ranks run (--mpi): this process is rank comm.rank() of W; only its own stores
+/// live here. The same engine code as the thread form, over an MPI communicator; rank 0
+/// prints. A rank whose run failed ends the job (MPI_Abort): its peers would wait on it.
+struct process_ranks {
+  kvtier::comm::mpi_communicator comm;
+  bool hosts(std::uint32_t r) const { return r == comm.rank(); }
+  bool lead() const { return comm.rank() == 0; }
+  template <class L2>
+  pcp::run_result run(const std::vector<pcp::prepared_request>& reqs, const pcp::timing_model& tm,
+                      const pcp::engine_options& eo, const std::vector<pcp::modeled_l1*>& l1s,
+                      const std::vector<L2*>& l2s) {
+    auto r = pcp::engine<L2, kvtier::comm::mpi_communicator>(reqs, tm, eo, l1s, l2s).run(comm);
+    if (!r.fatal.empty()) {
+      std::cerr << "pcp_prefill: run aborted: " << r.fatal << "\n";
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return r;
+  }
+  void sum(std::span<std::uint64_t> v) {
+    if (auto ec =
+            kvtier::comm::all_reduce(comm, std::span<const std::uint64_t>(v), v, kvtier::comm::reduce_op::sum,
+                                     kvtier::deadline_after(std::chrono::seconds(60))))
+      throw std::runtime_error("sum over ranks: " + comm.last_error());
+  }
+};
+#endif
+
 /// The untimed priming replay (recompute, storing every full chunk); false if it failed.
-template <class L2>
-bool prime(const options& o, const std::vector<pcp::prepared_request>& prime_set,
+template <class World, class L2>
+bool prime(World& w, const options& o, const std::vector<pcp::prepared_request>& prime_set,
            const std::vector<pcp::modeled_l1*>& l1s, const std::vector<L2*>& l2s) {
   if (!prime_set.empty()) {
-    std::cerr << "priming: replaying " << prime_set.size() << " requests once, untimed\n";
+    if (w.lead()) std::cerr << "priming: replaying " << prime_set.size() << " requests once, untimed\n";
     pcp::engine_options po = o.eng;
     po.mode = pcp::load_mode::recompute;
     po.timed = false;
     po.progress = false;
     po.closed_loop_clients = 0;
-    pcp::engine<L2> primer(prime_set, o.tm, po, l1s, l2s);
-    const auto pr = primer.run();
+    const auto pr = w.run(prime_set, o.tm, po, l1s, l2s);
     if (!pr.fatal.empty()) {
       std::cerr << "pcp_prefill: priming failed: " << pr.fatal << "\n";
       return false;
     }
     if (!o.keep_l1)
-      for (auto* l1 : l1s) l1->data().clear();
+      for (auto* l1 : l1s)
+        if (l1) l1->data().clear();
   }
   return true;
 }
 
-template <class L2>
+template <class World, class L2>
 int replay(
-    const options& o, const std::vector<pcp::prepared_request>& prime_set,
+    World& w, const options& o, const std::vector<pcp::prepared_request>& prime_set,
     const std::vector<pcp::prepared_request>& prepared, const std::vector<pcp::modeled_l1*>& l1s,
     const std::vector<L2*>& l2s, const std::function<void()>& after_prime = [] {}) {
-  if (!prime(o, prime_set, l1s, l2s)) return 1;
+  if (!prime(w, o, prime_set, l1s, l2s)) return 1;
   after_prime();
   pcp::engine_options eo = o.eng;
   eo.progress = !o.quiet;
-  pcp::engine<L2> eng(prepared, o.tm, eo, l1s, l2s);
   const auto wall = std::chrono::steady_clock::now();
-  const pcp::run_result r = eng.run();
+  const pcp::run_result r = w.run(prepared, o.tm, eo, l1s, l2s);
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count();
+  if (!w.lead()) return 0;  // rank 0 of the process form reports for every rank
   if (!r.fatal.empty()) std::cerr << "pcp_prefill: run aborted: " << r.fatal << "\n";
   // A misconfigured tier degrades to recompute; say why, once per rank.
   for (std::size_t k = 0; k < r.l2_errors.size(); ++k)
@@ -439,13 +501,13 @@ std::string with_password(const options& o) {
   return o.l2.substr(0, host) + ":" + pw + "@" + o.l2.substr(host);
 }
 
-int run_replay(int argc, char** argv) {
-  const options o = parse_replay(argc, argv);
+template <class World>
+int run_replay(World& w, const options& o) {
   std::vector<pcp::request> reqs;
   std::string err;
   if (!o.trace_file.empty()) {
-    if (!pcp::read_trace_file(o.trace_file, reqs, err)) {
-      std::cerr << "pcp_prefill: " << err << "\n";
+    if (!pcp::read_trace_file(o.trace_file, reqs, err)) {  // every rank reads the same file
+      if (w.lead()) std::cerr << "pcp_prefill: " << err << "\n";
       return 2;
     }
   } else {
@@ -486,35 +548,39 @@ int run_replay(int argc, char** argv) {
   std::uint64_t tokens = 0;
   for (const auto& r : replay_reqs) tokens += r.tokens.size();
   const bool real_l2 = o.l2 != "embedded" && o.l2 != "none";
-  std::cout << "pcp_prefill: " << replay_reqs.size() << " requests, " << tokens << " prompt tokens, W = " << W
-            << ", mode " << pcp::to_string(o.eng.mode) << ", policy " << pcp::to_string(o.eng.policy)
-            << ", L2 " << kvtier::resp::redact_url(o.l2);
-  if (o.prime) std::cout << ", primed with the whole trace";
-  if (o.prime_first) std::cout << ", primed with the first " << o.prime_first << " requests (not replayed)";
-  if (o.prime_shared) std::cout << ", primed with each request's shared segments";
-  if (o.eng.closed_loop_clients) std::cout << ", closed loop of " << o.eng.closed_loop_clients << " clients";
-  std::cout << "\n";
-  o.tm.print(std::cout, W,
-             real_l2          ? pcp::l2_kind::real
-             : o.l2 == "none" ? pcp::l2_kind::none
-                              : pcp::l2_kind::modeled);
-  if (o.sustained_gbps > 0 && !real_l2) {
-    char buf[256];
-    std::snprintf(
-        buf, sizeof buf,
-        "  L2 rate    %.4g GB/s per instance, derived: a %.2f GB hit held the engine %.3f s at %.3g GB/s "
-        "sustained, T0 included; %.3f s of it is T0\n",
-        o.tm.l2_gbps, kvtier::kv_gb(16384, o.tm.bytes_per_token),
-        kvtier::kv_gb(16384, o.tm.bytes_per_token) / o.sustained_gbps, o.sustained_gbps, o.tm.l2_t0_s);
-    std::cout << buf;
+  if (w.lead()) {
+    std::cout << "pcp_prefill: " << replay_reqs.size() << " requests, " << tokens
+              << " prompt tokens, W = " << W << ", mode " << pcp::to_string(o.eng.mode) << ", policy "
+              << pcp::to_string(o.eng.policy) << ", L2 " << kvtier::resp::redact_url(o.l2);
+    if (o.mpi) std::cout << ", ranks as processes (MPI)";
+    if (o.prime) std::cout << ", primed with the whole trace";
+    if (o.prime_first) std::cout << ", primed with the first " << o.prime_first << " requests (not replayed)";
+    if (o.prime_shared) std::cout << ", primed with each request's shared segments";
+    if (o.eng.closed_loop_clients)
+      std::cout << ", closed loop of " << o.eng.closed_loop_clients << " clients";
+    std::cout << "\n";
+    o.tm.print(std::cout, W,
+               real_l2          ? pcp::l2_kind::real
+               : o.l2 == "none" ? pcp::l2_kind::none
+                                : pcp::l2_kind::modeled);
+    if (o.sustained_gbps > 0 && !real_l2) {
+      char buf[256];
+      std::snprintf(
+          buf, sizeof buf,
+          "  L2 rate    %.4g GB/s per instance, derived: a %.2f GB hit held the engine %.3f s at %.3g GB/s "
+          "sustained, T0 included; %.3f s of it is T0\n",
+          o.tm.l2_gbps, kvtier::kv_gb(16384, o.tm.bytes_per_token),
+          kvtier::kv_gb(16384, o.tm.bytes_per_token) / o.sustained_gbps, o.sustained_gbps, o.tm.l2_t0_s);
+      std::cout << buf;
+    }
+    std::cout.flush();
   }
-  std::cout.flush();
 
   const std::size_t l1_bytes = static_cast<std::size_t>(o.l1_capacity_gb * 1e9 * o.tm.payload_scale);
   std::vector<std::unique_ptr<pcp::modeled_l1>> l1_store;
-  std::vector<pcp::modeled_l1*> l1s;
+  std::vector<pcp::modeled_l1*> l1s;  // per rank; null for a rank of another process
   for (std::uint32_t r = 0; r < W; ++r) {
-    l1_store.push_back(std::make_unique<pcp::modeled_l1>(l1_bytes));
+    l1_store.push_back(w.hosts(r) ? std::make_unique<pcp::modeled_l1>(l1_bytes) : nullptr);
     l1s.push_back(l1_store.back().get());
   }
 
@@ -525,10 +591,11 @@ int run_replay(int argc, char** argv) {
     std::vector<std::unique_ptr<pcp::modeled_l2>> clients;
     std::vector<pcp::modeled_l2*> l2s;
     for (std::uint32_t r = 0; r < W; ++r) {
-      clients.push_back(std::make_unique<pcp::modeled_l2>(*servers[r % servers.size()]));
+      clients.push_back(w.hosts(r) ? std::make_unique<pcp::modeled_l2>(*servers[r % servers.size()])
+                                   : nullptr);
       l2s.push_back(clients.back().get());
     }
-    return replay(o, prime_set, prepared, l1s, l2s, [&] {  // faults only in the measured replay
+    return replay(w, o, prime_set, prepared, l1s, l2s, [&] {  // faults only in the measured replay
       for (auto& s : servers) s->set_fault_every(o.fault_every);
     });
   }
@@ -536,24 +603,27 @@ int run_replay(int argc, char** argv) {
     std::vector<pcp::null_store> nulls(W);
     std::vector<pcp::null_store*> l2s;
     for (auto& n : nulls) l2s.push_back(&n);
-    return replay(o, prime_set, prepared, l1s, l2s);
+    return replay(w, o, prime_set, prepared, l1s, l2s);
   }
 #if defined(PCP_HAVE_RESP)
   if (o.l2.rfind("resp", 0) != 0)
     throw usage_error("--l2 '" + kvtier::resp::redact_url(o.l2) +
                       "': expected embedded, none, or a resp:// / resp+unix:// / resp+cluster:// URL");
-  auto pools = pcp::make_resp_l2s(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 3);  // per server
+  auto pools = pcp::make_resp_l2s(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 3,  // per server
+                                  [&](std::uint32_t r) { return w.hosts(r); });
   std::vector<pcp::resp_l2*> l2s;
   for (auto& p : pools) l2s.push_back(p.get());
-  const int rc = replay(o, prime_set, prepared, l1s, l2s);
-  kvtier::remote_store_stats st;
+  const int rc = replay(w, o, prime_set, prepared, l1s, l2s);
+  std::uint64_t st[5] = {};  // hits, misses, corrupt, timeouts, errors: over every rank
   for (auto* p : l2s) {
+    if (!p) continue;
     const auto x = p->stats();
-    st.hits += x.hits, st.misses += x.misses, st.corrupt += x.corrupt, st.timeouts += x.timeouts,
-        st.errors += x.errors;
+    st[0] += x.hits, st[1] += x.misses, st[2] += x.corrupt, st[3] += x.timeouts, st[4] += x.errors;
   }
-  std::cerr << "L2 servers: " << st.hits << " chunk hits, " << st.misses << " misses, " << st.corrupt
-            << " corrupt, " << st.timeouts << " timed-out calls, " << st.errors << " failed calls\n";
+  w.sum(st);
+  if (w.lead())
+    std::cerr << "L2 servers: " << st[0] << " chunk hits, " << st[1] << " misses, " << st[2] << " corrupt, "
+              << st[3] << " timed-out calls, " << st[4] << " failed calls\n";
   return rc;
 #else
   throw usage_error("--l2 '" + kvtier::resp::redact_url(o.l2) +
@@ -849,6 +919,38 @@ int run_plot(int argc, char** argv) {
   return 0;
 }
 
+#if defined(PCP_HAVE_MPI)
+/// --mpi: this process is one rank of the mpiexec job. Option errors (the same on every rank)
+/// are printed once and end every rank cleanly; any later failure ends the job (MPI_Abort).
+int main_mpi(int argc, char** argv) {
+  int provided = 0, rank = 0, size = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);  // kvtier never calls MPI_Init
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int rc = 0;
+  try {
+    options o;
+    try {
+      o = parse_replay(argc, argv, static_cast<std::uint32_t>(size));
+    } catch (const usage_error& e) {
+      if (rank == 0) std::cerr << "pcp_prefill: " << e.what() << "\n";
+      MPI_Finalize();
+      return 2;
+    }
+    process_ranks w;
+    if (auto ec = kvtier::comm::mpi_communicator::create(w.comm, MPI_COMM_WORLD,
+                                                         kvtier::deadline_after(std::chrono::seconds(60))))
+      throw std::runtime_error(w.comm.last_error());
+    rc = run_replay(w, o);
+  } catch (const std::exception& e) {
+    std::cerr << "pcp_prefill: rank " << rank << ": " << e.what() << "\n";
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return rc;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -859,7 +961,18 @@ int main(int argc, char** argv) {
     if (cmd == "fit-t0") return run_fit_t0(argc, argv);
     if (cmd == "instance-gbps") return run_instance_gbps(argc, argv);
     if (cmd == "plot") return run_plot(argc, argv);
-    return run_replay(argc, argv);
+#if defined(PCP_HAVE_MPI)
+    bool mpi = false, help = false;  // --help prints and exits before MPI is initialised
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view a = argv[i];
+      mpi = mpi || a == "--mpi";
+      help = help || a == "--help" || a == "-h";
+    }
+    if (mpi && !help) return main_mpi(argc, argv);
+#endif
+    const options o = parse_replay(argc, argv);  // --mpi without MPI: a usage error
+    thread_ranks w;
+    return run_replay(w, o);
   } catch (const usage_error& e) {
     std::cerr << "pcp_prefill: " << e.what() << "\n";
     return 2;

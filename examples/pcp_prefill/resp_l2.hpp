@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -109,13 +110,14 @@ class resp_l2 {
 };
 static_assert(kvtier::chunk_store<resp_l2>);
 
-/// One store per rank (rank r's URL templates expanded with r).
-inline std::vector<std::unique_ptr<resp_l2>> make_resp_l2s(const std::string& url, std::uint32_t world,
-                                                           const kvtier::key_namespace& ns,
-                                                           std::size_t connections) {
+/// One store per rank (rank r's URL templates expanded with r); null for a rank that `hosted`
+/// says lives in another process (ranks as processes: each builds only its own).
+inline std::vector<std::unique_ptr<resp_l2>> make_resp_l2s(
+    const std::string& url, std::uint32_t world, const kvtier::key_namespace& ns, std::size_t connections,
+    const std::function<bool(std::uint32_t)>& hosted = [](std::uint32_t) { return true; }) {
   std::vector<std::unique_ptr<resp_l2>> out;
   for (std::uint32_t r = 0; r < world; ++r)
-    out.push_back(std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections));
+    out.push_back(hosted(r) ? std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections) : nullptr);
   return out;
 }
 

@@ -2,11 +2,14 @@
 // block allocator and per-sequence block tables; what a CPU engine (and kvtier's examples) keeps
 // its KV in, so every load goes paged → chunk value → store → chunk value → paged.
 //
-// The memory is one allocation of layout.cache_extent() bytes (one base, layer l at
+// The memory is one zeroed allocation of layout.cache_extent() bytes (one base, layer l at
 // l * layer_stride: back to back for the per-layer layouts, interleaved inside each block for
 // cross_layer), or one per layer when the layout has no layer_stride. Blocks are handed out from
 // a free list (lowest first); a sequence's block table maps its positions to blocks, and chunk
-// copies go through kv_gather / kv_scatter with that table.
+// copies go through kv_gather / kv_scatter with that table. The allocation is calloc'd, not
+// value-initialised: a large calloc maps fresh zero pages, so a cache sized for the worst case
+// costs resident memory only for the blocks that are written (a vector<byte>(n) would touch
+// every page up front).
 //
 // Thread safety: reserve/release are for one thread (the engine's scheduler); gathers and
 // scatters of disjoint blocks may run on several threads at once.
@@ -20,6 +23,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
 #include <span>
 #include <stdexcept>
 #include <system_error>
@@ -45,12 +51,10 @@ class host_kv_cache {
     if (layout.num_blocks > static_cast<std::uint64_t>(INT32_MAX))
       throw std::invalid_argument("host_kv_cache: num_blocks above the int32 block ids of a block table");
     if (layout.layer_stride != 0) {
-      memory_.emplace_back(layout.cache_extent());
-      view_ = kv_cache_view::one_base(layout, memory_[0].data());
+      view_ = kv_cache_view::one_base(layout, allocate(layout.cache_extent()));
     } else {
       std::vector<std::byte*> bases;
-      for (std::uint32_t l = 0; l < layout.num_layers; ++l)
-        bases.push_back(memory_.emplace_back(layout.layer_extent()).data());
+      for (std::uint32_t l = 0; l < layout.num_layers; ++l) bases.push_back(allocate(layout.layer_extent()));
       view_ = kv_cache_view::per_layer(layout, bases);
     }
     free_.reserve(layout.num_blocks);
@@ -100,7 +104,19 @@ class host_kv_cache {
   }
 
  private:
-  std::vector<std::vector<std::byte>> memory_;
+  struct free_deleter {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  // Zeroed and lazily committed (see the top of the file); throws std::bad_alloc.
+  std::byte* allocate(std::size_t bytes) {
+    std::unique_ptr<std::byte, free_deleter> p(
+        static_cast<std::byte*>(std::calloc(bytes == 0 ? 1 : bytes, 1)));
+    if (!p) throw std::bad_alloc();
+    memory_.push_back(std::move(p));  // on a throw here p is still owned and freed
+    return memory_.back().get();
+  }
+
+  std::vector<std::unique_ptr<std::byte, free_deleter>> memory_;
   kv_cache_view view_;
   std::vector<std::int32_t> free_;  // lowest id at the back: handed out first
 };

@@ -14,6 +14,11 @@
 //
 //   kvtier::test::faulty f(comm, {.at = 2, .how = kvtier::test::fault::invalid});
 //   auto r = kvtier::chunk_broadcast(f, own, loaded, bufs, p, dl);   // fails at collective #2
+//
+// And the other twist: one rank calls with different parameters
+// (make_parameters_differ), so every rank must fail at the agreement.
+//
+//   if (r == odd) kvtier::test::make_parameters_differ(p, what);     // what in [0, differing_parameters)
 #pragma once
 
 #include <cstdint>
@@ -21,11 +26,38 @@
 #include <string>
 #include <type_traits>
 
+#include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/comm/communicator.hpp"
 
 namespace kvtier::test {
 
 enum class fault : std::uint8_t { invalid, after };
+
+/// How many parameters make_parameters_differ can change.
+inline constexpr int differing_parameters = 5;
+
+/// Changes one of `p`'s parameters that every rank must agree on, by `what`: 0 n_chunks,
+/// 1 chunk_tokens, 2 request_id, 3 mode, 4 (or more) chunk_bytes (then the rank's buffers
+/// are the wrong size, too).
+inline void make_parameters_differ(broadcast_params& p, int what) {
+  switch (what) {
+    case 0:
+      p.n_chunks += 1;
+      break;
+    case 1:
+      p.chunk_tokens += 1;
+      break;
+    case 2:
+      p.request_id = load_id{p.request_id.value + 1};
+      break;
+    case 3:
+      p.mode = static_cast<broadcast_mode>((static_cast<int>(p.mode) + 1) % 3);
+      break;
+    default:
+      p.chunk_bytes += 1;
+      break;
+  }
+}
 
 struct fault_plan {
   std::uint64_t at = std::numeric_limits<std::uint64_t>::max();  ///< top-level collective number; max = never

@@ -121,23 +121,7 @@ void check_case(const P& own, const case_params& k) {
                        .mode = k.mode,
                        .staging = staging[r],
                        .request_id = 1};
-    if (k.tw == twist::differ && r == k.odd) switch (k.differ_what) {
-        case 0:
-          p.n_chunks += 1;
-          break;
-        case 1:
-          p.chunk_tokens += 1;
-          break;
-        case 2:
-          p.request_id = load_id{p.request_id.value + 1};
-          break;
-        case 3:
-          p.mode = static_cast<broadcast_mode>((static_cast<int>(p.mode) + 1) % 3);
-          break;
-        default:
-          p.chunk_bytes += 1;
-          break;  // this rank's buffers are then the wrong size, too
-      }
+    if (k.tw == twist::differ && r == k.odd) test::make_parameters_differ(p, k.differ_what);
     const auto dl = deadline_after(std::chrono::seconds(30));
     if (!k.pipelined) {
       const auto loaded_tokens = rank_answer_loaded(own, r, N, k.chunk_tokens, loaded_owned[r]);
@@ -221,7 +205,7 @@ case_params gen_case(bool pipelined) {
   const int t = *rc::gen::inRange(0, 20);
   k.odd = *rc::gen::inRange<rank_t>(0, k.w);
   k.fault_frac = *rc::gen::arbitrary<std::uint32_t>();
-  k.differ_what = *rc::gen::inRange(0, 5);
+  k.differ_what = *rc::gen::inRange(0, test::differing_parameters);
   k.back_step = *rc::gen::inRange<std::size_t>(1, 5);
   if (!pipelined && t == 0) k.tw = twist::fault;
   if (!pipelined && t == 1 && k.w >= 2) k.tw = twist::differ;

@@ -219,7 +219,7 @@ mpi_case generate(std::uint64_t case_seed, rank_t max_w) {
   k.odd = static_cast<rank_t>(g.below(k.w));
   k.how = g.below(2) ? test::fault::after : test::fault::invalid;
   k.fault_frac = g.next() >> 32;
-  k.differ_what = static_cast<int>(g.below(5));
+  k.differ_what = static_cast<int>(g.below(test::differing_parameters));
   return k;
 }
 
@@ -319,23 +319,7 @@ report run_case(const P& own, const mpi_case& k, comm::mpi_communicator& c, std:
                      .mode = k.mode,
                      .staging = staging,
                      .request_id = case_no + 1};
-  if (k.tw == twist::differ && r == k.odd) switch (k.differ_what) {
-      case 0:
-        p.n_chunks += 1;
-        break;
-      case 1:
-        p.chunk_tokens += 1;
-        break;
-      case 2:
-        p.request_id = load_id{p.request_id.value + 1};
-        break;
-      case 3:
-        p.mode = static_cast<broadcast_mode>((static_cast<int>(p.mode) + 1) % 3);
-        break;
-      default:
-        p.chunk_bytes += 1;
-        break;  // this rank's buffers are then the wrong size, too
-    }
+  if (k.tw == twist::differ && r == k.odd) test::make_parameters_differ(p, k.differ_what);
   const std::size_t total = expected_collectives(k.mode, own, expect, /*confirmed=*/true);
   test::fault_plan plan;
   if (k.tw == twist::fault && r == k.odd) plan = {.at = (k.fault_frac * total) >> 32, .how = k.how};

@@ -49,6 +49,24 @@ run_result replay(const std::vector<prepared_request>& prepared, const timing_mo
   return engine<L2>(prepared, tm, opt, a, b).run();
 }
 
+/// The process form (`run(comm)`: one engine per rank, each holding only its own stores) over
+/// an in-process world, each rank thread playing a process: every rank's result.
+template <class L2, class L1s, class L2s>
+std::vector<run_result> replay_as_processes(const std::vector<prepared_request>& prepared,
+                                            const timing_model& tm, const engine_options& opt, const L1s& l1,
+                                            const L2s& l2) {
+  std::vector<run_result> out(opt.world);
+  kvtier::comm::inproc_world world(opt.world);
+  kvtier::comm::run_ranks(world, [&](kvtier::comm::inproc_communicator& c) {
+    std::vector<modeled_l1*> a(opt.world, nullptr);
+    std::vector<L2*> b(opt.world, nullptr);
+    a[c.rank()] = l1[c.rank()].get();
+    b[c.rank()] = l2[c.rank()].get();
+    out[c.rank()] = engine<L2, kvtier::comm::inproc_communicator>(prepared, tm, opt, a, b).run(c);
+  });
+  return out;
+}
+
 /// The reference's method before a measured run: one untimed replay stores every chunk in
 /// L2, then every L1 is emptied.
 template <class Rig>

@@ -369,6 +369,50 @@ TEST_CASE("engine: every load is checked in the paged layout; a byte flipped in 
   }
 }
 
+TEST_CASE("engine: the process form (one engine per rank) reports what the thread form does",
+          "[integration]") {
+  rig g(1);
+  g.prime();
+  // A byte flipped on rank 3, not the reporting rank 0: only the combined counters show it.
+  engine_options o{.world = rig::world, .mode = load_mode::sync};
+  o.corrupt_paged_request = 0;
+  o.corrupt_paged_rank = 3;
+  const auto t = g.run(o);
+  check_complete(g, t);
+  REQUIRE(t.mismatched_chunks == 1);
+  for (auto& x : g.l1) x->data().clear();  // the same start for the second replay
+  const auto ps = test::replay_as_processes<modeled_l2>(g.prepared, g.tm, o, g.l1, g.l2);
+  for (kvtier::rank_t r = 0; r < rig::world; ++r) {
+    INFO("rank " << r);
+    if (r == 0) check_complete(g, ps[r]);  // the per-request results are rank 0's
+    REQUIRE(ps[r].fatal.empty());
+    CHECK(ps[r].symmetric_collectives);
+    CHECK(ps[r].mismatched_chunks == 1);
+    CHECK(ps[r].failed_l2_calls == 0);
+  }
+  for (std::size_t i = 0; i < t.requests.size(); ++i) {  // rank 0 holds the per-request results
+    CHECK(ps[0].requests[i].status == t.requests[i].status);
+    CHECK(ps[0].requests[i].cached_tokens == t.requests[i].cached_tokens);
+    CHECK(ps[0].requests[i].ttft_s == t.requests[i].ttft_s);
+  }
+  CHECK(t.requests[0].status == "mismatch");
+
+  // Every rank's first store error reaches every rank; failed calls are summed.
+  std::vector<std::unique_ptr<refusing_store>> bad;
+  for (std::uint32_t r = 0; r < rig::world; ++r) bad.push_back(std::make_unique<refusing_store>());
+  const engine_options a{.world = rig::world, .mode = load_mode::async};
+  for (auto& x : g.l1) x->data().clear();
+  const auto tr = test::replay<refusing_store>(g.prepared, g.tm, a, g.l1, bad);
+  for (auto& x : g.l1) x->data().clear();
+  const auto pr = test::replay_as_processes<refusing_store>(g.prepared, g.tm, a, g.l1, bad);
+  REQUIRE(tr.failed_l2_calls > 0);
+  for (kvtier::rank_t r = 0; r < rig::world; ++r) {
+    INFO("rank " << r);
+    CHECK(pr[r].failed_l2_calls == tr.failed_l2_calls);
+    CHECK(pr[r].l2_errors == tr.l2_errors);
+  }
+}
+
 TEST_CASE("engine: a paged cache too small for a request stops the run with a clear error", "[integration]") {
   rig g(1);
   g.prime();

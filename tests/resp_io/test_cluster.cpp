@@ -1,13 +1,17 @@
 // Unit tests of the sans-io cluster routing (kvtier/resp/cluster.hpp): CRC16 and hash tags, the
 // redirect replies, CLUSTER SLOTS / CLUSTER SHARDS parsed from wire bytes (whole and byte by
 // byte), and resp+cluster:// URLs.
+#include <rapidcheck.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kvtier/resp/cluster.hpp"
 #include "resp_codec/feed.hpp"
+#include "support/property.hpp"
 
 using namespace kvtier::resp;
 using kvtier::errc;
@@ -119,6 +123,27 @@ TEST_CASE("cluster: CLUSTER SLOTS from wire bytes", "[unit]") {
     CHECK_FALSE(why.empty());
     CHECK(m.empty());
   }
+}
+
+TEST_CASE("cluster: slot_map::covered() counts the owned slots after any assigns", "[property]") {
+  // covered() is kept by assign() rather than counted (a refresh checks it on every parsed map);
+  // the reference is the count over owner(). Ranges fall near both ends of the slot space so they
+  // overlap, reassign, unassign (no_node) and run past the last slot.
+  kvtier::test::prop("slot_map::covered() == slots whose owner is a node", [] {
+    const auto start = rc::gen::oneOf(rc::gen::inRange<int>(0, 200),
+                                      rc::gen::inRange<int>(cluster_slot_count - 200, cluster_slot_count));
+    const auto ops = *rc::gen::container<std::vector<std::tuple<int, int, std::uint16_t>>>(rc::gen::tuple(
+        start, rc::gen::inRange<int>(0, 300), rc::gen::element<std::uint16_t>(0, 1, 2, slot_map::no_node)));
+    slot_map m;
+    for (const auto& [first, len, node] : ops) {
+      const int last = std::min<int>(first + len, 0xffff);
+      m.assign(static_cast<std::uint16_t>(first), static_cast<std::uint16_t>(last), node);
+    }
+    std::size_t n = 0;
+    for (std::size_t s = 0; s < cluster_slot_count; ++s)
+      n += m.owner(static_cast<std::uint16_t>(s)) != slot_map::no_node;
+    RC_ASSERT(m.covered() == n);
+  });
 }
 
 TEST_CASE("cluster: CLUSTER SHARDS from wire bytes, RESP2 and RESP3", "[unit]") {

@@ -205,6 +205,10 @@ class redis_server {
     std::string executable = "/usr/bin/redis-server";
     /// Highest port to use (a cluster node needs port + 10000 for its bus, so <= 55535).
     std::uint16_t max_port = 65535;
+    /// 0: a free port picked (retried if taken). Otherwise exactly this port, one attempt: the
+    /// constructor throws if it is taken (callers that need given ports, e.g. consecutive
+    /// ones for a `{rank+N}` URL, pick again).
+    std::uint16_t port = 0;
     /// Non-empty: also listen with TLS on tls_port() (a second free port), with these arguments
     /// (--tls-cert-file ... --tls-key-file ... --tls-ca-cert-file ...). The plain port stays for
     /// the harness's own client.
@@ -216,6 +220,14 @@ class redis_server {
     char tmpl[] = "/tmp/kvtier-redis-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("redis_server: mkdtemp failed");
     dir_ = tmpl;
+    if (opt_.port != 0) {  // exactly this port: one attempt
+      port_ = opt_.port;
+      if (launch()) return;
+      const std::string log = read_log();
+      cleanup_dir();
+      throw std::runtime_error("redis_server: could not start redis-server on port " + std::to_string(port_) +
+                               "; log:\n" + log);
+    }
     // A port picked free can be taken by someone else before the server binds it:
     // retry with a fresh port a few times.
     for (int attempt = 0;; ++attempt) {

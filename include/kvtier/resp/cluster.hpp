@@ -155,17 +155,18 @@ class slot_map {
   }
   /// Slots [first, last] are served by node `node` (an index from add_node()).
   void assign(std::uint16_t first, std::uint16_t last, std::uint16_t node) noexcept {
-    for (std::size_t s = first; s <= last && s < cluster_slot_count; ++s) owner_[s] = node;
+    for (std::size_t s = first; s <= last && s < cluster_slot_count; ++s) {
+      const bool was = owner_[s] != no_node, now = node != no_node;
+      if (now && !was) ++covered_;
+      if (was && !now) --covered_;
+      owner_[s] = node;
+    }
   }
   /// The node index serving `slot`, or no_node.
   std::uint16_t owner(std::uint16_t slot) const noexcept { return owner_[slot & (cluster_slot_count - 1)]; }
   const std::vector<cluster_node>& nodes() const noexcept { return nodes_; }
-  /// Slots that have a node.
-  std::size_t covered() const noexcept {
-    std::size_t n = 0;
-    for (std::uint16_t o : owner_) n += o != no_node;
-    return n;
-  }
+  /// Slots that have a node (kept by assign(): a refresh checks it on every map it parses).
+  std::size_t covered() const noexcept { return covered_; }
   /// Slots served by node `node`.
   std::size_t slots_of(std::uint16_t node) const noexcept {
     std::size_t n = 0;
@@ -176,6 +177,7 @@ class slot_map {
 
  private:
   std::array<std::uint16_t, cluster_slot_count> owner_{};
+  std::size_t covered_ = 0;
   std::vector<cluster_node> nodes_;
 };
 
