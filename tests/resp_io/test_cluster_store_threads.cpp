@@ -1,8 +1,9 @@
 // Concurrency test of cluster_store (run by the TSan build too): threads share one store on a
 // real 3-master loopback cluster while a slot moves between masters behind the store's back, so
-// MOVED replies, slot patches and map refreshes race with other threads' routing, node_of(),
-// slot_map() and refresh(). Every key is a verified hit (or, for the moving slot's probe key, a
-// miss); no call fails; each move is seen as a redirect.
+// MOVED / ASK replies, slot patches and map refreshes race with other threads' routing,
+// node_of(), slot_map() and refresh(). Every key is a verified hit (or, for the moving slot's
+// probe key, a miss, or while the nodes disagree an error by its deadline); no other call fails;
+// after each move the store's map names the new owner.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -47,7 +48,7 @@ TEMPLATE_TEST_CASE("cluster_store: threads sharing a store while a slot moves", 
   const unsigned probe_slot = kvtier::resp::hash_slot(store.key_text(probe));
 
   constexpr int threads = 4, rounds = 25, moves = 6;
-  std::atomic<int> bad{0};
+  std::atomic<int> bad{0}, probe_errors{0};
   std::atomic<bool> stop{false};
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
@@ -76,10 +77,16 @@ TEMPLATE_TEST_CASE("cluster_store: threads sharing a store while a slot moves", 
             ++bad;
         }
         // The moving slot: a MOVED, a patch and a refresh that the other threads race with.
+        // While the nodes briefly disagree on its owner they redirect to each other, and the
+        // store ends that loop after max_rounds with an error: allowed here, a hit never is.
         chunk_status p = chunk_status::cancelled;
-        if (store.exists(std::span(&probe, 1), std::span(&p, 1), kvtier::deadline_after(10s)) ||
-            p != chunk_status::miss)
+        const auto dl = kvtier::deadline_after(10s);
+        if (const std::error_code ec = store.exists(std::span(&probe, 1), std::span(&p, 1), dl)) {
+          ++probe_errors;
+          if (kvtier::clock::now() > dl + 250ms) ++bad;  // never past its deadline
+        } else if (p != chunk_status::miss) {
           ++bad;
+        }
         // Readers of the map while others refresh it.
         if (!store.node_of(keys[0])) ++bad;
         if (t == 0 && store.slot_map().covered() != kvtier::resp::cluster_slot_count) ++bad;
@@ -87,26 +94,58 @@ TEMPLATE_TEST_CASE("cluster_store: threads sharing a store while a slot moves", 
       }
     });
   }
-  // The mover: the probe's slot to the next master, on every node, then waits (bounded) until a
-  // worker met the MOVED before moving it again.
-  int moved = 0;
-  for (int m = 0; m < moves; ++m) {
-    const std::size_t from = cluster.master_of_slot(probe_slot);
-    if (from >= cluster.size()) break;
-    const std::string to_id = cluster.id((from + 1) % cluster.size());
-    const auto seen = store.stats().redirects;
-    for (std::size_t i = 0; i < cluster.size(); ++i)
-      (void)cluster.node(i).call({"CLUSTER", "SETSLOT", std::to_string(probe_slot), "NODE", to_id});
-    ++moved;
-    for (int w = 0; w < 500 && store.stats().redirects == seen; ++w) std::this_thread::sleep_for(10ms);
+  // The mover: the probe's slot to the next master, IMPORTING on the target then NODE on the
+  // target first (which bumps its config epoch, so gossip cannot hand the slot back) and on the
+  // others; then every node must agree (the harness's readiness check) before the store's map is
+  // awaited (bounded): it names the new owner once a worker met MOVED or a refresh ran.
+  int converged = 0;
+  std::string mover_error;  // the harness throws; the workers must still be joined
+  try {
+    for (int m = 0; m < moves; ++m) {
+      const std::size_t from = cluster.master_of_slot(probe_slot);
+      if (from >= cluster.size()) break;
+      const std::size_t to = (from + 1) % cluster.size();
+      const std::string slot = std::to_string(probe_slot), from_id = cluster.id(from), to_id = cluster.id(to);
+      (void)cluster.node(to).call({"CLUSTER", "SETSLOT", slot, "IMPORTING", from_id});
+      // A gossip message the old owner sent before its SETSLOT can still hand the slot back on a
+      // node: the assignment (and the target's epoch bump) is repeated, a bounded number of times.
+      bool agreed = false;
+      for (int attempt = 0; attempt < 4 && !agreed; ++attempt) {
+        for (std::size_t i : {to, from, (to + 1) % cluster.size()})
+          (void)cluster.node(i).call({"CLUSTER", "SETSLOT", slot, "NODE", to_id});
+        (void)cluster.node(to).call({"CLUSTER", "BUMPEPOCH"});
+        try {
+          cluster.wait_ready(3s);
+          agreed = cluster.master_of_slot(probe_slot) == to;
+        } catch (const std::exception& e) {
+          mover_error = e.what();
+        }
+      }
+      if (!agreed) break;
+      mover_error.clear();
+      for (int w = 0; w < 500; ++w) {
+        const auto owner = store.node_of(probe);
+        if (owner && owner->port == cluster.node(to).port()) {
+          ++converged;
+          break;
+        }
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+  } catch (const std::exception& e) {
+    mover_error = e.what();
   }
   stop = true;
   for (auto& th : pool) th.join();
-  REQUIRE(moved == moves);
+  INFO("mover: " << mover_error);
+  REQUIRE(converged == moves);
   REQUIRE(bad.load() == 0);
   const auto s = store.stats();
-  INFO("redirects " << s.redirects << ", map refreshes " << s.map_refreshes);
-  REQUIRE(s.redirects >= static_cast<std::uint64_t>(moves));
+  INFO("redirects " << s.redirects << ", map refreshes " << s.map_refreshes << ", probe errors "
+                    << probe_errors.load());
+  // Workers query the probe every round and refresh() runs every fifth round of one of them, so
+  // a worker meets MOVED / ASK after (nearly) every move; at least one is certain in practice.
+  REQUIRE(s.redirects >= 1);
   REQUIRE(s.map_refreshes >= 2);
   REQUIRE(s.corrupt == 0);
 }

@@ -222,6 +222,7 @@ class redis_server {
     dir_ = tmpl;
     if (opt_.port != 0) {  // exactly this port: one attempt
       port_ = opt_.port;
+      if (!opt_.tls_args.empty()) tls_port_ = detail::pick_free_port();
       if (launch()) return;
       const std::string log = read_log();
       cleanup_dir();
