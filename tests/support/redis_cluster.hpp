@@ -97,6 +97,30 @@ class redis_cluster {
     return nodes_.size();
   }
 
+  /// Reassigns an empty `slot` to master `to` the way Redis moves a slot (IMPORTING on the
+  /// target, NODE on the target first, a config epoch bump, NODE on the others), then waits until
+  /// every node agrees. A gossip message the old owner sent before its SETSLOT can still hand the
+  /// slot back on a node: the assignment is repeated, at most 4 times. False if it never held.
+  bool move_empty_slot(unsigned slot, std::size_t to) {
+    const std::size_t from = master_of_slot(slot);
+    if (from >= nodes_.size() || to >= nodes_.size()) return false;
+    if (from == to) return true;
+    const std::string s = std::to_string(slot), to_id = id(to);
+    (void)nodes_[to]->call({"CLUSTER", "SETSLOT", s, "IMPORTING", id(from)});
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      (void)nodes_[to]->call({"CLUSTER", "SETSLOT", s, "NODE", to_id});
+      for (std::size_t i = 0; i < nodes_.size(); ++i)
+        if (i != to && nodes_[i]->running()) (void)nodes_[i]->call({"CLUSTER", "SETSLOT", s, "NODE", to_id});
+      (void)nodes_[to]->call({"CLUSTER", "BUMPEPOCH"});
+      try {
+        wait_ready(std::chrono::seconds(3));
+        if (master_of_slot(slot) == to) return true;
+      } catch (const std::exception&) {
+      }
+    }
+    return false;
+  }
+
   /// Cluster node id of node i.
   std::string id(std::size_t i) const { return nodes_[i]->call({"CLUSTER", "MYID"}); }
 
