@@ -178,9 +178,10 @@ int main(int argc, char** argv) {
     steady_ms.push_back(timed_get());  // the map is current: one round trip
     const std::size_t from = cluster.master_of_slot(slot);
     const std::size_t to = masters[(from + 1) % masters.size()];
-    const std::string to_id = cluster.id(to);
-    for (std::size_t i = 0; i < cluster.size(); ++i)
-      (void)cluster.node(i).call({"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", to_id});
+    if (!cluster.move_empty_slot(static_cast<unsigned>(slot), to)) {
+      std::fprintf(stderr, "bench_l2_scaleout: slot %u did not move\n", slot);
+      return 1;
+    }
     moved_ms.push_back(timed_get());  // MOVED, patch, refresh, retry
   }
   const auto rs = moved_store.stats();
