@@ -2,6 +2,7 @@
 // destinations, the fixed buffer. Every input is parsed whole and byte by byte.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -266,6 +267,39 @@ TEST_CASE("parser: a first byte that starts no RESP type fails at once, without 
   parsed r = feed(p, "+O");
   CHECK_FALSE(r.ec);
   CHECK(r.values.empty());
+}
+
+TEST_CASE("parser: a reply string grows with the bytes that arrive, not its announced length", "[unit]") {
+  // A header announcing 400 MB (under the default 512 MB max_bulk) must not make the client
+  // allocate 400 MB before a byte arrives (found by fuzz_cluster_replies as a 5 s timeout: the
+  // whole string was zeroed up front). prepare() offers the reply string's free slice, so its
+  // size is what has been allocated ahead of the data: at most max(64 KiB, bytes received).
+  parser p;
+  const std::string head = "$400000000\r\n";
+  auto in = p.prepare();
+  std::memcpy(in.data(), head.data(), head.size());
+  p.commit(head.size());
+  std::error_code ec;
+  REQUIRE_FALSE(p.next(ec));
+  REQUIRE_FALSE(ec);
+  std::size_t received = 0;
+  for (int i = 0; i < 40; ++i) {  // 40 slices, 4 MB in all: the string doubles as they come
+    in = p.prepare();
+    REQUIRE(p.prepared_payload());
+    CHECK(in.size() <= std::max<std::size_t>(64u << 10, received));
+    const std::size_t n = std::min<std::size_t>(in.size(), 100000);
+    std::memset(in.data(), 'x', n);
+    p.commit(n);
+    received += n;
+    REQUIRE_FALSE(p.next(ec));
+    REQUIRE_FALSE(ec);
+  }
+  CHECK(received > 2u << 20);  // the slices did grow past the first step
+  // And a string that does arrive is whole and exact, across the growth steps.
+  std::string payload(300000, '\0');
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131 + 7);
+  const value v = one("$" + std::to_string(payload.size()) + "\r\n" + payload + "\r\n");
+  CHECK(v.str == payload);
 }
 
 TEST_CASE("parser: limits are too_large errors", "[unit]") {

@@ -185,8 +185,9 @@ class parser {
   }
 
   /// True when the span the last prepare() returned is a payload slice (a destination or the
-  /// reply string): it is exactly the bytes still to come of one bulk string, so a transport
-  /// may fill it completely in one go (e.g. MSG_WAITALL) without reading past the reply.
+  /// reply string): it holds only bytes still to come of one bulk string (all of them, or the
+  /// next slice), so a transport may fill it completely in one go (e.g. MSG_WAITALL) without
+  /// reading past the reply.
   bool prepared_payload() const noexcept { return direct_; }
 
   /// `n` bytes were written at the start of the span the last prepare() returned.
@@ -253,10 +254,14 @@ class parser {
     return std::nullopt;
   }
 
-  // Contiguous span the next payload bytes go to (never longer than remaining_).
+  // Contiguous span the next payload bytes go to (never longer than remaining_). A reply string
+  // grows with the bytes that arrive (doubling, from str_step), not to its announced length: a
+  // header that announces 512 MB costs 64 KiB until the bytes come.
   std::span<std::byte> sink_span() {
     if (sink_ == sink::str) {
-      return {reinterpret_cast<std::byte*>(cur_.str.data()) + filled_, remaining_};
+      if (filled_ == cur_.str.size())
+        cur_.str.resize(filled_ + std::min(remaining_, std::max(filled_, str_step)));
+      return {reinterpret_cast<std::byte*>(cur_.str.data()) + filled_, cur_.str.size() - filled_};
     }
     if (sink_ == sink::dest) {
       auto& parts = dests_.front().parts;
@@ -405,9 +410,7 @@ class parser {
     if (kind == type::bulk_string && stack_.empty() && slot_ && dests_.front().active) {
       sink_ = dests_.front().total == n ? sink::dest : sink::discard;
     }
-    if (sink_ == sink::str) {
-      cur_.str.resize(n);  // one allocation at the checked length
-    } else if (sink_ == sink::dest) {
+    if (sink_ == sink::dest) {
       cur_.into_destination = true;
       part_ = part_off_ = 0;
       gated_ = false;
@@ -534,6 +537,7 @@ class parser {
   std::vector<frame> stack_;
   value cur_;  // blob in progress
   mode mode_ = mode::header;
+  static constexpr std::size_t str_step = 64u << 10;  // first allocation of a reply string
   sink sink_ = sink::str;
   std::size_t remaining_ = 0;       // payload bytes still to come
   std::size_t filled_ = 0;          // payload bytes written into the sink
