@@ -110,7 +110,7 @@ struct engine_options {
   double load_timeout_s =
       10;                   ///< one deadline per request (modeled s), from its lookup, over every rank's I/O
   double cost_slack_s = 0;  ///< --policy cost: also load when predicted at most this much slower
-  std::size_t fetch_workers = 8;                                        ///< fetch_queue threads per rank
+  std::size_t fetch_workers = 8;  ///< fetch_queue threads per rank
   /// grouped: chosen from bench_chunk_broadcast at the real 12.4 MB chunk (gathered copies every byte
   /// twice through staging: 0.48x per_chunk there; grouped 0.83x with at most 1 + W collectives).
   kvtier::broadcast_mode broadcast = kvtier::broadcast_mode::grouped;
