@@ -104,8 +104,7 @@ class cluster_store {
   /// Reads each key's payload into dst[i] and verifies it (as remote_store::get).
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != dst.size() || keys.size() != status.size() || !codec_.can_frame(dst))
-      return make_error_code(errc::invalid_argument);
+    if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
     return run(
         keys, status, dl, size_class(dst),
         [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
@@ -119,8 +118,7 @@ class cluster_store {
   /// Stores src[i] under keys[i]. hit = stored.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != src.size() || keys.size() != status.size() || !codec_.can_frame(src))
-      return make_error_code(errc::invalid_argument);
+    if (auto ec = codec_.check_batch(keys, src, status)) return ec;
     return run(
         keys, status, dl, size_class(src),
         [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {

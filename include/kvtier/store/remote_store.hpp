@@ -97,8 +97,7 @@ class remote_store {
   /// Reads each key's payload into dst[i] (its size is the expected length) and verifies it.
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != dst.size() || keys.size() != status.size() || !codec_.can_frame(dst))
-      return make_error_code(errc::invalid_argument);
+    if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
     return run(
         keys, status, dl, size_class(dst),
         [&](detail::remote_scratch& s, std::size_t i, const chunk_key& k, const std::string& name) {
@@ -112,8 +111,7 @@ class remote_store {
   /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != src.size() || keys.size() != status.size() || !codec_.can_frame(src))
-      return make_error_code(errc::invalid_argument);
+    if (auto ec = codec_.check_batch(keys, src, status)) return ec;
     return run(
         keys, status, dl, size_class(src),
         [&](detail::remote_scratch& s, std::size_t i, const chunk_key& k, const std::string& name) {

@@ -74,13 +74,15 @@ class remote_codec {
   const key_namespace& ns() const noexcept { return ns_; }
   const value_format& format() const noexcept { return format_; }
 
-  /// False when the format cannot frame one of `values` (version 2 with too many groups): the
-  /// call is then refused with invalid_argument before anything is sent.
+  /// A get or put's argument check, before anything is sent: invalid_argument when the three
+  /// spans differ in length or the format cannot frame one of `values` (version 2 with too many
+  /// groups).
   template <class Span>
-  bool can_frame(std::span<const Span> values) const noexcept {
-    for (const auto& v : values)
-      if (!format_.valid_for(v.size())) return false;
-    return true;
+  std::error_code check_batch(std::span<const chunk_key> keys, std::span<const Span> values,
+                              std::span<const chunk_status> status) const noexcept {
+    bool ok = keys.size() == values.size() && keys.size() == status.size();
+    for (std::size_t i = 0; ok && i < values.size(); ++i) ok = format_.valid_for(values[i].size());
+    return ok ? std::error_code{} : make_error_code(errc::invalid_argument);
   }
 
   /// The server-side key name of `key`.
