@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -396,7 +397,15 @@ class engine {
     ++failed_calls_;
     std::lock_guard lock(fatal_mu_);
     std::string& e = result_.l2_errors[env.comm->rank()];
-    if (e.empty()) e = std::string(what) + ": " + ec.message();
+    if (!e.empty()) return;
+    e = std::string(what) + ": " + ec.message();
+    // A store that keeps its last failure in words (the server's or OpenSSL's) says why.
+    if constexpr (requires(const L2& s) {
+                    { s.last_error() } -> std::convertible_to<std::string>;
+                  }) {
+      const std::string why = l2s_[env.comm->rank()]->last_error();
+      if (!why.empty() && why != ec.message()) e += " (" + why + ")";
+    }
   }
 
   std::span<std::byte> slot(rank_env& env, std::size_t i, std::size_t c) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -16,9 +17,11 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "engine.hpp"
+#include "kvtier/resp/connection.hpp"
 #include "kvtier/resp/url.hpp"
 #include "model_stores.hpp"
 #include "report.hpp"
@@ -61,6 +64,10 @@ replay options:
                               {rank} or {rank+N} (one server per rank), or a plain URL (one shared server)
   --l2-password-env VAR       the L2 password from environment variable VAR (keeps it out of argv)
   --l2-password-file FILE     the L2 password from the first line of FILE
+  --l2-tls-ca FILE            rediss:// / resp+tls:// / resp+cluster+tls:// L2: trust the CAs in FILE
+                              (PEM; default: the system's CAs)
+  --l2-tls-cert FILE          ... and present this client certificate (PEM), with
+  --l2-tls-key FILE           its private key (PEM), to servers that ask for one
   --l1-capacity-gb X          L1 capacity per rank, modeled decimal GB (64)
   --prime                     replay the whole trace once untimed first (stores every full chunk), then clear L1
   --prime-first N             prime with the first N requests only, then replay the others: prefix
@@ -120,6 +127,21 @@ std::uint64_t parse_uint(const std::string& flag, const std::string& v, std::uin
   return x;
 }
 
+/// The value that `v` names among `choices`; anything else is a usage error listing the names.
+template <class T>
+T parse_choice(const std::string& flag, const std::string& v,
+               std::initializer_list<std::pair<std::string_view, T>> choices) {
+  std::string names;
+  std::size_t k = 0;
+  for (const auto& [name, value] : choices) {
+    if (v == name) return value;
+    names += k == 0 ? "" : (k + 1 == choices.size() ? " or " : ", ");
+    names += name;
+    ++k;
+  }
+  throw usage_error(flag + ": expected " + names + ", got '" + v + "'");
+}
+
 struct options {
   std::string trace_file, generate, l2 = "embedded", out, plot, name, password_env, password_file;
   pcp::trace_spec spec;
@@ -132,6 +154,7 @@ struct options {
   bool mpi = false, world_set = false;
   std::size_t prime_first = 0;
   std::uint64_t fault_every = 0;
+  kvtier::resp::tls_options tls;  ///< for TLS L2 endpoints (--l2-tls-*)
 };
 
 /// The generated stream of kind `kind` (hit-heavy, cold, mixed, long).
@@ -174,18 +197,20 @@ options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) {
       o.spec.seed = parse_uint(a, val(), 0, 1ull << 62), o.seed_set = true;
     else if (a == "--rate")
       o.spec.rate_per_s = parse_double(a, val(), 1e-6, 1e6), o.rate_set = true;
-    else if (a == "--estimator-prior") {
-      const std::string m = val();
-      if (m == "model")
-        o.prior_from_model = true;
-      else if (m != "optimistic")
-        throw usage_error("--estimator-prior: expected optimistic or model, got '" + m + "'");
-    } else if (a == "--closed-loop")
+    else if (a == "--estimator-prior")
+      o.prior_from_model = parse_choice<bool>(a, val(), {{"optimistic", false}, {"model", true}});
+    else if (a == "--closed-loop")
       o.eng.closed_loop_clients = parse_uint(a, val(), 1, 1'000'000);
     else if (a == "--l2-password-env")
       o.password_env = val();
     else if (a == "--l2-password-file")
       o.password_file = val();
+    else if (a == "--l2-tls-ca")
+      o.tls.ca_file = val();
+    else if (a == "--l2-tls-cert")
+      o.tls.cert_file = val();
+    else if (a == "--l2-tls-key")
+      o.tls.key_file = val();
     else if (a == "--prime-first")
       o.prime_first = parse_uint(a, val(), 1, 1'000'000);
     else if (a == "--prime-shared")
@@ -205,26 +230,13 @@ options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) {
     else if (a == "--mpi")
       o.mpi = true;
     else if (a == "--mode") {
-      const std::string m = val();
-      if (m == "recompute")
-        o.eng.mode = pcp::load_mode::recompute;
-      else if (m == "sync")
-        o.eng.mode = pcp::load_mode::sync;
-      else if (m == "async")
-        o.eng.mode = pcp::load_mode::async;
-      else if (m == "split")
-        o.eng.mode = pcp::load_mode::split;
-      else
-        throw usage_error("--mode: expected recompute, sync, async or split, got '" + m + "'");
-    } else if (a == "--policy") {
-      const std::string m = val();
-      if (m == "always")
-        o.eng.policy = pcp::load_policy::always;
-      else if (m == "cost")
-        o.eng.policy = pcp::load_policy::cost;
-      else
-        throw usage_error("--policy: expected always or cost, got '" + m + "'");
-    } else if (a == "--l2")
+      using enum pcp::load_mode;
+      o.eng.mode = parse_choice<pcp::load_mode>(
+          a, val(), {{"recompute", recompute}, {"sync", sync}, {"async", async}, {"split", split}});
+    } else if (a == "--policy")
+      o.eng.policy = parse_choice<pcp::load_policy>(
+          a, val(), {{"always", pcp::load_policy::always}, {"cost", pcp::load_policy::cost}});
+    else if (a == "--l2")
       o.l2 = val();
     else if (a == "--l1-capacity-gb")
       o.l1_capacity_gb = parse_double(a, val(), 0, 1e6);
@@ -246,15 +258,10 @@ options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) {
       o.tm.bytes_per_token = parse_double(a, val(), 1, 1e9);
     else if (a == "--payload-scale")
       o.tm.payload_scale = parse_double(a, val(), 1e-9, 1);
-    else if (a == "--kv-layout") {
-      const std::string v = val();
-      if (v == "mla")
-        o.tm.kv = pcp::kv_layout_kind::mla;
-      else if (v == "fa-nhd")
-        o.tm.kv = pcp::kv_layout_kind::fa_nhd;
-      else
-        throw usage_error("--kv-layout: '" + v + "' is not mla or fa-nhd");
-    } else if (a == "--kv-layers")
+    else if (a == "--kv-layout")
+      o.tm.kv = parse_choice<pcp::kv_layout_kind>(
+          a, val(), {{"mla", pcp::kv_layout_kind::mla}, {"fa-nhd", pcp::kv_layout_kind::fa_nhd}});
+    else if (a == "--kv-layers")
       o.tm.kv_layers = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 1024));
     else if (a == "--kv-block-tokens")
       o.tm.kv_block_tokens = static_cast<std::uint32_t>(parse_uint(a, val(), 1, 1 << 16));
@@ -285,15 +292,9 @@ options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) {
     else if (a == "--l2-fault-every")
       o.fault_every = parse_uint(a, val(), 0, 1ull << 62);
     else if (a == "--broadcast") {
-      const std::string m = val();
-      if (m == "per_chunk")
-        o.eng.broadcast = kvtier::broadcast_mode::per_chunk;
-      else if (m == "grouped")
-        o.eng.broadcast = kvtier::broadcast_mode::grouped;
-      else if (m == "gathered")
-        o.eng.broadcast = kvtier::broadcast_mode::gathered;
-      else
-        throw usage_error("--broadcast: expected per_chunk, grouped or gathered, got '" + m + "'");
+      using enum kvtier::broadcast_mode;
+      o.eng.broadcast = parse_choice<kvtier::broadcast_mode>(
+          a, val(), {{"per_chunk", per_chunk}, {"grouped", grouped}, {"gathered", gathered}});
     } else
       throw usage_error("unknown option '" + a + "' (see --help)");
   }
@@ -313,6 +314,8 @@ options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) {
   if (o.keep_l1 && primes == 0) throw usage_error("--keep-l1 needs --prime, --prime-first or --prime-shared");
   if (!o.password_env.empty() && !o.password_file.empty())
     throw usage_error("give at most one of --l2-password-env and --l2-password-file");
+  if (o.tls.cert_file.empty() != o.tls.key_file.empty())
+    throw usage_error("give both --l2-tls-cert and --l2-tls-key, or neither");
   if (o.prior_from_model && o.l2 != "embedded")
     throw usage_error("--estimator-prior model needs --l2 embedded");
   if (o.sustained_gbps > 0) {  // the instance rate beside T0, from the rate it sustained per hit
@@ -606,11 +609,12 @@ int run_replay(World& w, const options& o) {
     return replay(w, o, prime_set, prepared, l1s, l2s);
   }
 #if defined(PCP_HAVE_RESP)
-  if (o.l2.rfind("resp", 0) != 0)
+  if (o.l2.rfind("resp", 0) != 0 && o.l2.rfind("rediss://", 0) != 0)
     throw usage_error("--l2 '" + kvtier::resp::redact_url(o.l2) +
-                      "': expected embedded, none, or a resp:// / resp+unix:// / resp+cluster:// URL");
+                      "': expected embedded, none, or a resp:// / resp+unix:// / resp+cluster:// URL (or "
+                      "rediss:// / resp+tls:// / resp+cluster+tls://)");
   auto pools = pcp::make_resp_l2s(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 3,  // per server
-                                  [&](std::uint32_t r) { return w.hosts(r); });
+                                  o.tls, [&](std::uint32_t r) { return w.hosts(r); });
   std::vector<pcp::resp_l2*> l2s;
   for (auto& p : pools) l2s.push_back(p.get());
   const int rc = replay(w, o, prime_set, prepared, l1s, l2s);

@@ -3,10 +3,14 @@
 //   resp://h:{rank+6400},resp://h:{rank+6500} a rank's partition over K servers (rendezvous hash)
 //   resp+cluster://h:p,h:p[?placement=pinned] a Redis/Valkey Cluster (spread over every master, or
 //                                             one master per rank with a hash tag per rank)
+//   rediss://, resp+tls://, resp+cluster+tls:// the same over TLS (PCP_HAVE_TLS builds: link
+//                                             kvtier::tls), with the CA and client certificate
+//                                             from `tls`; plain and TLS servers may not be mixed
 // Every store has a connection pool per server (kvtier/resp/pool.hpp), so each concurrent user
 // (fetch workers, the step, the write-behind thread) gets a connection of its own.
 //
 //   auto l2 = pcp::make_resp_l2s("resp+cluster://127.0.0.1:7000", 2, ns, 4);
+//   auto l2 = pcp::make_resp_l2s("resp+tls://10.0.0.5:{rank+6400}", 8, ns, 4, {.ca_file = "ca.pem"});
 #pragma once
 
 #include <cstddef>
@@ -20,6 +24,9 @@
 #include <vector>
 
 #include "kvtier/resp/asio_connection.hpp"
+#if defined(PCP_HAVE_TLS)
+#include "kvtier/resp/asio_tls_connection.hpp"
+#endif
 #include "kvtier/resp/cluster.hpp"
 #include "kvtier/resp/url.hpp"
 #include "kvtier/store/cluster_store.hpp"
@@ -31,28 +38,48 @@ namespace pcp {
 /// One rank's L2: a server, K servers, or a cluster, behind the chunk_store interface.
 class resp_l2 {
  public:
-  using single_t = kvtier::remote_store<kvtier::resp::asio_connection>;
-  using cluster_t = kvtier::cluster_store<kvtier::resp::asio_connection>;
+#if defined(PCP_HAVE_TLS)
+  // Speaks TLS to rediss:// endpoints and plain RESP to resp:// ones (the TLS context is made at
+  // the first TLS connect), so one type serves both.
+  using connection_t = kvtier::resp::asio_tls_connection;
+  static constexpr bool has_tls = true;
+#else
+  using connection_t = kvtier::resp::asio_connection;
+  static constexpr bool has_tls = false;
+#endif
+  using single_t = kvtier::remote_store<connection_t>;
+  using cluster_t = kvtier::cluster_store<connection_t>;
   using spread_t = kvtier::rendezvous_store<single_t>;
 
-  /// Rank `rank`'s store for `url` (see the header comment), `connections` per server.
-  /// Throws std::invalid_argument with the URL parser's message.
-  resp_l2(const std::string& url, int rank, const kvtier::key_namespace& ns, std::size_t connections) {
+  /// Rank `rank`'s store for `url` (see the header comment), `connections` per server, `tls` for
+  /// TLS endpoints. Throws std::invalid_argument with the URL parser's message, or when the URL
+  /// asks for TLS that this build lacks or mixes TLS and plain servers.
+  resp_l2(const std::string& url, int rank, const kvtier::key_namespace& ns, std::size_t connections,
+          const kvtier::resp::tls_options& tls = {}) {
     const kvtier::resp::pool_options pool{.connections = connections};
-    if (url.rfind("resp+cluster://", 0) == 0) {
+    const kvtier::resp::connection_options base{.tls = tls};
+    if (kvtier::resp::is_cluster_url(url)) {
       const auto u = kvtier::resp::parse_cluster_url(url);
       if (!u) throw std::invalid_argument("--l2: " + u.message);
-      auto opt = kvtier::cluster_options_for(u, rank);
+      require_tls_support(!u.seeds.empty() && u.seeds.front().tls, url);
+      auto opt = kvtier::cluster_options_for(u, rank, base);
       opt.pool = pool;
       store_ = std::make_unique<cluster_t>(ns, std::move(opt));
       return;
     }
+    bool first_tls = false;
     for (std::size_t from = 0;;) {
       const std::size_t comma = url.find(',', from);
       const auto parsed = kvtier::resp::parse_url(url.substr(from, comma - from), rank);
       if (!parsed) throw std::invalid_argument("--l2: " + parsed.message);
-      singles_.push_back(
-          std::make_unique<single_t>(ns, kvtier::resp::connection_options{.server = parsed.value}, pool));
+      require_tls_support(parsed.value.tls, url);
+      if (singles_.empty()) first_tls = parsed.value.tls;
+      if (parsed.value.tls != first_tls)
+        throw std::invalid_argument("--l2 '" + kvtier::resp::redact_url(url) +
+                                    "': mixes TLS and plain servers in one list (use one kind)");
+      auto opt = base;
+      opt.server = parsed.value;
+      singles_.push_back(std::make_unique<single_t>(ns, std::move(opt), pool));
       if (comma == std::string::npos) break;
       from = comma + 1;
     }
@@ -98,6 +125,12 @@ class resp_l2 {
   }
 
  private:
+  static void require_tls_support(bool tls, const std::string& url) {
+    if (tls && !has_tls)
+      throw std::invalid_argument("--l2 '" + kvtier::resp::redact_url(url) +
+                                  "': TLS needs a build with kvtier::tls (install libssl-dev and rebuild)");
+  }
+
   template <class F>
   std::error_code visit(F&& f) {
     if (auto* c = std::get_if<std::unique_ptr<cluster_t>>(&store_)) return f(**c);
@@ -114,10 +147,12 @@ static_assert(kvtier::chunk_store<resp_l2>);
 /// says lives in another process (ranks as processes: each builds only its own).
 inline std::vector<std::unique_ptr<resp_l2>> make_resp_l2s(
     const std::string& url, std::uint32_t world, const kvtier::key_namespace& ns, std::size_t connections,
+    const kvtier::resp::tls_options& tls = {},
     const std::function<bool(std::uint32_t)>& hosted = [](std::uint32_t) { return true; }) {
   std::vector<std::unique_ptr<resp_l2>> out;
   for (std::uint32_t r = 0; r < world; ++r)
-    out.push_back(hosted(r) ? std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections) : nullptr);
+    out.push_back(hosted(r) ? std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections, tls)
+                            : nullptr);
   return out;
 }
 

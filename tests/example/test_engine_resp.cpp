@@ -9,6 +9,7 @@
 #include "resp_l2.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
+#include "support/test_pki.hpp"
 
 using namespace pcp;
 
@@ -25,7 +26,7 @@ struct rig_base {
   std::vector<std::unique_ptr<resp_l2>> pools;
 
   template <class UrlOf>
-  void attach(UrlOf url_of) {
+  void attach(UrlOf url_of, const kvtier::resp::tls_options& tls = {}) {
     tm.payload_scale = 1.0 / 4096;
     reqs = test::small_hit_heavy_trace(10, 5, 11);
     const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, world);
@@ -33,7 +34,7 @@ struct rig_base {
     prepared = prepare(reqs, *chunk);
     for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(64 << 20));
     for (std::uint32_t r = 0; r < world; ++r)
-      pools.push_back(std::make_unique<resp_l2>(url_of(r), static_cast<int>(r), ns, 5));
+      pools.push_back(std::make_unique<resp_l2>(url_of(r), static_cast<int>(r), ns, 5, tls));
   }
   run_result run(engine_options opt) {
     opt.world = world;
@@ -42,6 +43,20 @@ struct rig_base {
     return test::replay<resp_l2>(prepared, tm, opt, l1, pools);
   }
   void prime() { test::prime(*this); }
+  /// Every request loaded its whole prefix, every byte verified, and the loads came from the servers.
+  void check_full_hits(const run_result& r) const {
+    REQUIRE(r.fatal.empty());
+    for (const auto& e : r.l2_errors) CHECK(e.empty());
+    CHECK(r.failed_l2_calls == 0);
+    CHECK(r.mismatched_chunks == 0);
+    for (std::size_t i = 0; i < r.requests.size(); ++i) {
+      CHECK(r.requests[i].status == "hit");
+      CHECK(r.requests[i].cached_tokens == prepared[i].n_chunks() * tm.chunk_tokens);
+    }
+    std::uint64_t hits = 0;
+    for (const auto& p : pools) hits += p->stats().hits;
+    CHECK(hits > 0);
+  }
 };
 
 // One redis-server per rank.
@@ -60,6 +75,22 @@ struct two_per_rank_rig : rig_base {
   }
 };
 
+#if defined(PCP_HAVE_TLS)
+// One TLS redis-server per rank that requires a client certificate; `ca` is the CA the client
+// trusts ("ca.pem" signed the servers' certificates, "other-ca.pem" did not).
+struct tls_rig : rig_base {
+  kvtier::test::redis_server srv0, srv1;
+  tls_rig(const kvtier::test::test_pki& pki, const std::string& ca)
+      : srv0({.tls_args = pki.server_args()}), srv1({.tls_args = pki.server_args()}) {
+    attach(
+        [&](std::uint32_t r) {
+          return "resp+tls://127.0.0.1:" + std::to_string((r == 0 ? srv0 : srv1).tls_port());
+        },
+        {.ca_file = pki.path(ca), .cert_file = pki.path("client.pem"), .key_file = pki.path("client.key")});
+  }
+};
+#endif
+
 // Both ranks on one loopback cluster (3 masters + 3 replicas), `query` choosing the placement.
 struct cluster_rig : rig_base {
   cluster_rig(const kvtier::test::redis_cluster& cluster, const std::string& query) {
@@ -75,15 +106,8 @@ TEST_CASE("engine over two real servers: primed async and sync replays verify ev
   for (load_mode mode : {load_mode::async, load_mode::sync}) {
     INFO(to_string(mode));
     const auto r = g.run({.mode = mode});
-    REQUIRE(r.fatal.empty());
-    for (const auto& e : r.l2_errors) CHECK(e.empty());
+    g.check_full_hits(r);
     CHECK(r.symmetric_collectives);
-    CHECK(r.failed_l2_calls == 0);
-    CHECK(r.mismatched_chunks == 0);
-    for (std::size_t i = 0; i < r.requests.size(); ++i) {
-      CHECK(r.requests[i].status == "hit");
-      CHECK(r.requests[i].cached_tokens == g.prepared[i].n_chunks() * g.tm.chunk_tokens);
-    }
   }
 }
 
@@ -149,17 +173,7 @@ TEST_CASE("engine over a real cluster: spread and pinned placements replay with 
     INFO("placement query '" << query << "'");
     cluster_rig g(cluster, query);
     g.prime();
-    const auto r = g.run({.mode = load_mode::async});
-    REQUIRE(r.fatal.empty());
-    CHECK(r.mismatched_chunks == 0);
-    CHECK(r.failed_l2_calls == 0);
-    for (std::size_t i = 0; i < r.requests.size(); ++i) {
-      CHECK(r.requests[i].status == "hit");
-      CHECK(r.requests[i].cached_tokens == g.prepared[i].n_chunks() * g.tm.chunk_tokens);
-    }
-    std::uint64_t hits = 0;
-    for (const auto& p : g.pools) hits += p->stats().hits;
-    CHECK(hits > 0);  // the loads really came from the cluster
+    g.check_full_hits(g.run({.mode = load_mode::async}));
   }
 }
 
@@ -173,4 +187,42 @@ TEST_CASE("engine with each rank's partition over two servers replays with zero 
   for (std::size_t i = 0; i < r.requests.size(); ++i) CHECK(r.requests[i].status == "hit");
   // Both servers of each rank hold some of its chunks.
   for (auto* s : {&g.a0, &g.b0, &g.a1, &g.b1}) CHECK(s->call({"DBSIZE"}) != "0");
+}
+
+#if defined(PCP_HAVE_TLS)
+TEST_CASE("engine over TLS servers: every byte verified; an untrusted server degrades to recompute, with why",
+          "[integration]") {
+  const kvtier::test::test_pki pki;
+  {
+    tls_rig g(pki, "ca.pem");
+    g.prime();
+    g.check_full_hits(g.run({.mode = load_mode::async}));  // over TLS, client certificate and all
+  }
+  {
+    tls_rig g(pki, "other-ca.pem");  // the client does not trust the servers' CA
+    const auto r = g.run({.mode = load_mode::async});
+    REQUIRE(r.fatal.empty());
+    CHECK(r.mismatched_chunks == 0);
+    CHECK(r.failed_l2_calls > 0);
+    for (const auto& q : r.requests) CHECK(q.l2_tokens == 0);
+    for (const auto& e : r.l2_errors) {
+      INFO(e);
+      CHECK(e.find("certificate verify failed") != std::string::npos);
+    }
+    CHECK(g.srv0.call({"DBSIZE"}) == "0");  // nothing was stored either
+  }
+}
+#endif
+
+TEST_CASE("resp_l2 refuses a list that mixes TLS and plain servers, and says so", "[unit]") {
+  const kvtier::key_namespace ns = test::test_namespace(256, 2);
+  try {
+    resp_l2 l2("resp://127.0.0.1:1,resp+tls://127.0.0.1:2", 0, ns, 1);
+    FAIL("no exception");
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK((what.find("mixes TLS and plain servers") != std::string::npos ||
+           (!resp_l2::has_tls && what.find("TLS needs a build with kvtier::tls") != std::string::npos)));
+  }
 }
