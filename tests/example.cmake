@@ -8,7 +8,7 @@ if(TARGET kvtier::asio AND EXISTS /usr/bin/redis-server)
   kvtier_add_test(test_example_engine_resp SOURCES example/test_engine_resp.cpp LABELS integration
                   LIBS kvtier::asio TIMEOUT 300)
   list(APPEND KVTIER_EXAMPLE_TESTS test_example_engine_resp)
-  if(TARGET kvtier::tls)  # resp_l2 speaks TLS too (rediss://, resp+tls://)
+  if(TARGET test_example_engine_resp AND TARGET kvtier::tls)  # resp_l2 over TLS as well
     target_link_libraries(test_example_engine_resp PRIVATE kvtier::tls)
     target_compile_definitions(test_example_engine_resp PRIVATE PCP_HAVE_TLS=1)
   endif()
