@@ -163,7 +163,11 @@ TEST_CASE("engine over a real server with a wrong password: recompute, counted, 
     CHECK(q.l2_tokens == 0);
   }
   CHECK(r.failed_l2_calls > 0);
-  for (const auto& e : r.l2_errors) CHECK(e.find("authentication failed") != std::string::npos);
+  for (const auto& e : r.l2_errors) {
+    INFO(e);
+    CHECK(e.find("authentication failed") != std::string::npos);
+    CHECK(e.find("WRONGPASS") != std::string::npos);  // the server's own words, from last_error()
+  }
 }
 
 TEST_CASE("engine over a real cluster: spread and pinned placements replay with zero mismatches",
