@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,6 +19,7 @@
 #include "kvtier/comm/recording.hpp"
 #include "kvtier/connector.hpp"
 #include "kvtier/host_kv_cache.hpp"
+#include "kvtier/store/memory_store.hpp"
 
 namespace kvtier::test {
 
@@ -129,6 +131,78 @@ struct rank_load_report {
   std::vector<std::size_t> errors;
   std::size_t wrong = 0;  // bytes inside the agreed loaded prefix that differ from the model
   std::vector<comm::collective_call> calls;
+  std::uint64_t agreement_failures = 0, save_failures = 0;
+};
+
+/// A load of a computed and saved prompt on W ranks (request 1 computes and saves, request 2
+/// looks up and loads); `after_load(rank)` runs on each rank right after load().
+struct load_scenario {
+  rank_t world = 2;
+  bool two_comms = false;  // a separate data world: the moves run on the mover thread
+  connector_options opt{};
+  std::size_t prompt_tokens = 6 * rig_chunk_tokens + 7;
+  std::chrono::milliseconds step_timeout{2000};
+  std::function<void(rank_t)> after_load;
+  std::function<void(rank_t)> after_save;  // after request 1's saves ended, before request 2
+};
+
+/// Runs `s`; store_for(rank, memory_store&) gives each rank's store (a std::unique_ptr to any
+/// chunk_store, e.g. a fault-injecting wrapper of the memory store).
+template <class StoreFor>
+std::vector<rank_load_report> run_load(const load_scenario& s, StoreFor store_for) {
+  using rec = comm::recording<comm::inproc_communicator&>;
+  comm::inproc_world ctrl_world(s.world), data_world(s.world);
+  std::vector<rank_load_report> reports(s.world);
+  const std::vector<token_id> prompt = rig_prompt(s.prompt_tokens);
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
+    const rank_t r = c.rank();
+    comm::inproc_communicator d = data_world.communicator_for(r);
+    rec ctrl(c);
+    memory_store mem(64 << 20);
+    auto store = store_for(r, mem);
+    host_kv_cache cache(rig_layout());
+    const modulo_ownership own(s.world);
+    const auto step_to = [&](auto& conn, auto pred) { return step_until(conn, pred, 20000, s.step_timeout); };
+    auto run = [&](auto& conn) {
+      rank_load_report& rep = reports[r];
+      if (!compute_and_save(conn, cache, 1, prompt)) return;
+      if (s.after_save) s.after_save(r);
+      conn.begin_lookup(2, prompt);
+      if (!step_to(conn, [&] { return conn.lookup(2).has_value(); })) return;
+      rep.plan = conn.lookup(2);
+      host_kv_cache::sequence seq;
+      if (!cache.reserve(seq, prompt.size())) return;
+      const auto slots = slots_of(cache, seq, prompt.size());
+      if (rep.plan->tokens_to_load()) {
+        conn.load(2, slots);
+        if (s.after_load) s.after_load(r);
+        if (!step_to(conn, [&] { return conn.load_result(2).has_value(); })) return;
+        rep.outcome = conn.load_result(2);
+        rep.errors = conn.load_errors(2);
+        rep.wrong = wrong_bytes(cache, seq, rep.outcome->load_first_token, rep.outcome->loaded_end_token);
+      }
+      conn.finish(2);
+      rep.calls = ctrl.calls();
+      rep.agreement_failures = conn.counters().agreement_failures.value();
+      rep.save_failures = conn.counters().save_failures.value();
+    };
+    chunker<> chunk(rig_ns(own.geometry()));
+    if (s.two_comms) {
+      connector conn(chunk, own, *store, ctrl, d, cache.view(), s.opt);
+      run(conn);
+    } else {
+      connector conn(chunk, own, *store, ctrl, cache.view(), s.opt);
+      run(conn);
+    }
+  });
+  return reports;
+}
+
+/// The plain memory store of run_load (each rank's own).
+struct plain_store_for {
+  std::unique_ptr<memory_store> operator()(rank_t, memory_store&) const {
+    return std::make_unique<memory_store>(64 << 20);
+  }
 };
 
 }  // namespace kvtier::test

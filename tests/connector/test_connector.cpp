@@ -19,56 +19,11 @@
 
 using namespace kvtier;
 using namespace kvtier::test;
-using rec = comm::recording<comm::inproc_communicator&>;
 
 namespace {
 
 constexpr std::size_t prompt_chunks = 6;
 const std::size_t prompt_tokens = prompt_chunks * rig_chunk_tokens + 7;  // and a tail
-
-// One load of a computed prompt on W ranks; `two_comms`: a separate data world (mover thread).
-std::vector<rank_load_report> load_twice(rank_t W, bool two_comms, connector_options opt) {
-  comm::inproc_world ctrl_world(W), data_world(W);
-  std::vector<rank_load_report> reports(W);
-  const std::vector<token_id> prompt = rig_prompt(prompt_tokens);
-  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
-    const rank_t r = c.rank();
-    comm::inproc_communicator d = data_world.communicator_for(r);
-    rec ctrl(c);
-    memory_store store(64 << 20);
-    host_kv_cache cache(rig_layout());
-    const modulo_ownership own(W);
-    auto run = [&](auto& conn) {
-      REQUIRE(compute_and_save(conn, cache, 1, prompt));
-      rank_load_report& rep = reports[r];
-      rep.plan = lookup_agreed(conn, 2, prompt);
-      REQUIRE(rep.plan);
-      host_kv_cache::sequence seq;
-      REQUIRE(cache.reserve(seq, prompt.size()));
-      const auto slots = slots_of(cache, seq, prompt.size());
-      if (rep.plan->tokens_to_load()) {
-        REQUIRE_FALSE(conn.load(2, slots));
-        REQUIRE(step_until(conn, [&] { return conn.load_result(2).has_value(); }));
-        for (std::uint32_t l = 0; l < rig_layers; ++l)
-          REQUIRE_FALSE(conn.wait_for_layer(l, deadline_after(std::chrono::seconds(5))));
-        rep.outcome = conn.load_result(2);
-        rep.errors = conn.load_errors(2);
-        rep.wrong = wrong_bytes(cache, seq, rep.outcome->load_first_token, rep.outcome->loaded_end_token);
-      }
-      conn.finish(2);
-      rep.calls = ctrl.calls();
-    };
-    chunker<> chunk(rig_ns(own.geometry()));
-    if (two_comms) {
-      connector conn(chunk, own, store, ctrl, d, cache.view(), opt);
-      run(conn);
-    } else {
-      connector conn(chunk, own, store, ctrl, cache.view(), opt);
-      run(conn);
-    }
-  });
-  return reports;
-}
 
 void check_full_load(const std::vector<rank_load_report>& reps) {
   for (const rank_load_report& rep : reps) {
@@ -91,9 +46,9 @@ TEST_CASE("connector: a saved prompt is looked up, loaded and in every rank's pa
     for (bool two : {false, true}) {
       for (std::uint32_t per_group : {0u, 1u, 3u}) {
         INFO("W = " << W << ", two communicators = " << two << ", layers per group = " << per_group);
-        connector_options opt;
-        opt.layers_per_group = per_group;
-        check_full_load(load_twice(W, two, opt));
+        load_scenario sc{.world = W, .two_comms = two};
+        sc.opt.layers_per_group = per_group;
+        check_full_load(run_load(sc, plain_store_for{}));
       }
     }
   }
