@@ -7,3 +7,8 @@ if(TARGET kvtier::asio)
   kvtier_add_test(test_connector_redis SOURCES connector/test_connector_redis.cpp LABELS integration
                   LIBS kvtier::asio TIMEOUT 120)
 endif()
+# Across MPI processes (label mpi), one redis-server per rank.
+if(COMMAND kvtier_add_mpi_test AND TARGET kvtier::asio)
+  kvtier_add_mpi_test(test_connector_mpi SOURCES connector/test_connector_mpi.cpp RANKS 2 TIMEOUT 120
+                      LIBS kvtier::asio)
+endif()

@@ -82,10 +82,11 @@ constexpr std::size_t T = rig_chunk_tokens;
 TEST_CASE("connector faults: one rank at a time, every rank agrees and no byte is wrong", "[connector]") {
   for (rank_t W : {2u, 3u}) {
     for (bool two : {false, true}) {
-      for (fault f : {fault::lookup_timeout, fault::store_error_mid_load, fault::corrupt_value, fault::save_fails,
-                      fault::peer_stalls}) {
+      for (fault f : {fault::lookup_timeout, fault::store_error_mid_load, fault::corrupt_value,
+                      fault::save_fails, fault::peer_stalls}) {
         for (rank_t bad = 0; bad < W; ++bad) {
-          INFO("W = " << W << ", two communicators = " << two << ", fault: " << name(f) << " on rank " << bad);
+          INFO("W = " << W << ", two communicators = " << two << ", fault: " << name(f) << " on rank "
+                      << bad);
           load_scenario sc{.world = W, .two_comms = two};
           sc.opt.layers_per_group = 2;
           if (f == fault::peer_stalls) {
@@ -169,8 +170,8 @@ struct held_group {
   std::error_code all_gather(std::span<const std::byte> s, std::span<std::byte> r, deadline dl) {
     return inner.all_gather(s, r, dl);
   }
-  std::error_code all_reduce(std::span<const std::byte> s, std::span<std::byte> r, comm::dtype t, comm::reduce_op op,
-                             deadline dl) {
+  std::error_code all_reduce(std::span<const std::byte> s, std::span<std::byte> r, comm::dtype t,
+                             comm::reduce_op op, deadline dl) {
     return inner.all_reduce(s, r, t, op, dl);
   }
   std::error_code group_start() { return inner.group_start(); }

@@ -24,13 +24,17 @@ namespace {
 
 constexpr std::size_t T = 16;
 
-kv_layout tiny_layout() { return kv_layout::vllm_mla(1, /*num_blocks=*/8, /*block_size=*/16, 2, /*latent=*/4); }
+kv_layout tiny_layout() {
+  return kv_layout::vllm_mla(1, /*num_blocks=*/8, /*block_size=*/16, 2, /*latent=*/4);
+}
 
 // Every rank's agreed cached prefix for a prompt whose chunk c is stored iff present[c].
 template <ownership_policy Own>
-std::vector<std::uint64_t> agreed_lookups(const Own& own, const std::vector<bool>& present, std::size_t tail) {
+std::vector<std::uint64_t> agreed_lookups(const Own& own, const std::vector<bool>& present,
+                                          std::size_t tail) {
   const rank_t W = own.world_size();
-  const key_namespace ns{.model = "property", .kv_format = "tiny", .chunk_tokens = T, .ownership = own.geometry()};
+  const key_namespace ns{
+      .model = "property", .kv_format = "tiny", .chunk_tokens = T, .ownership = own.geometry()};
   const std::vector<token_id> prompt = rig_prompt(present.size() * T + tail, present.size());
   const chunker<> chunk(ns);
   const std::vector<chunk_key> keys = chunk.keys(prompt);
@@ -61,7 +65,8 @@ TEST_CASE("connector property: the agreed lookup is the min over ranks of the ra
   prop("agreed lookup == min over ranks == longest present prefix", [] {
     const auto W = *rc::gen::inRange<rank_t>(1, 6);
     const auto n = *rc::gen::inRange<std::size_t>(0, 12);
-    const auto present = *rc::gen::container<std::vector<bool>>(n, rc::gen::weightedElement<bool>({{4, true}, {1, false}}));
+    const auto present =
+        *rc::gen::container<std::vector<bool>>(n, rc::gen::weightedElement<bool>({{4, true}, {1, false}}));
     const auto tail = *rc::gen::inRange<std::size_t>(0, T);
     const int kind = *rc::gen::inRange(0, 3);
     const auto check = [&](const auto& own) {

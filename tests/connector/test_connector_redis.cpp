@@ -32,9 +32,10 @@ struct redis_ranks {
   }
   auto store_for(rank_t W) {
     return [this, W](rank_t r, memory_store&) {
-      return std::make_unique<l2_store>(rig_ns(modulo_ownership(W).geometry()),
-                                        resp::connection_options{.server = resp::parse_url(servers[r]->url()).value},
-                                        value_format::v2(layer_group_bytes(rig_layout(), T, per_group)));
+      return std::make_unique<l2_store>(
+          rig_ns(modulo_ownership(W).geometry()),
+          resp::connection_options{.server = resp::parse_url(servers[r]->url()).value},
+          value_format::v2(layer_group_bytes(rig_layout(), T, per_group)));
     };
   }
 };
@@ -73,7 +74,8 @@ TEST_CASE("connector on redis: a flipped byte in one layer group is recomputed f
     std::string len = redis.servers[1]->call({"STRLEN", key});
     if (!len.empty() && len[0] == ':') len.erase(0, 1);
     const long long offset = std::stoll(len) - 1;
-    const std::string last = redis.servers[1]->call({"GETRANGE", key, std::to_string(offset), std::to_string(offset)});
+    const std::string last =
+        redis.servers[1]->call({"GETRANGE", key, std::to_string(offset), std::to_string(offset)});
     const std::string flipped(1, static_cast<char>(last.empty() ? 1 : last.back() ^ 0x20));
     redis.servers[1]->call({"SETRANGE", key, std::to_string(offset), flipped});
   };
