@@ -89,7 +89,7 @@ enum class load_policy : std::uint8_t { always, cost, split };
 
 /// Which chunks save() writes: all of them, or only those looked up at least
 /// connector_options::save_after_lookups times (SGLang HiCache's "selective").
-enum class write_policy : std::uint8_t { write_through, selective };
+enum class save_policy : std::uint8_t { write_through, selective };
 
 /// A load's deadline: base + per_thousand_tokens x (tokens / 1000), at most cap.
 /// Example: {200ms, 20ms, 5s}.after(16'384) is 527 ms.
@@ -111,7 +111,7 @@ struct connector_options {
   load_timeout load_deadline{};  ///< per load, from load()
   std::chrono::milliseconds lookup_timeout{50};
   std::chrono::milliseconds save_timeout{2000};
-  write_policy writes = write_policy::write_through;
+  save_policy saves = save_policy::write_through;
   std::uint32_t save_after_lookups = 2;  ///< selective: lookups of a chunk before it is saved
   std::uint32_t layers_per_group = 0;    ///< layers moved and scattered together (0: all)
   std::size_t max_bytes_in_flight = std::size_t{1} << 30;  ///< staging of running loads
@@ -554,7 +554,7 @@ class connector {
     if (n < 255) ++n;
   }
   bool admitted(const chunk_key& k) const {
-    return opt_.writes == write_policy::write_through ||
+    return opt_.saves == save_policy::write_through ||
            lookups_seen_[chunk_key_hash{}(k) & (lookups_seen_.size() - 1)] >= opt_.save_after_lookups;
   }
 

@@ -102,7 +102,7 @@ TEST_CASE("connector: selective writes save a chunk only after it was looked up 
     memory_store store(16 << 20);
     host_kv_cache cache(rig_layout());
     connector_options opt;
-    opt.writes = write_policy::selective;
+    opt.saves = save_policy::selective;
     opt.save_after_lookups = 2;
     connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view(), opt);
     REQUIRE(compute_and_save(conn, cache, 1, prompt));  // first lookup: not admitted
