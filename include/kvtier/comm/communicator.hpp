@@ -56,6 +56,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <ranges>
 #include <span>
 #include <string>
 #include <string_view>
@@ -239,7 +240,26 @@ inline constexpr bool rounds_fail_together = [] {
     return false;
 }();
 
-/// Typed all_reduce over host integer spans (send may alias recv).
+/// Typed all_reduce over contiguous host integer ranges (spans, arrays, C arrays,
+/// vectors); the element type is deduced from `recv` and `send` must hold the same
+/// type. send may alias recv.
+///
+///   std::array<std::uint64_t, 2> v{a, b};
+///   auto ec = all_reduce(comm, v, v, reduce_op::min, dl);   // no template arguments
+template <communicator C, std::ranges::contiguous_range Send, std::ranges::contiguous_range Recv>
+requires reducible<std::ranges::range_value_t<Recv>> &&
+    std::same_as<std::ranges::range_value_t<Send>, std::ranges::range_value_t<Recv>> &&
+    std::is_convertible_v<Recv&, std::span<std::ranges::range_value_t<Recv>>>
+        std::error_code all_reduce(C& c, Send&& send, Recv&& recv, reduce_op op, kvtier::deadline dl) {
+  using T = std::ranges::range_value_t<Recv>;
+  const std::span<const T> in(send);
+  const std::span<T> out(recv);
+  if (in.size() != out.size()) return kvtier::errc::invalid_argument;
+  return c.all_reduce(std::as_bytes(in), std::as_writable_bytes(out), dtype_of<T>(), op, dl);
+}
+
+/// The same over spans with the element type spelled out (all_reduce<C, T>(...));
+/// kept for callers written before the deducing form above.
 template <communicator C, reducible T>
 std::error_code all_reduce(C& c, std::span<const T> send, std::span<T> recv, reduce_op op,
                            kvtier::deadline dl) {
