@@ -347,12 +347,14 @@ std::error_code move_chunks(C& comm, const P& owners, B& buffers, const broadcas
           if (!opened) {
             opened = true;
             ++res.collectives;
-            if (auto ec = comm.group_start(); ec && !first) first = ec;
+            // A refused group_start opened no group (e.g. the communicator is poisoned):
+            // queue nothing and never call group_end, which would overwrite the first error.
+            if (auto ec = comm.group_start()) return fail(ec, "grouped broadcast");
           }
           if (auto ec = comm.broadcast(source(c, o), buffers.destination(c), o, dl); ec && !first) first = ec;
         }
         if (!opened) continue;
-        // Always close the group so every rank submits it (queueing errors surface on all ranks here).
+        // Always close an opened group so every rank submits it (queueing errors surface on all ranks here).
         if (auto ec = comm.group_end(dl); ec && !first) first = ec;
         if (first) return fail(first, "grouped broadcast");
       }

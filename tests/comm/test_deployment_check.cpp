@@ -1,5 +1,5 @@
 // agree_deployment: ranks whose configuration differs are found once, at setup, and
-// every rank names the same field and rank; the all-reduce helper deduces its types.
+// every rank names the same field and rank.
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -113,21 +113,4 @@ TEST_CASE("agree_deployment: a rank that never calls makes every caller time out
   CHECK(out[0].ec == errc::timeout);
   CHECK(out[0].message.rfind("deployment check: ", 0) == 0);
   CHECK(out[0].field.empty());
-}
-
-TEST_CASE("all_reduce over arrays and vectors deduces its element type", "[deployment]") {
-  comm::inproc_world world(2);
-  std::vector<std::uint64_t> got(4);
-  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
-    std::array<std::uint64_t, 2> a{10 + c.rank(), 20 - c.rank()};
-    std::uint32_t raw[2] = {static_cast<std::uint32_t>(5 * c.rank()), 7};
-    std::vector<std::int64_t> v{-1 - static_cast<std::int64_t>(c.rank())};
-    // No explicit template arguments: arrays, C arrays and vectors, in place or not.
-    auto e1 = comm::all_reduce(c, a, a, comm::reduce_op::min, deadline_after(10s));
-    auto e2 = comm::all_reduce(c, raw, raw, comm::reduce_op::sum, deadline_after(10s));
-    const std::vector<std::int64_t> in = v;
-    auto e3 = comm::all_reduce(c, in, v, comm::reduce_op::max, deadline_after(10s));
-    if (c.rank() == 0 && !e1 && !e2 && !e3) got = {a[0], a[1], raw[0], static_cast<std::uint64_t>(v[0])};
-  });
-  CHECK(got == std::vector<std::uint64_t>{10, 19, 5, static_cast<std::uint64_t>(std::int64_t{-1})});
 }
