@@ -23,6 +23,7 @@ if(TARGET kvtier::mpi AND KVTIER_SANITIZE STREQUAL "")
     set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT ${T_TIMEOUT} PROCESSORS ${T_RANKS})
   endfunction()
   kvtier_add_mpi_test(test_comm_mpi SOURCES comm/test_comm_mpi.cpp RANKS 4 TIMEOUT 240)
+  kvtier_add_mpi_test(test_comm_mpi_recovery SOURCES comm/test_comm_mpi_recovery.cpp RANKS 3 TIMEOUT 120)
 endif()
 # Bootstrap over a real redis-server (the RESP adapter; the MPI one is in test_comm_mpi).
 if(TARGET kvtier::asio)

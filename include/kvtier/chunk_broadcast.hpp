@@ -457,8 +457,19 @@ class pipelined_broadcast {
 
   bool done() const noexcept { return done_; }
   const broadcast_result& result() const noexcept { return res_; }
-  /// Chunks every rank holds so far (agreed and moved).
+  /// Chunks agreed and moved so far, as this rank saw it. On backends whose rounds
+  /// fail together (in-process) every rank holds them. On MPI and NCCL a move can
+  /// complete here and fail on a peer, so they are confirmed only by the next
+  /// step's agreement (a peer that failed never joins it: this rank's step then
+  /// fails) or, after the last step, by the final confirmation: use these chunks
+  /// early only where a later failure of the load can still be undone (e.g. start
+  /// attention kernels, but let result() decide what the request keeps).
   std::size_t agreed_chunks() const noexcept { return res_.agreed_chunks; }
+  /// Chunks every rank is known to hold: agreed_chunks() on backends whose rounds fail
+  /// together; elsewhere the chunks of all steps before the last one that every rank
+  /// joined (the agreement of step k confirms the moves of step k-1), and
+  /// result().agreed_chunks once done() without error.
+  std::size_t confirmed_chunks() const noexcept { return confirmed_; }
 
   /// One stage. `loaded_tokens`: this rank's loaded prefix now (never below what
   /// it reported before); `fetch_done`: it will not grow any more.
@@ -475,6 +486,8 @@ class pipelined_broadcast {
     // v[4]: the smallest loaded prefix among ranks whose fetch is done (the most the prefix can still reach).
     std::uint64_t v[5] = {loaded, problem.empty() ? 1u : 0u, fp, ~fp, fetch_done ? loaded : total};
     if (!detail::agree(*comm_, v, problem, res_, dl)) return finish_with_error();
+    // Every rank joined this agreement, so every rank's earlier moves succeeded.
+    confirmed_ = res_.agreed_chunks;
     const std::size_t n = static_cast<std::size_t>(v[0] / p_.chunk_tokens);
     if (detail::move_chunks(*comm_, *owners_, *buffers_, p_, res_.agreed_chunks, n, res_, dl))
       return finish_with_error();
@@ -482,8 +495,12 @@ class pipelined_broadcast {
     res_.agreed_tokens = static_cast<std::uint64_t>(n) * p_.chunk_tokens;
     done_ = n == p_.n_chunks || static_cast<std::size_t>(v[4] / p_.chunk_tokens) <= n;
     // Each step's agreement confirms the previous step's moves; the last step's need one more.
-    if constexpr (detail::needs_confirm<C, C>)
+    if constexpr (detail::needs_confirm<C, C>) {
       if (done_ && !detail::confirm(*comm_, true, res_, dl)) return finish_with_error();
+      if (done_) confirmed_ = n;
+    } else {
+      confirmed_ = n;  // rounds fail together: a move that succeeded here succeeded everywhere
+    }
     return res_;
   }
 
@@ -492,6 +509,7 @@ class pipelined_broadcast {
     done_ = true;
     res_.agreed_chunks = 0;  // as chunk_broadcast: recompute everything
     res_.agreed_tokens = 0;
+    confirmed_ = 0;
     return res_;
   }
 
@@ -500,6 +518,7 @@ class pipelined_broadcast {
   B* buffers_;
   broadcast_params p_;
   broadcast_result res_;
+  std::size_t confirmed_ = 0;
   bool done_ = false;
 };
 
