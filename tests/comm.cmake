@@ -8,6 +8,7 @@ if(TARGET kvtier::nccl)
   kvtier_add_test(test_comm_nccl SOURCES comm/test_nccl.cpp LABELS unit LIBS kvtier::nccl)
 endif()
 kvtier_add_test(test_communicator SOURCES comm/test_communicator.cpp LABELS unit)
+kvtier_add_test(test_nccl_policy SOURCES comm/test_nccl_policy.cpp LABELS unit)
 kvtier_add_test(test_deployment_check SOURCES comm/test_deployment_check.cpp LABELS unit)
 kvtier_add_test(test_comm_conformance SOURCES comm/test_comm_conformance.cpp LABELS unit tsan)
 # MPI backend, one process per rank (label mpi). The oversubscribe and run-as-root

@@ -73,6 +73,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -149,6 +150,12 @@ struct broadcast_params {
   /// skipped a call) fails the agreement on every rank instead of pairing its
   /// broadcasts with another request's.
   load_id request_id;
+  /// Optional: called on this rank before the agreement (each step, for
+  /// pipelined_broadcast) to order the moves after whatever fills the sources, e.g.
+  /// `[&](kvtier::deadline) { return nccl_data.order_after(scatter_done); }` (an event of
+  /// the engine's stream; kvtier/comm/nccl.hpp). An error becomes this rank's local
+  /// problem: every rank then fails at the agreement, before any move.
+  std::function<std::error_code(deadline)> sources_ready{};
 };
 
 struct broadcast_result {
@@ -246,6 +253,13 @@ std::string validate(rank_t me, rank_t world, const P& owners, B& buffers, const
         std::span<const std::byte>(buffers.source(c)).size() != p.chunk_bytes)
       return "source(" + std::to_string(c) + ") is not chunk_bytes long";
   }
+  return {};
+}
+
+/// Runs broadcast_params::sources_ready, if set; what went wrong, or "".
+inline std::string sources_ready_problem(const broadcast_params& p, deadline dl) {
+  if (!p.sources_ready) return {};
+  if (auto ec = p.sources_ready(dl)) return "sources_ready: " + ec.message();
   return {};
 }
 
@@ -399,6 +413,7 @@ broadcast_result run_protocol(Ctrl& ctrl, Data& data, const P& owners, std::uint
   // Local validation; its outcome travels in the agreement so that all ranks see it.
   std::string problem = pair_problem(ctrl, data);
   if (problem.empty()) problem = validate(me, world, owners, buffers, p, loaded_tokens);
+  if (problem.empty()) problem = sources_ready_problem(p, dl);
   const std::uint64_t fp = fingerprint(owners, p);
   std::uint64_t v[4] = {std::min(loaded_tokens, total), problem.empty() ? 1u : 0u, fp, ~fp};
   if (!agree(ctrl, v, problem, res, dl)) return res;
@@ -481,6 +496,7 @@ class pipelined_broadcast {
     std::string problem = detail::validate(me, world, *owners_, *buffers_, p_, loaded_tokens);
     if (problem.empty() && std::min(loaded_tokens, total) < res_.agreed_tokens)
       problem = "loaded prefix went backwards below the agreed prefix";
+    if (problem.empty()) problem = detail::sources_ready_problem(p_, dl);
     const std::uint64_t fp = detail::fingerprint(*owners_, p_);
     const std::uint64_t loaded = std::min(loaded_tokens, total);
     // v[4]: the smallest loaded prefix among ranks whose fetch is done (the most the prefix can still reach).

@@ -525,3 +525,32 @@ TEST_CASE("pipelined_broadcast: confirmed_chunks lags agreed_chunks where rounds
   CHECK(confirmed_per_step<not_atomic>(agreed) == std::vector<std::size_t>{0, 8});
   CHECK(agreed == std::vector<std::size_t>{4, 8});
 }
+
+TEST_CASE("chunk_broadcast: sources_ready runs before the agreement; its failure fails every rank there",
+          "[unit]") {
+  const modulo_ownership own(3);
+  for (bool fail_one : {false, true}) {
+    std::vector<int> calls(3, 0);
+    auto out = run(own, 6, 8, broadcast_mode::grouped, {2, 2, 2},
+                   [&](rank_t r, broadcast_params& p, std::uint64_t&) {
+                     p.sources_ready = [&, r](deadline) -> std::error_code {
+                       ++calls[r];
+                       if (fail_one && r == 2) return errc::backend_error;
+                       return {};
+                     };
+                     return true;
+                   });
+    for (rank_t r = 0; r < 3; ++r) {
+      INFO("fail_one " << fail_one << ", rank " << r << ": " << out.results[r].message);
+      CHECK(calls[r] == 1);
+      if (!fail_one) {
+        CHECK(!out.results[r].ec);
+        CHECK(out.results[r].agreed_chunks == 6u);
+      } else {
+        CHECK(out.results[r].ec == errc::invalid_argument);
+        CHECK(comm::collective_count(out.calls[r]) == 1u);  // the agreement only: no move was issued
+      }
+    }
+    if (fail_one) CHECK(out.results[2].message.rfind("sources_ready: ", 0) == 0);
+  }
+}
