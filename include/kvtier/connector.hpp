@@ -7,6 +7,7 @@
 //
 //   kvtier::connector conn(chunker, kvtier::modulo_ownership(W), store, ctrl, data, cache.view(),
 //                          {.policy = kvtier::load_policy::always});
+//   conn.check_deployment(kvtier::deadline_after(5s));   // once: every rank configured alike
 //   conn.begin_lookup(id, tokens);                  // never blocks: the owners ask their stores
 //   conn.step(kvtier::deadline_after(50ms));        // once per engine step, on every rank
 //   if (auto plan = conn.lookup(id)) {              // empty until every rank's answer is agreed
@@ -71,6 +72,7 @@
 #include "kvtier/comm/communicator.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/deployment_check.hpp"
 #include "kvtier/detail/connector_state.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_queue.hpp"
@@ -240,6 +242,19 @@ class connector {
   std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
   const connector_counters& counters() const noexcept { return counters_; }
   const load_estimator& estimator() const noexcept { return estimator_; }
+
+  /// Once at setup, on every rank (a collective on the control communicator): agrees that
+  /// every rank has the same key namespace, ownership geometry, chunk size in tokens and bytes,
+  /// and value format (the store's format() when it has one). A rank that differs makes every
+  /// rank return errc::invalid_argument naming the field and the first rank that differs.
+  ///
+  ///   if (auto r = conn.check_deployment(kvtier::deadline_after(5s)); r.ec) throw
+  ///   std::runtime_error(r.message);
+  deployment_check_result check_deployment(deadline dl) {
+    value_format format = value_format::v1();
+    if constexpr (requires { store_.format(); }) format = store_.format();
+    return agree_deployment(ctrl_, deployment_fingerprint::of(chunk_.ns(), own_, chunk_bytes_, format), dl);
+  }
 
   // ---- scheduler side ----------------------------------------------------------------------
 

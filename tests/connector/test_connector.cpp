@@ -149,3 +149,22 @@ TEST_CASE("connector: bad construction arguments are refused with a reason", "[c
   CHECK_THROWS_WITH(conn_t(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view(), opt),
                     Catch::Contains("need node figures"));
 }
+
+TEST_CASE("connector: check_deployment agrees at setup and names a rank configured differently",
+          "[connector]") {
+  comm::inproc_world world(3);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    memory_store store(1 << 20);
+    host_kv_cache cache(rig_layout());
+    connector same(chunker<>(rig_ns("mod:3")), modulo_ownership(3), store, c, cache.view());
+    CHECK_FALSE(same.check_deployment(deadline_after(std::chrono::seconds(5))).ec);
+    // Rank 2 runs another model: its key namespace differs.
+    key_namespace ns = rig_ns("mod:3");
+    if (c.rank() == 2) ns.model = "another-model";
+    connector odd(chunker<>(ns), modulo_ownership(3), store, c, cache.view());
+    const deployment_check_result r = odd.check_deployment(deadline_after(std::chrono::seconds(5)));
+    CHECK(r.ec == errc::invalid_argument);
+    CHECK(r.field == "namespace_fingerprint");
+    CHECK(r.rank == 2);
+  });
+}
