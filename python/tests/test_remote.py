@@ -146,3 +146,59 @@ def test_cluster_store_on_a_standalone_server_fails_cleanly(redis_server):
     with pytest.raises(kvtier.Error) as e:
         c.put(keys_of(1), b"abc", 2.0)
     assert e.value.status is not None
+
+
+def test_close_waits_for_the_call_in_flight(redis_server):
+    """close() from another thread waits for a get in flight (never frees what it uses); the
+    get completes with the right bytes, later calls raise ClosedError."""
+    s = kvtier.RemoteStore(redis_server.url, NS, connections=1, reserved_small=0)
+    keys, src = keys_of(2), payload(2)
+    s.put(keys, src, 2.0)
+    dst = np.zeros_like(src)
+    out, started = {}, threading.Event()
+
+    def reader():
+        started.set()
+        out["status"] = s.get(keys, dst, 20.0)
+
+    redis_server.pause()
+    r = threading.Thread(target=reader)
+    r.start()
+    started.wait(5.0)
+    threading.Event().wait(0.2)  # let the get reach the paused server
+    c = threading.Thread(target=s.close)
+    c.start()
+    threading.Event().wait(0.2)
+    closing_while_get_ran = c.is_alive() and r.is_alive()
+    redis_server.resume()
+    r.join(30.0)
+    c.join(30.0)
+    assert not r.is_alive() and not c.is_alive()
+    assert closing_while_get_ran  # close was waiting for the get
+    assert out["status"] == [H] * 2 and np.array_equal(dst, src)
+    with pytest.raises(kvtier.ClosedError):
+        s.get(keys, dst, 1.0)
+
+
+def test_threads_share_one_store(redis_server):
+    s = kvtier.RemoteStore(redis_server.url, NS, connections=3, reserved_small=1)
+    errors = []
+
+    def worker(w):
+        try:
+            for i in range(10):
+                keys, src = keys_of(3, salt=100 * w + i), payload(3, seed=w * 1000 + i)
+                assert s.put(keys, src, 5.0) == [S] * 3
+                dst = torch.zeros(3, VB, dtype=torch.uint8)
+                assert s.get(keys, dst, 5.0) == [H] * 3
+                assert np.array_equal(dst.numpy(), src)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60.0)
+    assert not errors and not any(t.is_alive() for t in ts)
+    assert s.stats()["hits"] == 4 * 10 * 3
