@@ -165,41 +165,36 @@ py::list call_exists(store_impl& s, py::handle keys, py::handle deadline) {
   return status_list(st);
 }
 
-py::list call_get(store_impl& s, py::handle keys, py::handle dst, py::handle deadline,
-                  py::handle value_bytes) {
-  check_open(s, "get");
+// get and put: the batch's byte regions taken under the GIL, the store call without it.
+template <class Span, class Call>
+py::list call_values(store_impl& s, const char* op, py::handle keys, py::handle values, py::handle deadline,
+                     py::handle value_bytes, Call&& call) {
+  check_open(s, op);
   const std::vector<kvtier::chunk_key> k = keys_of(keys);
   const kvtier::deadline dl = deadline_of(deadline);
-  if (dst.is_none()) raise_invalid("destination is None");
+  constexpr bool writable = !std::is_const_v<typename Span::element_type>;
   buffer_hold hold;
-  const auto d = regions_of<std::span<std::byte>>(dst, k.size(), value_bytes_of(value_bytes), true, hold);
+  const std::vector<Span> v = regions_of<Span>(values, k.size(), value_bytes_of(value_bytes), writable, hold);
   std::vector<kvtier::chunk_status> st(k.size());
   std::error_code ec;
   {
     py::gil_scoped_release nogil;  // the buffers stay exported by `hold` until it goes, GIL held
-    ec = s.get(k, d, st, dl);
+    ec = call(k, v, st, dl);
   }
-  if (ec) raise_call(s, "get", ec, st);
+  if (ec) raise_call(s, op, ec, st);
   return status_list(st);
+}
+
+py::list call_get(store_impl& s, py::handle keys, py::handle dst, py::handle deadline,
+                  py::handle value_bytes) {
+  return call_values<std::span<std::byte>>(s, "get", keys, dst, deadline, value_bytes,
+                                           [&](auto&... a) { return s.get(a...); });
 }
 
 py::list call_put(store_impl& s, py::handle keys, py::handle src, py::handle deadline,
                   py::handle value_bytes) {
-  check_open(s, "put");
-  const std::vector<kvtier::chunk_key> k = keys_of(keys);
-  const kvtier::deadline dl = deadline_of(deadline);
-  if (src.is_none()) raise_invalid("source is None");
-  buffer_hold hold;
-  const auto d =
-      regions_of<std::span<const std::byte>>(src, k.size(), value_bytes_of(value_bytes), false, hold);
-  std::vector<kvtier::chunk_status> st(k.size());
-  std::error_code ec;
-  {
-    py::gil_scoped_release nogil;
-    ec = s.put(k, d, st, dl);
-  }
-  if (ec) raise_call(s, "put", ec, st);
-  return status_list(st);
+  return call_values<std::span<const std::byte>>(s, "put", keys, src, deadline, value_bytes,
+                                                 [&](auto&... a) { return s.put(a...); });
 }
 
 py::dict remote_stats(const kvtier::remote_store_stats& x) {
