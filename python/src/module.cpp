@@ -2,9 +2,14 @@
 // taken from Python objects (see common.hpp), and the module definition.
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
+#include <string_view>
+#include <type_traits>
 
 #include "common.hpp"
 
@@ -109,7 +114,10 @@ error_types& errors() {
   return *e;
 }
 
-void raise_error(std::error_code ec, const std::string& message, py::object status) {
+namespace {
+
+// Sets the Python error for `ec` (raise_error, and the translator of C++ exceptions).
+void set_error(std::error_code ec, const std::string& message, py::object status) {
   py::object type = type_for(ec);
   py::object exc = type(py::str(message));
   if (ec.category() == kvtier::error_category()) {
@@ -121,6 +129,12 @@ void raise_error(std::error_code ec, const std::string& message, py::object stat
   }
   exc.attr("status") = std::move(status);
   PyErr_SetObject(type.ptr(), exc.ptr());
+}
+
+}  // namespace
+
+void raise_error(std::error_code ec, const std::string& message, py::object status) {
+  set_error(ec, message, std::move(status));
   throw py::error_already_set();
 }
 
@@ -157,9 +171,9 @@ void register_errors(py::module_& m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const std::invalid_argument& x) {
-      PyErr_SetString(errors().invalid_argument.ptr(), x.what());
+      set_error(make_error_code(kvtier::errc::invalid_argument), x.what(), py::none());
     } catch (const std::length_error& x) {
-      PyErr_SetString(errors().invalid_argument.ptr(), x.what());
+      set_error(make_error_code(kvtier::errc::invalid_argument), x.what(), py::none());
     }
   });
 }

@@ -169,8 +169,9 @@ def test_bad_constructor_arguments():
     assert "s3cret" not in str(e.value) and e.value.code == kvtier.Errc.bad_url
     with pytest.raises(kvtier.InvalidArgument, match="value_format must be 1 or 2"):
         kvtier.RemoteStore("resp://127.0.0.1:1", NS, value_format=3)
-    with pytest.raises(kvtier.InvalidArgument, match="media item"):
+    with pytest.raises(kvtier.InvalidArgument, match="media item") as e:  # a C++ std::invalid_argument
         kvtier.Chunker(NS).keys([1, 2, 3, 4], media=[kvtier.MediaItem(2, 5, kvtier.ChunkKey(1, 1))])
+    assert e.value.code == kvtier.Errc.invalid_argument and e.value.status is None
     with pytest.raises(kvtier.InvalidArgument):
         kvtier.PrefillNode(0, 1)
     with pytest.raises(kvtier.InvalidArgument, match="a sample must be"):
