@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from redis_server import REDIS, Pki, Server
+from redis_server import REDIS, Cluster, Pki, Server
 
 
 @pytest.fixture
@@ -43,3 +43,12 @@ def tls_redis_server(pki):
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture
+def redis_cluster():
+    c = Cluster(3)
+    try:
+        yield c
+    finally:
+        c.stop()

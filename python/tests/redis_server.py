@@ -32,14 +32,20 @@ def encode(*args):
 class Server:
     """One redis-server child on 127.0.0.1:port; stop() by PID (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, tls_args=()):
-        """tls_args: also listen with TLS on tls_port with these arguments (see Pki.server_args)."""
+    def __init__(self, tls_args=(), extra_args=(), max_port=65535):
+        """tls_args: also listen with TLS on tls_port with these arguments (see Pki.server_args);
+        max_port: a cluster node needs port + 10000 for its bus."""
         self.dir = tempfile.mkdtemp(prefix="kvtier-py-redis-")
         self.proc = None
         self.tls_args = list(tls_args)
+        self.extra_args = list(extra_args)
         self.tls_port = 0
         for _ in range(5):  # a port picked free may be taken before the server binds it
             self.port = free_port()
+            for _ in range(100):
+                if self.port <= max_port:
+                    break
+                self.port = free_port()
             if self.tls_args:
                 self.tls_port = free_port()
             if self.tls_port != self.port and self._launch():
@@ -51,7 +57,7 @@ class Server:
         self.proc = subprocess.Popen(
             [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--daemonize", "no", "--logfile", os.path.join(self.dir, "log")]
-            + (["--tls-port", str(self.tls_port)] + self.tls_args if self.tls_args else []),
+            + (["--tls-port", str(self.tls_port)] + self.tls_args if self.tls_args else []) + self.extra_args,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(500):  # 5 s at most
             if self.proc.poll() is not None:
@@ -147,3 +153,37 @@ class Pki:
 
     def remove(self):
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Cluster:
+    """A Redis Cluster of `masters` Server nodes (no replicas) on loopback, joined by
+    `redis-cli --cluster create`, ready once every node says cluster_state:ok (as
+    tests/support/redis_cluster.hpp does)."""
+
+    def __init__(self, masters=3):
+        self.nodes = []
+        try:
+            for _ in range(masters):
+                self.nodes.append(Server(extra_args=["--cluster-enabled", "yes", "--cluster-config-file",
+                                                     "nodes.conf", "--cluster-node-timeout", "5000"],
+                                         max_port=55535))
+            subprocess.run(["/usr/bin/redis-cli", "--cluster", "create",
+                            *["127.0.0.1:%d" % n.port for n in self.nodes], "--cluster-replicas", "0",
+                            "--cluster-yes"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60)
+            for _ in range(1000):  # 10 s at most
+                if all(b"cluster_state:ok" in n.call("CLUSTER", "INFO") for n in self.nodes):
+                    return
+                time.sleep(0.01)
+            raise RuntimeError("cluster: not ok within 10 s")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self):
+        return "resp+cluster://" + ",".join("127.0.0.1:%d" % n.port for n in self.nodes)
+
+    def stop(self):
+        for n in self.nodes:
+            n.stop()

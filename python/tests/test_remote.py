@@ -222,3 +222,17 @@ def test_tls_round_trip_and_refusals(pki, tls_redis_server):
     assert e.value.code == kvtier.Errc.tls_failed and "certificate" in str(e.value)
     with pytest.raises(kvtier.InvalidArgument, match="not a TLS URL"):
         kvtier.RemoteStore(tls_redis_server.url, NS, tls=tls)
+
+
+@pytest.mark.parametrize("placement", ["spread", "pinned"])
+def test_cluster_round_trip(redis_cluster, placement):
+    c = kvtier.ClusterStore(redis_cluster.url + "?placement=" + placement, NS, rank=1)
+    keys, src = keys_of(12), payload(12)
+    assert c.put(keys, src, 10.0) == [S] * 12
+    sizes = [n.call("DBSIZE") for n in redis_cluster.nodes]
+    assert sum(sizes) == 12
+    assert (sorted(sizes) == [0, 0, 12]) == (placement == "pinned")  # pinned: one slot, one master
+    dst = torch.zeros(12, VB, dtype=torch.uint8)
+    assert c.get(keys, dst, 10.0) == [H] * 12 and np.array_equal(dst.numpy(), src)
+    assert c.exists(keys + keys_of(1, salt=5), 10.0) == [H] * 12 + [M]
+    c.close()
