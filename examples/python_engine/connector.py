@@ -88,6 +88,15 @@ class PartsConnector:
                 return c * self.chunk_tokens
         return end_tokens
 
+    def _staging(self, chunks: int) -> torch.Tensor:
+        """(chunks, layers, chunk_tokens, latent) of one buffer kept across loads: a fresh one per
+        load would page-fault its way in on every request."""
+        cfg = self.cfg
+        need = chunks * cfg.n_layers * self.chunk_tokens * cfg.latent_dim
+        if getattr(self, "_stage_buf", None) is None or self._stage_buf.numel() < need:
+            self._stage_buf = torch.zeros(need, dtype=cfg.dtype)
+        return self._stage_buf[:need].view(chunks, cfg.n_layers, self.chunk_tokens, cfg.latent_dim)
+
     def keys(self, tokens: torch.Tensor) -> list:
         return self.chunker.keys(tokens.to(torch.int32).tolist())
 
@@ -133,7 +142,7 @@ class PartsConnector:
         keys = self.keys(tokens)
         first_chunk, last_chunk = first // C, min(len(keys), -(-upto // C))
         owned = self._owned(first_chunk, last_chunk)
-        staging = torch.empty(len(owned), cfg.n_layers, C, cfg.latent_dim, dtype=cfg.dtype)
+        staging = self._staging(len(owned))
         ok = [False] * len(owned)
         t0 = time.perf_counter()
         if self.before_get is not None:
@@ -165,20 +174,22 @@ class PartsConnector:
         end_chunk = -(-agreed // C)
         by_owner = [[c for c in range(first_chunk, end_chunk) if c % self.world == r] for r in range(self.world)]
         index = {c: i for i, c in enumerate(owned)}
+        slots = self.cache.slots(table, 0, agreed)
+        # per chunk: the slots of its rows below `agreed` (a chunk straddling it keeps its front)
+        dst = {c: slots[c * C:min((c + 1) * C, agreed)] for cs in by_owner for c in cs}
         for l in range(cfg.n_layers):
             for r, chunks in enumerate(by_owner):
                 if not chunks:
                     continue
-                if r == self.rank:
-                    rows = staging[[index[c] for c in chunks], l].contiguous()  # (k, C, latent)
+                if self._land_comm is None:  # one process: straight from the staging rows (views)
+                    rows = [staging[index[c], l] for c in chunks]
                 else:
-                    rows = torch.empty(len(chunks), C, cfg.latent_dim, dtype=cfg.dtype)
-                if self._land_comm is not None:
-                    self._land_comm.Bcast(rows.numpy(), root=r)
-                pos = torch.cat([torch.arange(c * C, (c + 1) * C) for c in chunks])
-                keep = pos < agreed  # a chunk straddling `agreed` contributes only its front
-                self.cache.write(l, self.cache.slots(table, 0, agreed)[pos[keep]],
-                                 rows.reshape(-1, cfg.latent_dim)[keep])
+                    buf = (staging[[index[c] for c in chunks], l].contiguous() if r == self.rank  # (k, C, latent)
+                           else torch.empty(len(chunks), C, cfg.latent_dim, dtype=cfg.dtype))
+                    self._land_comm.Bcast(buf.numpy(), root=r)
+                    rows = list(buf)
+                for c, x in zip(chunks, rows):
+                    self.cache.write(l, dst[c], x[:dst[c].numel()])
             self._layer_ready[l].set()
 
     # ---- worker side --------------------------------------------------------------------------

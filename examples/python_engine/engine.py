@@ -46,9 +46,9 @@ class Engine:
         self.policy = policy or (lambda hit, n: hit > 0)
 
     def run(self, tokens: torch.Tensor, steps: int = 16, split: int = 0, deadline_s: float = 10.0,
-            keep_kv: bool = True) -> RequestResult:
+            keep_kv: bool = True, max_load: int | None = None) -> RequestResult:
         """One request. split > 0 (a chunk boundary below the hit) computes [0, split) while the
-        tier loads [split, hit)."""
+        tier loads [split, hit). max_load caps the tokens taken from the tier (a partial hit)."""
         n = tokens.numel()
         t_start = time.perf_counter()
         table = self.cache.allocate(n + steps)
@@ -59,6 +59,8 @@ class Engine:
                 hit = conn.lookup(tokens, dl)
             t_lookup = time.perf_counter()
             upto = min(hit, n - 1)  # the last prompt token is always computed: its logits are needed
+            if max_load is not None:
+                upto = min(upto, max_load)
             loading = conn is not None and upto > split and self.policy(upto, n)
             wait = None
             if loading:
