@@ -1,0 +1,27 @@
+"""Fixtures of the kvtier Python tests: real redis-server processes (redis_server.Server)."""
+import os
+
+import pytest
+
+from redis_server import REDIS, Server
+
+
+@pytest.fixture
+def redis_server():
+    if not os.access(REDIS, os.X_OK):
+        pytest.fail(REDIS + " is missing: install redis-server (scripts/install_deps.sh)")
+    srv = Server()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def two_redis_servers():
+    a, b = Server(), Server()
+    try:
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()

@@ -1,0 +1,109 @@
+"""Real redis-server processes on free loopback ports for kvtier's Python tests and benchmarks,
+started and stopped by PID (as tests/support/redis_server.hpp does for the C++ tests), and a
+harness client independent of kvtier.
+
+    srv = Server(); srv.call("PING"); srv.pause(); srv.resume(); srv.stop()
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+REDIS = "/usr/bin/redis-server"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def encode(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class Server:
+    """One redis-server child on 127.0.0.1:port; stop() by PID (SIGTERM, then SIGKILL)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtier-py-redis-")
+        self.proc = None
+        for _ in range(5):  # a port picked free may be taken before the server binds it
+            self.port = free_port()
+            if self._launch():
+                return
+        self.stop()
+        raise RuntimeError("could not start redis-server; log:\n" + self.log())
+
+    def _launch(self):
+        self.proc = subprocess.Popen(
+            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--daemonize", "no", "--logfile", os.path.join(self.dir, "log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(500):  # 5 s at most
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if self.call("PING") == b"PONG":
+                    return True
+            except OSError:
+                time.sleep(0.01)
+        self.stop()
+        return False
+
+    @property
+    def url(self):
+        return "resp://127.0.0.1:%d" % self.port
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "log")) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def call(self, *args, timeout=5.0):
+        """One command over a fresh connection; the reply's payload (bytes, int or None)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+            s.sendall(encode(*args))
+            f = s.makefile("rb")
+            line = f.readline()
+            kind, rest = line[:1], line[1:-2]
+            if kind == b"+":
+                return rest
+            if kind == b"-":
+                raise RuntimeError(rest.decode())
+            if kind == b":":
+                return int(rest)
+            if kind == b"$":
+                n = int(rest)
+                return None if n < 0 else f.read(n + 2)[:-2]
+            raise RuntimeError("harness: unexpected reply %r" % line)
+
+    def pause(self):
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.kill(self.pid, signal.SIGCONT)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
