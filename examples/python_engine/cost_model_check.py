@@ -27,13 +27,15 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "tests"))  # redis_server.py, the tests' harness
 
 import kvtier  # noqa: E402
 from connector import PartsConnector  # noqa: E402
 from engine import Engine  # noqa: E402
 from mla_model import MlaConfig, MlaModel, PagedKvCache  # noqa: E402
-from redis_servers import RedisServer  # noqa: E402
+from redis_server import Server  # noqa: E402
 
 # d_model 16 and a 8192-wide latent: 64 KiB of KV per token for little compute, so B* = s*R is
 # a few hundred MB/s here, inside what the servers deliver (see the module comment)
@@ -100,7 +102,7 @@ def main():
     print(f"R at n={FIT[0]}: threads 1 {R1:.0f} tok/s (B* = s*R = {s * R1 / 1e9:.3f} GB/s), "
           f"threads 2 {R2:.0f} tok/s (ratio {R2 / R1:.2f}); samples 1: "
           f"{[round(t * 1e3, 1) for t in r1_ts]} ms, 2: {[round(t * 1e3, 1) for t in r2_ts]} ms")
-    servers = [RedisServer(), RedisServer()]
+    servers = [Server(), Server()]
     try:
         stores, probes = {}, {}
         for chunk in sorted({c for _, _, c in [FIT] + HELD_OUT}):

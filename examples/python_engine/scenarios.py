@@ -28,7 +28,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "tests"))  # redis_server.py, the tests' harness
 
 import kvtier  # noqa: E402
 from connector import PartsConnector  # noqa: E402
@@ -127,12 +129,13 @@ def run(comm, urls, pids, cfg=None):
 
 
 def _flip_on_server(url, key: bytes):
-    from redis_servers import RedisServer
-    port = int(url.rsplit(":", 1)[1])
-    srv = RedisServer.__new__(RedisServer)  # attach to a running server (no start)
-    srv.port = port
-    length = srv.command("STRLEN", key)
-    srv.flip_byte(key, length - 10)  # inside the last layer group's payload
+    """Overwrites one stored byte of `key` with another value (SETRANGE), as silent corruption would."""
+    from redis_server import Server
+    srv = Server.__new__(Server)  # attach to the running server: only its port is needed
+    srv.port = int(url.rsplit(":", 1)[1])
+    offset = srv.call("STRLEN", key) - 10  # inside the last layer group's payload
+    old = srv.call("GETRANGE", key, offset, offset)
+    srv.call("SETRANGE", key, offset, bytes([old[0] ^ 0x5A]))
 
 
 def main():

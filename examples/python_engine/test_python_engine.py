@@ -14,8 +14,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "tests"))
 
-from redis_servers import RedisServer  # noqa: E402
+from redis_server import Server  # noqa: E402  (the bindings' tests' harness: free port, stop by PID)
 
 # what each scenario must have taken from the tier (scenarios.py's docstring says why)
 EXPECTED_AGREED = dict(cold=0, whole=96, exact=95, partial=64, split=96, corrupt=32, killed=0)
@@ -47,21 +48,28 @@ def check_rank(res, rank, world):
 
 def test_engine_one_process():
     import scenarios
-    with RedisServer() as srv:
-        res = scenarios.run(None, [srv.url], [srv.proc.pid])
+    srv = Server()
+    try:
+        res = scenarios.run(None, [srv.url], [srv.pid])
+    finally:
+        srv.stop()
     check_rank(res, 0, 1)
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec (openmpi-bin)")
 def test_engine_two_processes_context_parallel():
     out = tempfile.mkdtemp(prefix="kvtier-py-engine-")
-    with RedisServer() as a, RedisServer() as b:
+    a, b = Server(), Server()
+    try:
         cmd = ["mpiexec", "-n", "2", "--oversubscribe", "--allow-run-as-root", sys.executable,
                os.path.join(HERE, "scenarios.py"), "--urls", f"{a.url},{b.url}",
-               "--pids", f"{a.proc.pid},{b.proc.pid}", "--out", os.path.join(out, "r.json")]
+               "--pids", f"{a.pid},{b.pid}", "--out", os.path.join(out, "r.json")]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=150,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    finally:
+        a.stop()
+        b.stop()
     res = [json.load(open(os.path.join(out, f"r.json.{r}"))) for r in (0, 1)]
     shutil.rmtree(out)
     for rank in (0, 1):
