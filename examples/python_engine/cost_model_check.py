@@ -12,7 +12,8 @@ thread, the scatter's fixed part, Python). For every other configuration it pred
   hit       = T0e + h*s/B_probe(servers, C) + (n - h)/R
   recompute = n / R
   verdict   = kvtier.decide_load(PrefillNode(s, R), LoadPath(T0e, B_probe), h)
-and prints them against the measured medians of 5 (hit and recompute runs interleaved), as ratios.
+and prints them against the measured medians of 5 (every case's hit and recompute runs taken
+round-robin, so the machine's load drifts hit all cases alike), as ratios.
 
     PYTHONPATH=build/release/python /usr/bin/python3 examples/python_engine/cost_model_check.py
 """
@@ -118,9 +119,9 @@ def main():
                 print(f"probe {k} server(s), values {chunk * s / 1e6:.2f} MB: B = {f.path.bandwidth_gb_per_s:.3f} GB/s "
                       f"(95% {f.b_interval_gbps[0]:.3f}..{f.b_interval_gbps[1]:.3f}), T0 = {f.path.fixed_cost_s * 1e3:.2f} ms"
                       f"{' (clamped at 0)' if f.clamped else ''}, rms residual {f.rms_residual_s * 1e3:.2f} ms")
-        measured = {}
         fit_n = FIT[0]
         fit_loads = (fit_n // 4, fit_n // 2, fit_n - 1)  # hit lengths the fit sees (all on FIT)
+        runs = []  # (key, engines, tokens, cap): every measured case, set up and stored cold first
         for n, k, chunk in [FIT] + HELD_OUT:
             ns, store = stores[(k, chunk)]
             cache = PagedKvCache(cfg, -(-(n + 1) // 16) + 1, 16)
@@ -129,19 +130,23 @@ def main():
             load = Engine(model, None, conn, policy=lambda h, nn: True)
             recompute = Engine(model, None, conn, policy=lambda h, nn: False)
             load.run(toks, steps=1, keep_kv=False)  # cold: stores the chunks
-            caps = fit_loads if (n, k, chunk) == FIT else (None,)
-            for cap in caps:
-                hits, recs, hs = [], [], set()
-                for _ in range(a.reps):  # interleaved, so load drifts hit both alike
-                    r = load.run(toks, steps=1, keep_kv=False, max_load=cap)
-                    hits.append(r.timings["prefill_s"])
-                    hs.add(r.agreed)
-                    recs.append(recompute.run(toks, steps=1, keep_kv=False).timings["prefill_s"])
-                if len(hs) != 1:
-                    raise RuntimeError(f"config {(n, k, chunk)}: loaded prefix varied: {hs}")
+            for cap in fit_loads if (n, k, chunk) == FIT else (None,):
                 key = (n, k, chunk) if cap is None or cap == fit_n - 1 else (n, k, chunk, cap)
-                measured[key] = dict(h=hs.pop(), hit=statistics.median(hits), rec=statistics.median(recs),
-                                     hit_spread=max(hits) / min(hits), rec_spread=max(recs) / min(recs))
+                runs.append((key, load, recompute, conn, toks, cap))
+        samples = {key: ([], [], set()) for key, *_ in runs}
+        for _ in range(a.reps):  # round-robin over every case, hit then recompute: drifts of the
+            for key, load, recompute, _, toks, cap in runs:  # machine's load hit all cases alike
+                r = load.run(toks, steps=1, keep_kv=False, max_load=cap)
+                samples[key][0].append(r.timings["prefill_s"])
+                samples[key][2].add(r.agreed)
+                samples[key][1].append(recompute.run(toks, steps=1, keep_kv=False).timings["prefill_s"])
+        measured = {}
+        for key, (hits, recs, hs) in samples.items():
+            if len(hs) != 1:
+                raise RuntimeError(f"config {key}: loaded prefix varied: {hs}")
+            measured[key] = dict(h=hs.pop(), hit=statistics.median(hits), rec=statistics.median(recs),
+                                 hit_spread=max(hits) / min(hits), rec_spread=max(recs) / min(recs))
+        for conn in {id(r[3]): r[3] for r in runs}.values():
             conn.close()
         # fit on one configuration: R from its recompute runs, the engine's load path (T0e, Be)
         # from its hits of three lengths; the engine's own per-byte cost (scatter, staging) is what
