@@ -270,11 +270,22 @@ class MemoryStore(Store):
     def clear(self) -> None: ...
     def stats(self) -> dict[str, int]: ...
 
+class TlsOptions:
+    """kvtier.RemoteStore('rediss://10.0.0.7:6380', ns, tls=kvtier.TlsOptions(ca_file='/etc/kvtier/ca.pem'))"""
+    ca_file: str
+    cert_file: str
+    key_file: str
+    server_name: str
+    verify_peer: bool
+    def __init__(self, *, ca_file: str = "", cert_file: str = "", key_file: str = "", server_name: str = "",
+                 verify_peer: bool = True) -> None: ...
+
 class RemoteStore(Store):
     """l2 = kvtier.RemoteStore('resp://127.0.0.1:{rank+6400}', ns, rank=0)"""
     def __init__(self, url: str, namespace: KeyNamespace, *, rank: Optional[int] = None, connections: int = 4,
                  reserved_small: int = 1, connect_timeout: float = 2.0, protocol: int = 2, value_format: int = 1,
-                 group_bytes: int = 0, password_file: str = "", client_name: str = "") -> None: ...
+                 group_bytes: int = 0, password_file: str = "", client_name: str = "",
+                 tls: Optional[TlsOptions] = None) -> None: ...
     def stats(self) -> dict[str, int]: ...
 
 class ClusterStore(Store):

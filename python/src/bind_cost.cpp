@@ -33,42 +33,39 @@ void check_path(const kvtier::load_path& p) {
                   num(p.bandwidth_gb_per_s) + " and " + num(p.fixed_cost_s));
 }
 
-std::vector<kvtier::load_sample> samples_of(py::handle obj) {
+// Samples from a list of `T` or of tuples `Tuple` (what `make` turns into a T); `shape` names
+// the tuple in the message.
+template <class T, class Tuple, class Make>
+std::vector<T> samples_as(py::handle obj, const char* shape, Make make) {
   if (obj.is_none() || !py::isinstance<py::sequence>(obj))
     raise_invalid("samples must be a list, not " + type_name(obj));
-  std::vector<kvtier::load_sample> out;
+  std::vector<T> out;
   for (py::handle x : py::reinterpret_borrow<py::sequence>(obj)) {
-    if (py::isinstance<kvtier::load_sample>(x))
-      out.push_back(x.cast<kvtier::load_sample>());
-    else {
-      try {
-        auto t = x.cast<std::pair<double, double>>();
-        out.push_back({t.first, t.second});
-      } catch (const py::cast_error&) {
-        raise_invalid("a sample must be kvtier.LoadSample or (gb, seconds), not " + type_name(x));
-      }
+    if (py::isinstance<T>(x)) {
+      out.push_back(x.cast<T>());
+      continue;
+    }
+    try {
+      out.push_back(make(x.cast<Tuple>()));
+    } catch (const py::cast_error&) {
+      raise_invalid(std::string("a sample must be ") + shape + ", not " + type_name(x));
     }
   }
   return out;
 }
 
+std::vector<kvtier::load_sample> samples_of(py::handle obj) {
+  return samples_as<kvtier::load_sample, std::pair<double, double>>(
+      obj, "kvtier.LoadSample or (gb, seconds)", [](auto t) {
+        return kvtier::load_sample{t.first, t.second};
+      });
+}
+
 std::vector<kvtier_probe::batch_sample> batches_of(py::handle obj) {
-  if (obj.is_none() || !py::isinstance<py::sequence>(obj))
-    raise_invalid("samples must be a list, not " + type_name(obj));
-  std::vector<kvtier_probe::batch_sample> out;
-  for (py::handle x : py::reinterpret_borrow<py::sequence>(obj)) {
-    if (py::isinstance<kvtier_probe::batch_sample>(x))
-      out.push_back(x.cast<kvtier_probe::batch_sample>());
-    else {
-      try {
-        auto t = x.cast<std::tuple<int, double, double>>();
-        out.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
-      } catch (const py::cast_error&) {
-        raise_invalid("a sample must be kvtier.BatchSample or (batch, gb, seconds), not " + type_name(x));
-      }
-    }
-  }
-  return out;
+  return samples_as<kvtier_probe::batch_sample, std::tuple<int, double, double>>(
+      obj, "kvtier.BatchSample or (batch, gb, seconds)", [](auto t) {
+        return kvtier_probe::batch_sample{std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+      });
 }
 
 }  // namespace

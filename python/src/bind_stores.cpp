@@ -9,6 +9,9 @@
 
 #include "common.hpp"
 #include "kvtier/resp/asio_connection.hpp"
+#if defined(KVTIER_PY_HAS_TLS)
+#include "kvtier/resp/asio_tls_connection.hpp"
+#endif
 #include "kvtier/resp/cluster.hpp"
 #include "kvtier/resp/url.hpp"
 #include "kvtier/store/cluster_store.hpp"
@@ -25,7 +28,43 @@ namespace {
 using remote = kvtier::remote_store<kvtier::resp::asio_connection>;
 using cluster = kvtier::cluster_store<kvtier::resp::asio_connection>;
 using memory_impl = owned_store<kvtier::memory_store>;
-using remote_impl = owned_store<remote>;
+#if defined(KVTIER_PY_HAS_TLS)
+using remote_tls = kvtier::remote_store<kvtier::resp::asio_tls_connection>;
+#endif
+
+// RemoteStore over plain TCP / Unix sockets, or TLS (rediss://, resp+tls://) where kvtier::tls is built.
+struct remote_parts {
+  std::unique_ptr<remote> plain;
+#if defined(KVTIER_PY_HAS_TLS)
+  std::unique_ptr<remote_tls> tls;
+#endif
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+#if defined(KVTIER_PY_HAS_TLS)
+    if (!plain) return f(*tls);
+#endif
+    return f(*plain);
+  }
+  template <class... A>
+  std::error_code exists(A&&... a) {
+    return visit([&](auto& s) { return s.exists(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  std::error_code get(A&&... a) {
+    return visit([&](auto& s) { return s.get(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  std::error_code put(A&&... a) {
+    return visit([&](auto& s) { return s.put(std::forward<A>(a)...); });
+  }
+  std::string last_error() const {
+    return visit([](auto& s) { return s.last_error(); });
+  }
+  kvtier::remote_store_stats stats() const {
+    return visit([](auto& s) { return s.stats(); });
+  }
+};
+using remote_impl = owned_store<remote_parts>;
 using cluster_impl = owned_store<cluster>;
 
 // A tiered_store over two Python stores; the refs outlive the tiered_store that points at them.
@@ -165,41 +204,36 @@ py::list call_exists(store_impl& s, py::handle keys, py::handle deadline) {
   return status_list(st);
 }
 
-py::list call_get(store_impl& s, py::handle keys, py::handle dst, py::handle deadline,
-                  py::handle value_bytes) {
-  check_open(s, "get");
+// get and put: the batch's byte regions taken under the GIL, the store call without it.
+template <class Span, class Call>
+py::list call_values(store_impl& s, const char* op, py::handle keys, py::handle values, py::handle deadline,
+                     py::handle value_bytes, Call&& call) {
+  check_open(s, op);
   const std::vector<kvtier::chunk_key> k = keys_of(keys);
   const kvtier::deadline dl = deadline_of(deadline);
-  if (dst.is_none()) raise_invalid("destination is None");
+  constexpr bool writable = !std::is_const_v<typename Span::element_type>;
   buffer_hold hold;
-  const auto d = regions_of<std::span<std::byte>>(dst, k.size(), value_bytes_of(value_bytes), true, hold);
+  const std::vector<Span> v = regions_of<Span>(values, k.size(), value_bytes_of(value_bytes), writable, hold);
   std::vector<kvtier::chunk_status> st(k.size());
   std::error_code ec;
   {
     py::gil_scoped_release nogil;  // the buffers stay exported by `hold` until it goes, GIL held
-    ec = s.get(k, d, st, dl);
+    ec = call(k, v, st, dl);
   }
-  if (ec) raise_call(s, "get", ec, st);
+  if (ec) raise_call(s, op, ec, st);
   return status_list(st);
+}
+
+py::list call_get(store_impl& s, py::handle keys, py::handle dst, py::handle deadline,
+                  py::handle value_bytes) {
+  return call_values<std::span<std::byte>>(s, "get", keys, dst, deadline, value_bytes,
+                                           [&](auto&... a) { return s.get(a...); });
 }
 
 py::list call_put(store_impl& s, py::handle keys, py::handle src, py::handle deadline,
                   py::handle value_bytes) {
-  check_open(s, "put");
-  const std::vector<kvtier::chunk_key> k = keys_of(keys);
-  const kvtier::deadline dl = deadline_of(deadline);
-  if (src.is_none()) raise_invalid("source is None");
-  buffer_hold hold;
-  const auto d =
-      regions_of<std::span<const std::byte>>(src, k.size(), value_bytes_of(value_bytes), false, hold);
-  std::vector<kvtier::chunk_status> st(k.size());
-  std::error_code ec;
-  {
-    py::gil_scoped_release nogil;
-    ec = s.put(k, d, st, dl);
-  }
-  if (ec) raise_call(s, "put", ec, st);
-  return status_list(st);
+  return call_values<std::span<const std::byte>>(s, "put", keys, src, deadline, value_bytes,
+                                                 [&](auto&... a) { return s.put(a...); });
 }
 
 py::dict remote_stats(const kvtier::remote_store_stats& x) {
@@ -251,18 +285,34 @@ std::shared_ptr<remote_impl> make_remote(const std::string& url, const kvtier::k
                                          std::optional<int> rank, std::size_t connections,
                                          std::size_t reserved_small, double connect_timeout, int protocol,
                                          int value_format, std::uint64_t group_bytes,
-                                         const std::string& password_file, const std::string& client_name) {
+                                         const std::string& password_file, const std::string& client_name,
+                                         std::optional<kvtier::resp::tls_options> tls) {
   kvtier::resp::url_result r = kvtier::resp::parse_url(url, rank);
   if (!r) raise_error(r.ec, r.message);
-  if (r.value.tls)
-    raise_invalid("RemoteStore: TLS URLs (" + kvtier::resp::redact_url(url) +
-                  ") are not bound in the Python module yet; use resp:// or resp+unix://");
   if (std::string e = kvtier::resp::apply_password(r.value, {.file = password_file}); !e.empty())
     raise_invalid(e);
+  if (tls && !r.value.tls)
+    raise_invalid("RemoteStore: tls options given for " + kvtier::resp::redact_url(url) +
+                  ", which is not a TLS URL (rediss:// or resp+tls://)");
   kvtier::resp::connection_options o = connection_of(connect_timeout, protocol, client_name);
+  if (tls) o.tls = std::move(*tls);
+  const bool use_tls = r.value.tls;
   o.server = std::move(r.value);
-  return std::make_shared<remote_impl>("RemoteStore", ns, std::move(o), pool_of(connections, reserved_small),
-                                       format_of(value_format, group_bytes));
+  auto impl = std::make_shared<remote_impl>("RemoteStore");
+  const kvtier::resp::pool_options pool = pool_of(connections, reserved_small);
+  const kvtier::value_format format = format_of(value_format, group_bytes);
+  remote_parts& p = impl->store();
+  if (!use_tls) {
+    p.plain = std::make_unique<remote>(ns, std::move(o), pool, format);
+  } else {
+#if defined(KVTIER_PY_HAS_TLS)
+    p.tls = std::make_unique<remote_tls>(ns, std::move(o), pool, format);
+#else
+    raise_invalid("RemoteStore: " + kvtier::resp::redact_url(url) +
+                  " needs TLS, and this module was built without kvtier::tls (OpenSSL)");
+#endif
+  }
+  return impl;
 }
 
 std::shared_ptr<cluster_impl> make_cluster(const std::string& url, const kvtier::key_namespace& ns, int rank,
@@ -395,19 +445,39 @@ void bind_stores(py::module_& m) {
         return d;
       });
 
+  py::class_<kvtier::resp::tls_options>(
+      m, "TlsOptions",
+      "TLS settings of a rediss:// or resp+tls:// RemoteStore: trusted CAs, "
+      "client certificate and key (PEM files), the name to verify.\n\n"
+      "    kvtier.RemoteStore('rediss://10.0.0.7:6380', ns,\n"
+      "                       tls=kvtier.TlsOptions(ca_file='/etc/kvtier/ca.pem'))")
+      .def(py::init([](std::string ca, std::string cert, std::string key, std::string name, bool verify) {
+             return kvtier::resp::tls_options{std::move(ca), std::move(cert), std::move(key), std::move(name),
+                                              verify};
+           }),
+           py::kw_only(), py::arg("ca_file") = "", py::arg("cert_file") = "", py::arg("key_file") = "",
+           py::arg("server_name") = "", py::arg("verify_peer") = true)
+      .def_readonly("ca_file", &kvtier::resp::tls_options::ca_file)
+      .def_readonly("cert_file", &kvtier::resp::tls_options::cert_file)
+      .def_readonly("key_file", &kvtier::resp::tls_options::key_file)
+      .def_readonly("server_name", &kvtier::resp::tls_options::server_name)
+      .def_readonly("verify_peer", &kvtier::resp::tls_options::verify_peer);
+
   py::class_<remote_impl, store_impl, std::shared_ptr<remote_impl>>(
       m, "RemoteStore",
-      "L2 on one Redis-protocol server over Asio: framed, checksummed values, a pool of connections, one "
-      "pipelined round trip per batch, GET payloads read straight into the caller's buffer. The password "
-      "comes "
-      "from the URL, password_file or $KVTIER_PASSWORD.\n\n"
+      "L2 on one Redis-protocol server over Asio (TLS for rediss:// and resp+tls://, see TlsOptions): "
+      "framed, "
+      "checksummed values, a pool of connections, one pipelined round trip per batch, GET payloads read "
+      "straight into the caller's buffer. The password comes from the URL, password_file or "
+      "$KVTIER_PASSWORD.\n\n"
       "    l2 = kvtier.RemoteStore('resp://127.0.0.1:{rank+6400}', ns, rank=0)")
       .def(py::init(&make_remote), py::arg("url"), py::arg("namespace"), py::kw_only(),
            py::arg("rank") = py::none(), py::arg("connections") = 4, py::arg("reserved_small") = 1,
            py::arg("connect_timeout") = 2.0, py::arg("protocol") = 2, py::arg("value_format") = 1,
-           py::arg("group_bytes") = 0, py::arg("password_file") = "", py::arg("client_name") = "")
+           py::arg("group_bytes") = 0, py::arg("password_file") = "", py::arg("client_name") = "",
+           py::arg("tls") = py::none())
       .def("stats", [](remote_impl& s) {
-        return remote_stats(on_open(s, "stats", [](remote& x) { return x.stats(); }));
+        return remote_stats(on_open(s, "stats", [](remote_parts& x) { return x.stats(); }));
       });
 
   py::class_<cluster_impl, store_impl, std::shared_ptr<cluster_impl>>(

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from redis_server import REDIS, Server
+from redis_server import REDIS, Pki, Server
 
 
 @pytest.fixture
@@ -25,3 +25,21 @@ def two_redis_servers():
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.fixture(scope="module")
+def pki():
+    p = Pki()
+    try:
+        yield p
+    finally:
+        p.remove()
+
+
+@pytest.fixture
+def tls_redis_server(pki):
+    srv = Server(tls_args=pki.server_args())
+    try:
+        yield srv
+    finally:
+        srv.stop()

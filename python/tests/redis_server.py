@@ -32,12 +32,17 @@ def encode(*args):
 class Server:
     """One redis-server child on 127.0.0.1:port; stop() by PID (SIGTERM, then SIGKILL)."""
 
-    def __init__(self):
+    def __init__(self, tls_args=()):
+        """tls_args: also listen with TLS on tls_port with these arguments (see Pki.server_args)."""
         self.dir = tempfile.mkdtemp(prefix="kvtier-py-redis-")
         self.proc = None
+        self.tls_args = list(tls_args)
+        self.tls_port = 0
         for _ in range(5):  # a port picked free may be taken before the server binds it
             self.port = free_port()
-            if self._launch():
+            if self.tls_args:
+                self.tls_port = free_port()
+            if self.tls_port != self.port and self._launch():
                 return
         self.stop()
         raise RuntimeError("could not start redis-server; log:\n" + self.log())
@@ -45,7 +50,8 @@ class Server:
     def _launch(self):
         self.proc = subprocess.Popen(
             [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--daemonize", "no", "--logfile", os.path.join(self.dir, "log")],
+             "--dir", self.dir, "--daemonize", "no", "--logfile", os.path.join(self.dir, "log")]
+            + (["--tls-port", str(self.tls_port)] + self.tls_args if self.tls_args else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(500):  # 5 s at most
             if self.proc.poll() is not None:
@@ -106,4 +112,38 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Pki:
+    """A CA and certificates signed by it for 127.0.0.1 (server) and a client, made with the
+    openssl command line in a temporary directory (as tests/support/test_pki.hpp does)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtier-py-tls-")
+        with open(self.path("san.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for ca in ("ca", "other-ca"):
+            self._run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", self.path(ca + ".key"),
+                      "-out", self.path(ca + ".pem"), "-days", "2", "-subj", "/CN=kvtier-test-" + ca)
+        for name, cn in (("server", "127.0.0.1"), ("client", "kvtier-client")):
+            self._run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", self.path(name + ".key"),
+                      "-out", self.path(name + ".csr"), "-subj", "/CN=" + cn)
+            self._run("x509", "-req", "-in", self.path(name + ".csr"), "-CA", self.path("ca.pem"),
+                      "-CAkey", self.path("ca.key"), "-CAcreateserial", "-out", self.path(name + ".pem"),
+                      "-days", "2", "-extfile", self.path("san.ext"))
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def server_args(self, client_certs=True):
+        a = ["--tls-cert-file", self.path("server.pem"), "--tls-key-file", self.path("server.key"),
+             "--tls-ca-cert-file", self.path("ca.pem")]
+        return a if client_certs else a + ["--tls-auth-clients", "no"]
+
+    def _run(self, *args):
+        subprocess.run(["openssl", *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=60)
+
+    def remove(self):
         shutil.rmtree(self.dir, ignore_errors=True)

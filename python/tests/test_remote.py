@@ -202,3 +202,23 @@ def test_threads_share_one_store(redis_server):
         t.join(60.0)
     assert not errors and not any(t.is_alive() for t in ts)
     assert s.stats()["hits"] == 4 * 10 * 3
+
+
+def test_tls_round_trip_and_refusals(pki, tls_redis_server):
+    url = "rediss://127.0.0.1:%d" % tls_redis_server.tls_port
+    tls = kvtier.TlsOptions(ca_file=pki.path("ca.pem"), cert_file=pki.path("client.pem"),
+                            key_file=pki.path("client.key"))
+    s = kvtier.RemoteStore(url, NS, tls=tls)
+    keys, src = keys_of(3), payload(3)
+    assert s.put(keys, src, 5.0) == [S] * 3
+    dst = torch.zeros(3, VB, dtype=torch.uint8)
+    assert s.get(keys, dst, 5.0) == [H] * 3 and np.array_equal(dst.numpy(), src)
+    assert tls_redis_server.call("DBSIZE") == 3  # the same server, seen on its plain port
+    # A server certificate from a CA the client does not trust: a TLS failure, not a hang.
+    other = kvtier.RemoteStore(url, NS, connect_timeout=2.0, tls=kvtier.TlsOptions(
+        ca_file=pki.path("other-ca.pem"), cert_file=pki.path("client.pem"), key_file=pki.path("client.key")))
+    with pytest.raises(kvtier.ConnectionError) as e:
+        other.exists(keys, 5.0)
+    assert e.value.code == kvtier.Errc.tls_failed and "certificate" in str(e.value)
+    with pytest.raises(kvtier.InvalidArgument, match="not a TLS URL"):
+        kvtier.RemoteStore(tls_redis_server.url, NS, tls=tls)
