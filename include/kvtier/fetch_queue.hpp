@@ -123,11 +123,7 @@ class fetch_queue {
     auto r = make(detail_kind::load, id, keys, std::move(layout), dl);
     if (dst.size() != keys.size()) return reject(r, errc::invalid_argument);
     r->dst.assign(dst.begin(), dst.end());
-    for (auto d : dst) {
-      // A sum past SIZE_MAX would wrap and slip under the bytes-in-flight bound.
-      if (d.size() > std::numeric_limits<std::size_t>::max() - r->bytes) return reject(r, errc::too_large);
-      r->bytes += d.size();
-    }
+    if (!count_bytes(*r, dst)) return reject(r, errc::too_large);
     return enqueue(std::move(r));
   }
 
@@ -142,17 +138,17 @@ class fetch_queue {
   /// too_large and one that does not fit now is queue_full, like a load.
   /// The result: status[i] per key (stored, or timeout/error: "unknown", a later get
   /// verifies it; see chunk_store.hpp), answer_chunks the leading stored keys, and
-  /// answer_tokens 0 (a put has no layout). A cancelled or shut-down running put
-  /// reports every key cancelled, though keys of batches that ran may be stored.
+  /// answer_tokens 0 (a put has no layout). A put cancelled while running reports
+  /// every key cancelled, though keys of batches that ran may be stored.
+  ///
+  ///   auto w = q.put(id, new_keys, new_values, kvtier::deadline_after(2s));
+  ///   q.on_complete(w, [&](const kvtier::fetch_result&) { free_pages(id); });  // sources free now
   fetch_handle put(request_id id, std::span<const chunk_key> keys,
                    std::span<const std::span<const std::byte>> src, deadline dl) {
     auto r = make(detail_kind::put, id, keys, chunk_layout{}, dl);
     if (src.size() != keys.size()) return reject(r, errc::invalid_argument);
     r->src.assign(src.begin(), src.end());
-    for (auto s : src) {
-      if (s.size() > std::numeric_limits<std::size_t>::max() - r->bytes) return reject(r, errc::too_large);
-      r->bytes += s.size();
-    }
+    if (!count_bytes(*r, src)) return reject(r, errc::too_large);
     return enqueue(std::move(r));
   }
 
@@ -334,6 +330,17 @@ class fetch_queue {
     res.state = fetch_state::failed;
     res.ec = make_error_code(e);
     return res;
+  }
+
+  // Adds the spans' sizes to r.bytes; false if the sum would pass SIZE_MAX (it would wrap and
+  // slip under the bytes-in-flight bound).
+  template <class Span>
+  static bool count_bytes(detail::queue_request& r, std::span<const Span> spans) noexcept {
+    for (const Span& x : spans) {
+      if (x.size() > std::numeric_limits<std::size_t>::max() - r.bytes) return false;
+      r.bytes += x.size();
+    }
+    return true;
   }
 
   void inject(fetch_queue_fault at) const {
