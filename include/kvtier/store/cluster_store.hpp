@@ -277,7 +277,11 @@ class cluster_store {
   // CLUSTER SLOTS from one node (CLUSTER SHARDS when the server does not know SLOTS).
   std::error_code load_map(node& n, deadline dl, resp::slot_map& out) {
     typename resp::connection_pool<Connection>::lease lease;
-    if (n.pool.acquire(resp::request_size::small, dl, lease)) return make_error_code(errc::timeout);
+    std::string why;
+    if (const std::error_code aec = n.pool.acquire(resp::request_size::small, dl, lease, &why)) {
+      codec_.note(n.where + ": " + why);
+      return aec;
+    }
     resp::batch& b = n.scratch[lease.index()].batch;
     for (const bool shards : {false, true}) {
       b.clear();
@@ -429,9 +433,10 @@ class cluster_store {
                  std::span<chunk_status> status, Add& add, Judge& judge) {
     node& n = *g.target;
     typename resp::connection_pool<Connection>::lease lease;
-    if (n.pool.acquire(kind, dl, lease) || expired(dl)) {
-      g.ec = make_error_code(errc::timeout);
-      codec_.note(n.where + ": no pooled connection came free by the deadline");
+    std::string why;  // a deadline already passed, a node down, or no connection free in time
+    if (const std::error_code aec = n.pool.acquire(kind, dl, lease, &why)) {
+      g.ec = aec;
+      codec_.note(n.where + ": " + why);
       return;
     }
     detail::remote_scratch& s = n.scratch[lease.index()];

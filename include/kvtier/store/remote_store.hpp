@@ -148,11 +148,11 @@ class remote_store {
   std::error_code run(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl,
                       resp::request_size kind, Add&& add, Judge&& judge) {
     typename resp::connection_pool<Connection>::lease lease;
-    if (pool_.acquire(kind, dl, lease) || expired(dl)) {
-      std::fill(status.begin(), status.end(), chunk_status::timeout);
-      codec_.count_call(make_error_code(errc::timeout),
-                        where_ + ": no pooled connection came free by the deadline");
-      return make_error_code(errc::timeout);
+    std::string why;  // a deadline already passed, a server down, or no connection free in time
+    if (const std::error_code aec = pool_.acquire(kind, dl, lease, &why)) {
+      std::fill(status.begin(), status.end(), detail::remote_codec::unfinished(aec));
+      codec_.count_call(aec, where_ + ": " + why);
+      return aec;
     }
     detail::remote_scratch& s = scratch_[lease.index()];
     s.size_for(keys.size());
