@@ -76,7 +76,8 @@ struct py_connector {
 };
 
 std::chrono::milliseconds ms_of(double s, const char* what) {
-  if (!(s >= 0) || !std::isfinite(s)) raise_invalid(std::string(what) + " must be seconds >= 0, not " + std::to_string(s));
+  if (!(s >= 0) || !std::isfinite(s))
+    raise_invalid(std::string(what) + " must be seconds >= 0, not " + std::to_string(s));
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(s * 1000)));
 }
 
@@ -115,7 +116,9 @@ std::vector<std::int64_t> ints_of(py::handle obj, const std::string& what, std::
     const std::size_t n = r.size / (wide ? 8 : 4);
     out.reserve(n);
     for (std::size_t i = 0; i < n; ++i)
-      put(wide ? reinterpret_cast<const std::int64_t*>(r.data)[i] : reinterpret_cast<const std::int32_t*>(r.data)[i], i);
+      put(wide ? reinterpret_cast<const std::int64_t*>(r.data)[i]
+               : reinterpret_cast<const std::int32_t*>(r.data)[i],
+          i);
     return out;
   }
   if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr()) && PyObject_CheckBuffer(obj.ptr())) {
@@ -124,7 +127,8 @@ std::vector<std::int64_t> ints_of(py::handle obj, const std::string& what, std::
       raise_invalid(what + " must be a contiguous 1-D int32/int64 buffer (format '" + b.format + "')");
     out.reserve(static_cast<std::size_t>(b.size));
     for (py::ssize_t i = 0; i < b.size; ++i)
-      put(b.itemsize == 8 ? static_cast<const std::int64_t*>(b.ptr)[i] : static_cast<const std::int32_t*>(b.ptr)[i],
+      put(b.itemsize == 8 ? static_cast<const std::int64_t*>(b.ptr)[i]
+                          : static_cast<const std::int32_t*>(b.ptr)[i],
           static_cast<std::size_t>(i));
     return out;
   }
@@ -146,7 +150,8 @@ std::unique_ptr<conn_t<Comm>> make(py_connector& pc, const py_chunker& ch, Comm&
                                    kvtier::connector_options opt) {
   const auto* x = std::get_if<xxh_chunker>(&ch.impl);
   if (!x) raise_invalid("Connector needs an xxh3-128 Chunker, not " + ch.hash);
-  if constexpr (requires { ctrl.last_error(); }) pc.ctrl_error = [&ctrl] { return std::string(ctrl.last_error()); };
+  if constexpr (requires { ctrl.last_error(); })
+    pc.ctrl_error = [&ctrl] { return std::string(ctrl.last_error()); };
   try {
     return std::make_unique<conn_t<Comm>>(*x, kvtier::modulo_ownership(ctrl.size()), pc.store, ctrl, data,
                                           pc.pages->view, std::move(opt));
@@ -159,7 +164,8 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
                                              py::handle pages, py::handle data, const std::string& policy,
                                              std::optional<kvtier::prefill_node> node,
                                              std::optional<kvtier::load_path> prior, double lookup_timeout,
-                                             double save_timeout, std::tuple<double, double, double> load_timeout,
+                                             double save_timeout,
+                                             std::tuple<double, double, double> load_timeout,
                                              const std::string& saves, std::uint32_t save_after_lookups,
                                              std::uint32_t layers_per_group, std::size_t max_bytes_in_flight,
                                              std::size_t fetch_workers, std::size_t fetch_batch_chunks) {
@@ -170,7 +176,8 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
   if (pages.is_none() || !py::isinstance<py_view>(pages))
     raise_invalid("pages must be a kvtier.KvCacheView, not " + type_name(pages));
   auto s = store.cast<std::shared_ptr<store_impl>>();
-  if (s->is_closed()) raise_error(make_error_code(kvtier::errc::shutdown), "store (" + s->kind() + ") is closed");
+  if (s->is_closed())
+    raise_error(make_error_code(kvtier::errc::shutdown), "store (" + s->kind() + ") is closed");
   if (fetch_workers == 0) raise_invalid("fetch_workers must be > 0");
   kvtier::connector_options o;
   o.policy = policy_of(policy);
@@ -209,21 +216,28 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
     pc->c = make(*pc, ch, c, d, std::move(o));
 #endif
   } else {
-    raise_invalid("comm must be a kvtier.InprocCommunicator or kvtier.MpiCommunicator, not " + type_name(comm));
+    raise_invalid("comm must be a kvtier.InprocCommunicator or kvtier.MpiCommunicator, not " +
+                  type_name(comm));
   }
   return pc;
 }
 
-[[noreturn]] void raise_with(std::error_code ec, const std::string& what) { raise_error(ec, what + ": " + ec.message()); }
+[[noreturn]] void raise_with(std::error_code ec, const std::string& what) {
+  raise_error(ec, what + ": " + ec.message());
+}
 
-std::string load_problem(const std::optional<kvtier::load_plan>& plan, std::size_t slots, kvtier::request_id id) {
+std::string load_problem(const std::optional<kvtier::load_plan>& plan, std::size_t slots,
+                         kvtier::request_id id) {
   const std::string r = "Connector.load(request " + std::to_string(id) + "): ";
   if (!plan) return r + "no agreed plan (lookup() is None: unknown request or lookup not yet agreed)";
   if (plan->tokens_to_load() == 0) return r + "the plan loads nothing (tokens_to_load == 0)";
   if (slots < plan->load_end_token)
-    return r + std::to_string(slots) + " slots, the plan needs load_end_token = " + std::to_string(plan->load_end_token) +
+    return r + std::to_string(slots) +
+           " slots, the plan needs load_end_token = " + std::to_string(plan->load_end_token) +
            " (this rank takes part, loading nothing)";
-  return r + "already loading, or its staging is over max_bytes_in_flight (this rank takes part, loading nothing)";
+  return r +
+         "already loading, or its staging is over max_bytes_in_flight (this rank takes part, loading "
+         "nothing)";
 }
 
 }  // namespace
@@ -240,16 +254,18 @@ void bind_connector(py::module_& m) {
         return "LoadPlan(cached_tokens=" + std::to_string(p.cached_tokens) + ", load=[" +
                std::to_string(p.load_first_token) + ", " + std::to_string(p.load_end_token) + "))";
       });
-  py::class_<kvtier::load_outcome>(m, "LoadOutcome",
-                                   "A load's agreed outcome: pages hold [load_first_token, loaded_end_token) on "
-                                   "every rank; recompute from loaded_end_token.\n\n"
-                                   "    out = conn.load_result(7); start = out.loaded_end_token")
+  py::class_<kvtier::load_outcome>(
+      m, "LoadOutcome",
+      "A load's agreed outcome: pages hold [load_first_token, loaded_end_token) on "
+      "every rank; recompute from loaded_end_token.\n\n"
+      "    out = conn.load_result(7); start = out.loaded_end_token")
       .def_readonly("load_first_token", &kvtier::load_outcome::load_first_token)
       .def_readonly("loaded_end_token", &kvtier::load_outcome::loaded_end_token)
       .def_readonly("requested_end_token", &kvtier::load_outcome::requested_end_token)
       .def_property_readonly("complete", &kvtier::load_outcome::complete)
       .def("__repr__", [](const kvtier::load_outcome& o) {
-        return "LoadOutcome(loaded=[" + std::to_string(o.load_first_token) + ", " + std::to_string(o.loaded_end_token) +
+        return "LoadOutcome(loaded=[" + std::to_string(o.load_first_token) + ", " +
+               std::to_string(o.loaded_end_token) +
                "), requested_end_token=" + std::to_string(o.requested_end_token) + ")";
       });
   py::class_<kvtier::finished_requests>(m, "FinishedRequests",
@@ -270,7 +286,8 @@ void bind_connector(py::module_& m) {
   py::class_<py_connector, std::shared_ptr<py_connector>>(
       m, "Connector",
       "One rank's kvtier::connector: the request lifecycle over `store` (this rank's chunks, modulo "
-      "ownership), `pages` (a KvCacheView) and `comm` (InprocCommunicator or MpiCommunicator; `data`, a second "
+      "ownership), `pages` (a KvCacheView) and `comm` (InprocCommunicator or MpiCommunicator; `data`, a "
+      "second "
       "one of the same kind, moves layers on a mover thread). Every rank calls the same methods for the same "
       "requests in the same order, and step() once per engine step. The GIL is released in every call.\n\n"
       "    conn = kvtier.Connector(chunker, store, comm, view)\n"
@@ -280,27 +297,32 @@ void bind_connector(py::module_& m) {
       "    while (out := conn.load_result(7)) is None: conn.step(0.05)\n"
       "    conn.save(7, slots, out.loaded_end_token, len(tokens)); conn.finish(7)")
       .def(py::init(&make_connector), py::arg("chunker"), py::arg("store"), py::arg("comm"), py::arg("pages"),
-           py::kw_only(), py::arg("data") = py::none(), py::arg("policy") = "always", py::arg("node") = py::none(),
-           py::arg("prior") = py::none(), py::arg("lookup_timeout") = 0.05, py::arg("save_timeout") = 2.0,
-           py::arg("load_timeout") = std::make_tuple(0.2, 0.02, 5.0), py::arg("saves") = "write_through",
-           py::arg("save_after_lookups") = 2, py::arg("layers_per_group") = 0,
-           py::arg("max_bytes_in_flight") = std::size_t{1} << 30, py::arg("fetch_workers") = 2,
-           py::arg("fetch_batch_chunks") = 1,
+           py::kw_only(), py::arg("data") = py::none(), py::arg("policy") = "always",
+           py::arg("node") = py::none(), py::arg("prior") = py::none(), py::arg("lookup_timeout") = 0.05,
+           py::arg("save_timeout") = 2.0, py::arg("load_timeout") = std::make_tuple(0.2, 0.02, 5.0),
+           py::arg("saves") = "write_through", py::arg("save_after_lookups") = 2,
+           py::arg("layers_per_group") = 0, py::arg("max_bytes_in_flight") = std::size_t{1} << 30,
+           py::arg("fetch_workers") = 2, py::arg("fetch_batch_chunks") = 1,
            "policy: 'always', 'cost' or 'split' (the last two need node: kvtier.PrefillNode); load_timeout: "
            "(base s, s per 1000 tokens, cap s); saves: 'write_through' or 'selective'.")
-      .def_property_readonly("rank", [](py_connector& p) { return p.with([](auto& c) { return c.rank(); }, false); })
-      .def_property_readonly("chunk_bytes",
-                             [](py_connector& p) { return p.with([](auto& c) { return c.chunk_bytes(); }, false); })
+      .def_property_readonly("rank",
+                             [](py_connector& p) { return p.with([](auto& c) { return c.rank(); }, false); })
+      .def_property_readonly(
+          "chunk_bytes",
+          [](py_connector& p) { return p.with([](auto& c) { return c.chunk_bytes(); }, false); })
       .def_property_readonly("closed", [](const py_connector& p) { return p.closed; })
       .def(
           "check_deployment",
           [](py_connector& p, py::handle deadline) {
             const kvtier::deadline dl = deadline_of(deadline);
             auto r = p.with([&](auto& c) { return c.check_deployment(dl); });
-            if (r.ec) raise_error(r.ec, "Connector.check_deployment: " + (r.message.empty() ? r.ec.message() : r.message));
+            if (r.ec)
+              raise_error(r.ec,
+                          "Connector.check_deployment: " + (r.message.empty() ? r.ec.message() : r.message));
           },
           py::arg("deadline"),
-          "Once at setup on every rank (a collective): raises kvtier.InvalidArgument naming the field and rank "
+          "Once at setup on every rank (a collective): raises kvtier.InvalidArgument naming the field and "
+          "rank "
           "when ranks are configured differently.\n\n    conn.check_deployment(5.0)")
       .def(
           "begin_lookup",
@@ -311,9 +333,11 @@ void bind_connector(py::module_& m) {
             const std::span<const kvtier::token_id> t = tokens_of(tokens, storage, hold);
             const kvtier::key_material km{adapter, tenant_salt, {}};
             const std::error_code ec = p.with([&](auto& c) { return c.begin_lookup(id, t, km); });
-            if (ec) raise_error(ec, "Connector.begin_lookup: request " + std::to_string(id) + " is already known");
+            if (ec)
+              raise_error(ec, "Connector.begin_lookup: request " + std::to_string(id) + " is already known");
           },
-          py::arg("id"), py::arg("tokens"), py::kw_only(), py::arg("adapter") = "", py::arg("tenant_salt") = "",
+          py::arg("id"), py::arg("tokens"), py::kw_only(), py::arg("adapter") = "",
+          py::arg("tenant_salt") = "",
           "Starts a request's lookup (this rank asks its store about the chunks it owns). Never blocks.\n\n"
           "    conn.begin_lookup(7, torch.tensor(ids))")
       .def(
@@ -323,22 +347,30 @@ void bind_connector(py::module_& m) {
             const std::error_code ec = p.with([&](auto& c) { return c.step(dl); });
             if (ec) {
               const std::string e = p.ctrl_error ? p.ctrl_error() : std::string();
-              raise_error(ec, "Connector.step: the agreement failed (its lookups plan nothing, its loads load "
-                              "nothing, on every rank): " + (e.empty() ? ec.message() : e));
+              raise_error(ec,
+                          "Connector.step: the agreement failed (its lookups plan nothing, its loads load "
+                          "nothing, on every rank): " +
+                              (e.empty() ? ec.message() : e));
             }
           },
           py::arg("deadline"),
-          "Once per engine step on every rank: one all-reduce agrees on every waiting lookup and load and starts "
-          "the moves. Raises kvtier.Error (TimeoutError for a deadline) when the agreement failed; the requests "
+          "Once per engine step on every rank: one all-reduce agrees on every waiting lookup and load and "
+          "starts "
+          "the moves. Raises kvtier.Error (TimeoutError for a deadline) when the agreement failed; the "
+          "requests "
           "are settled then (nothing cached / nothing loaded, on every rank).\n\n    conn.step(0.05)")
       .def(
           "lookup",
-          [](py_connector& p, kvtier::request_id id) { return p.with([&](auto& c) { return c.lookup(id); }); },
-          py::arg("id"), "The agreed LoadPlan, or None while not agreed (or an unknown id).\n\n    plan = conn.lookup(7)")
+          [](py_connector& p, kvtier::request_id id) {
+            return p.with([&](auto& c) { return c.lookup(id); });
+          },
+          py::arg("id"),
+          "The agreed LoadPlan, or None while not agreed (or an unknown id).\n\n    plan = conn.lookup(7)")
       .def(
           "load",
           [](py_connector& p, kvtier::request_id id, py::handle slots, py::handle block_table) {
-            if (slots.is_none() == block_table.is_none()) raise_invalid("Connector.load: pass slots or block_table, one of them");
+            if (slots.is_none() == block_table.is_none())
+              raise_invalid("Connector.load: pass slots or block_table, one of them");
             const kvtier::kv_layout& lay = p.pages->view.layout;
             std::vector<std::int64_t> s;
             std::optional<std::string> bad;
@@ -346,10 +378,12 @@ void bind_connector(py::module_& m) {
               if (!slots.is_none()) {
                 s = ints_of(slots, "slots", static_cast<std::int64_t>(lay.num_slots()));
               } else {
-                const auto blocks = ints_of(block_table, "block_table", static_cast<std::int64_t>(lay.num_blocks));
+                const auto blocks =
+                    ints_of(block_table, "block_table", static_cast<std::int64_t>(lay.num_blocks));
                 const std::uint64_t T = lay.block_size;
                 for (std::int64_t b : blocks)
-                  for (std::uint64_t t = 0; t < T; ++t) s.push_back(b * static_cast<std::int64_t>(T) + static_cast<std::int64_t>(t));
+                  for (std::uint64_t t = 0; t < T; ++t)
+                    s.push_back(b * static_cast<std::int64_t>(T) + static_cast<std::int64_t>(t));
               }
             } catch (py::error_already_set& e) {
               bad = e.what();
@@ -360,13 +394,16 @@ void bind_connector(py::module_& m) {
               plan = c.lookup(id);
               return c.load(id, std::span<const std::int64_t>(s));
             });
-            if (bad) raise_invalid("Connector.load(request " + std::to_string(id) + "): " + *bad +
-                                   " (this rank takes part, loading nothing)");
+            if (bad)
+              raise_invalid("Connector.load(request " + std::to_string(id) + "): " + *bad +
+                            " (this rank takes part, loading nothing)");
             if (ec) raise_error(ec, load_problem(plan, s.size(), id));
           },
           py::arg("id"), py::arg("slots") = py::none(), py::kw_only(), py::arg("block_table") = py::none(),
-          "Starts the load of a planned request into the pages: slots[i] is prompt position i's slot (block * "
-          "block_size + offset), or block_table[b] the block of positions [b*block_size, ...). Call it on every "
+          "Starts the load of a planned request into the pages: slots[i] is prompt position i's slot (block "
+          "* "
+          "block_size + offset), or block_table[b] the block of positions [b*block_size, ...). Call it on "
+          "every "
           "rank; a bad argument raises, and this rank still takes part (loading nothing).\n\n"
           "    conn.load(7, block_table=torch.tensor([3, 9], dtype=torch.int32))")
       .def(
@@ -377,32 +414,43 @@ void bind_connector(py::module_& m) {
               raise_invalid("layer " + std::to_string(layer) + " is outside the cache's " +
                             std::to_string(p.pages->view.layout.num_layers) + " layers");
             const std::error_code ec = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); }, false);
-            if (ec) raise_error(ec, "Connector.wait_for_layer(" + std::to_string(layer) + "): the deadline passed");
+            if (ec)
+              raise_error(ec, "Connector.wait_for_layer(" + std::to_string(layer) + "): the deadline passed");
           },
           py::arg("layer"), py::arg("deadline"),
-          "Returns once layer `layer` of every chunk agreed so far is in this rank's pages; kvtier.TimeoutError "
+          "Returns once layer `layer` of every chunk agreed so far is in this rank's pages; "
+          "kvtier.TimeoutError "
           "when the deadline passes first. May be called from another thread than step().\n\n"
           "    conn.wait_for_layer(0, 1.0)")
       .def(
           "load_result",
-          [](py_connector& p, kvtier::request_id id) { return p.with([&](auto& c) { return c.load_result(id); }); },
-          py::arg("id"), "The agreed LoadOutcome, or None while the load runs.\n\n    out = conn.load_result(7)")
+          [](py_connector& p, kvtier::request_id id) {
+            return p.with([&](auto& c) { return c.load_result(id); });
+          },
+          py::arg("id"),
+          "The agreed LoadOutcome, or None while the load runs.\n\n    out = conn.load_result(7)")
       .def(
           "load_errors",
-          [](py_connector& p, kvtier::request_id id) { return p.with([&](auto& c) { return c.load_errors(id); }); },
-          py::arg("id"), "The chunk indices of the load that failed (agreed on every rank).\n\n    conn.load_errors(7)")
+          [](py_connector& p, kvtier::request_id id) {
+            return p.with([&](auto& c) { return c.load_errors(id); });
+          },
+          py::arg("id"),
+          "The chunk indices of the load that failed (agreed on every rank).\n\n    conn.load_errors(7)")
       .def(
           "save",
-          [](py_connector& p, kvtier::request_id id, py::handle slots, std::uint64_t first_token, std::uint64_t end_token) {
-            const auto s = ints_of(slots, "slots", static_cast<std::int64_t>(p.pages->view.layout.num_slots()));
+          [](py_connector& p, kvtier::request_id id, py::handle slots, std::uint64_t first_token,
+             std::uint64_t end_token) {
+            const auto s =
+                ints_of(slots, "slots", static_cast<std::int64_t>(p.pages->view.layout.num_slots()));
             if (end_token > s.size())
-              raise_invalid("Connector.save(request " + std::to_string(id) + "): " + std::to_string(s.size()) +
-                            " slots, end_token is " + std::to_string(end_token));
+              raise_invalid("Connector.save(request " + std::to_string(id) + "): " +
+                            std::to_string(s.size()) + " slots, end_token is " + std::to_string(end_token));
             const std::error_code ec = p.with([&](auto& c) { return c.save(id, s, first_token, end_token); });
             if (ec) raise_error(ec, "Connector.save: unknown request " + std::to_string(id));
           },
           py::arg("id"), py::arg("slots"), py::arg("first_token"), py::arg("end_token"),
-          "Writes the request's full chunks in [first_token, end_token) this rank owns from the pages at `slots`, "
+          "Writes the request's full chunks in [first_token, end_token) this rank owns from the pages at "
+          "`slots`, "
           "off the step. Keep the pages until finished() lists the request's saves.\n\n"
           "    conn.save(7, slots, 0, len(tokens))")
       .def(
@@ -411,7 +459,8 @@ void bind_connector(py::module_& m) {
             return p.with([&](auto& c) { return c.finish(id).free_pages_now; });
           },
           py::arg("id"),
-          "Ends a request on this rank (same point on every rank). True: its pages are free now; False: saves "
+          "Ends a request on this rank (same point on every rank). True: its pages are free now; False: "
+          "saves "
           "still read them, wait for finished().saves.\n\n    if not conn.finish(7): ...")
       .def(
           "finished", [](py_connector& p) { return p.with([&](auto& c) { return c.finished(); }); },
@@ -449,7 +498,8 @@ void bind_connector(py::module_& m) {
           "prometheus",
           [](py_connector& p, const std::string& prefix, const std::string& labels) {
             std::string out;
-            p.with([&](auto& c) { return kvtier::write_prometheus(out, c.counters(), prefix, labels), 0; }, false);
+            p.with([&](auto& c) { return kvtier::write_prometheus(out, c.counters(), prefix, labels), 0; },
+                   false);
             return out;
           },
           py::arg("prefix") = "kvtier_connector", py::arg("labels") = "",
@@ -460,7 +510,8 @@ void bind_connector(py::module_& m) {
             py::gil_scoped_release nogil;
             p.close();
           },
-          "Waits for calls in flight, then stops the connector's threads. Later calls raise kvtier.ClosedError. "
+          "Waits for calls in flight, then stops the connector's threads. Later calls raise "
+          "kvtier.ClosedError. "
           "Idempotent.\n\n    with kvtier.Connector(...) as conn: ...")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](py_connector& p, py::handle, py::handle, py::handle) {

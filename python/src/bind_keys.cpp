@@ -5,10 +5,10 @@
 #include <memory>
 #include <variant>
 
+#include "chunker_impl.hpp"
 #include "common.hpp"
 #include "kvtier/chunker.hpp"
 #include "kvtier/detail/xxhash.hpp"
-#include "chunker_impl.hpp"
 
 namespace kvtier_py {
 

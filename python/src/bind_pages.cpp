@@ -30,8 +30,8 @@ std::byte* page_base(py::handle page, const kvtier::kv_layout& lay, std::uint64_
     const auto esize = page.attr("element_size")().cast<std::uint32_t>();
     const std::string dtype = py::str(page.attr("dtype"));
     if (esize != lay.elem_bytes && dtype != "torch.uint8")
-      raise_invalid(what + " has dtype " + dtype + " (" + std::to_string(esize) + "-byte elements); layout '" +
-                    lay.name + "' has " + std::to_string(lay.elem_bytes) +
+      raise_invalid(what + " has dtype " + dtype + " (" + std::to_string(esize) +
+                    "-byte elements); layout '" + lay.name + "' has " + std::to_string(lay.elem_bytes) +
                     "-byte elements (or pass a torch.uint8 view)");
   }
   const byte_region r = bytes_of(page, true, what, hold);
@@ -55,7 +55,8 @@ std::shared_ptr<py_view> view_of_list(const kvtier::kv_layout& lay, py::handle p
   std::vector<std::byte*> bases;
   for (std::size_t i = 0; i < want; ++i)
     bases.push_back(page_base(seq[i], lay, need, "page " + std::to_string(i), v->hold));
-  v->view = per_plane ? kvtier::kv_cache_view::per_plane(lay, bases) : kvtier::kv_cache_view::per_layer(lay, bases);
+  v->view =
+      per_plane ? kvtier::kv_cache_view::per_plane(lay, bases) : kvtier::kv_cache_view::per_layer(lay, bases);
   if (auto e = v->view.validate()) raise_invalid(e.message);
   return v;
 }
@@ -64,16 +65,18 @@ std::shared_ptr<py_view> view_of_list(const kvtier::kv_layout& lay, py::handle p
 
 void bind_pages(py::module_& m) {
   using L = kvtier::kv_layout;
-  py::class_<L>(m, "KvLayout",
-                "The shape and byte strides of a paged KV cache (kvtier/kv_layout.hpp). Entry of layer l, plane "
-                "p, block b, token t, head h starts at plane_base(l, p) + b*block_stride + t*token_stride + "
-                "h*head_stride. Built by a named constructor or from strides (validated either way).\n\n"
-                "    lay = kvtier.KvLayout.vllm_mla(layers=4, num_blocks=1024, block_size=64)\n"
-                "    lay.bytes_per_token   # 4 * 1152")
+  py::class_<L>(
+      m, "KvLayout",
+      "The shape and byte strides of a paged KV cache (kvtier/kv_layout.hpp). Entry of layer l, plane "
+      "p, block b, token t, head h starts at plane_base(l, p) + b*block_stride + t*token_stride + "
+      "h*head_stride. Built by a named constructor or from strides (validated either way).\n\n"
+      "    lay = kvtier.KvLayout.vllm_mla(layers=4, num_blocks=1024, block_size=64)\n"
+      "    lay.bytes_per_token   # 4 * 1152")
       .def(py::init([](std::uint32_t num_layers, std::uint64_t num_blocks, std::uint32_t block_size,
-                       std::uint32_t planes, std::uint32_t heads, std::uint32_t head_bytes, std::uint32_t elem_bytes,
-                       std::uint64_t block_stride, std::uint64_t token_stride, std::uint64_t head_stride,
-                       std::uint64_t plane_stride, std::uint64_t layer_stride, const std::string& name) {
+                       std::uint32_t planes, std::uint32_t heads, std::uint32_t head_bytes,
+                       std::uint32_t elem_bytes, std::uint64_t block_stride, std::uint64_t token_stride,
+                       std::uint64_t head_stride, std::uint64_t plane_stride, std::uint64_t layer_stride,
+                       const std::string& name) {
              L l;
              l.name = name;
              l.num_layers = num_layers, l.num_blocks = num_blocks, l.block_size = block_size;
@@ -82,16 +85,15 @@ void bind_pages(py::module_& m) {
              l.plane_stride = plane_stride, l.layer_stride = layer_stride;
              return checked(std::move(l));
            }),
-           py::kw_only(), py::arg("num_layers"), py::arg("num_blocks"), py::arg("block_size"), py::arg("planes"),
-           py::arg("heads"), py::arg("head_bytes"), py::arg("elem_bytes"), py::arg("block_stride"),
-           py::arg("token_stride"), py::arg("head_stride"), py::arg("plane_stride") = 0,
-           py::arg("layer_stride") = 0, py::arg("name") = "custom",
+           py::kw_only(), py::arg("num_layers"), py::arg("num_blocks"), py::arg("block_size"),
+           py::arg("planes"), py::arg("heads"), py::arg("head_bytes"), py::arg("elem_bytes"),
+           py::arg("block_stride"), py::arg("token_stride"), py::arg("head_stride"),
+           py::arg("plane_stride") = 0, py::arg("layer_stride") = 0, py::arg("name") = "custom",
            "The generic form: every stride in bytes; kvtier.InvalidArgument names a bad field.")
       .def_static(
           "vllm_mla",
-          [](std::uint32_t layers, std::uint64_t blocks, std::uint32_t bs, std::uint32_t eb, std::uint32_t latent) {
-            return checked(L::vllm_mla(layers, blocks, bs, eb, latent));
-          },
+          [](std::uint32_t layers, std::uint64_t blocks, std::uint32_t bs, std::uint32_t eb,
+             std::uint32_t latent) { return checked(L::vllm_mla(layers, blocks, bs, eb, latent)); },
           py::arg("layers"), py::arg("num_blocks"), py::arg("block_size"), py::arg("elem_bytes") = 2,
           py::arg("latent") = 576, "vLLM MLA: per layer (num_blocks, block_size, latent) elements.")
       .def_static(
@@ -103,21 +105,20 @@ void bind_pages(py::module_& m) {
           "vLLM MLA fp8 ('ds_mla'): per layer (num_blocks, block_size, 656) bytes.")
       .def_static(
           "vllm_flash_attn",
-          [](std::uint32_t layers, std::uint64_t blocks, std::uint32_t bs, std::uint32_t heads, std::uint32_t hs,
-             std::uint32_t eb, const std::string& order) {
+          [](std::uint32_t layers, std::uint64_t blocks, std::uint32_t bs, std::uint32_t heads,
+             std::uint32_t hs, std::uint32_t eb, const std::string& order) {
             return checked(L::vllm_flash_attn(layers, blocks, bs, heads, hs, eb, order_of(order)));
           },
-          py::arg("layers"), py::arg("num_blocks"), py::arg("block_size"), py::arg("heads"), py::arg("head_size"),
-          py::arg("elem_bytes") = 2, py::arg("order") = "nhd",
+          py::arg("layers"), py::arg("num_blocks"), py::arg("block_size"), py::arg("heads"),
+          py::arg("head_size"), py::arg("elem_bytes") = 2, py::arg("order") = "nhd",
           "vLLM FlashAttention: per layer (2, num_blocks, block_size, heads, head_size).")
       .def_static(
           "cross_layer",
-          [](std::uint32_t layers, std::uint64_t blocks, std::uint32_t bs, std::uint32_t planes, std::uint32_t heads,
-             std::uint32_t hs, std::uint32_t eb) {
-            return checked(L::cross_layer(layers, blocks, bs, planes, heads, hs, eb));
-          },
-          py::arg("layers"), py::arg("num_blocks"), py::arg("block_size"), py::arg("planes"), py::arg("heads"),
-          py::arg("head_size"), py::arg("elem_bytes") = 2,
+          [](std::uint32_t layers, std::uint64_t blocks, std::uint32_t bs, std::uint32_t planes,
+             std::uint32_t heads, std::uint32_t hs,
+             std::uint32_t eb) { return checked(L::cross_layer(layers, blocks, bs, planes, heads, hs, eb)); },
+          py::arg("layers"), py::arg("num_blocks"), py::arg("block_size"), py::arg("planes"),
+          py::arg("heads"), py::arg("head_size"), py::arg("elem_bytes") = 2,
           "One tensor (num_blocks, layers, planes, block_size, heads, head_size): use KvCacheView.one_base.")
       .def_readonly("name", &L::name)
       .def_readonly("num_layers", &L::num_layers)
@@ -140,7 +141,8 @@ void bind_pages(py::module_& m) {
       .def_property_readonly("cache_extent", &L::cache_extent)
       .def("__repr__", [](const L& l) {
         return "KvLayout('" + l.name + "', layers=" + std::to_string(l.num_layers) +
-               ", num_blocks=" + std::to_string(l.num_blocks) + ", block_size=" + std::to_string(l.block_size) +
+               ", num_blocks=" + std::to_string(l.num_blocks) +
+               ", block_size=" + std::to_string(l.block_size) +
                ", bytes_per_token=" + std::to_string(l.bytes_per_token()) + ")";
       });
 
@@ -161,15 +163,18 @@ void bind_pages(py::module_& m) {
       .def_static(
           "per_plane",
           [](const L& lay, py::handle pages) {
-            return view_of_list(lay, pages, std::size_t{lay.num_layers} * lay.planes, lay.plane_extent(), true);
+            return view_of_list(lay, pages, std::size_t{lay.num_layers} * lay.planes, lay.plane_extent(),
+                                true);
           },
-          py::arg("layout"), py::arg("pages"), "One page per layer and plane (SGLang K/V pools): k0, v0, k1, ...")
+          py::arg("layout"), py::arg("pages"),
+          "One page per layer and plane (SGLang K/V pools): k0, v0, k1, ...")
       .def_static(
           "one_base",
           [](const L& lay, py::handle page) {
             checked(lay);
             auto v = std::make_shared<py_view>();
-            v->view = kvtier::kv_cache_view::one_base(lay, page_base(page, lay, lay.cache_extent(), "page", v->hold));
+            v->view = kvtier::kv_cache_view::one_base(
+                lay, page_base(page, lay, lay.cache_extent(), "page", v->hold));
             return v;
           },
           py::arg("layout"), py::arg("page"), "One allocation for the whole cache (cross-layer layouts).")
@@ -192,7 +197,8 @@ void bind_pages(py::module_& m) {
           "communicator",
           [](std::shared_ptr<kvtier::comm::inproc_world> w, std::uint32_t rank) {
             if (rank >= w->size())
-              raise_invalid("rank " + std::to_string(rank) + " is outside the world of " + std::to_string(w->size()));
+              raise_invalid("rank " + std::to_string(rank) + " is outside the world of " +
+                            std::to_string(w->size()));
             auto c = std::make_shared<py_inproc_comm>();
             c->comm = std::make_unique<kvtier::comm::inproc_communicator>(*w, rank);
             c->world = std::move(w);
