@@ -219,6 +219,7 @@ class connector {
     groups_ = (layers + per_group_ - 1) / per_group_;
     chunk_bytes_ = cache_.layout.bytes_per_token() * chunk_.chunk_tokens();
     lookups_seen_.assign(std::size_t{1} << 16, 0);
+    staging_ = std::make_shared<detail::staging_pool>(opt_.max_bytes_in_flight);
     if (separate_data()) mover_ = std::thread([this] { move_loop(); });
     saver_ = std::thread([this] { save_loop(); });
   }
@@ -548,17 +549,8 @@ class connector {
 
   // One staging block per load, counted in flight until its last holder lets go.
   bool reserve_staging(detail::connector_request& r) {
-    const std::size_t bytes = r.n * chunk_bytes_;
-    if (bytes > opt_.max_bytes_in_flight - std::min(opt_.max_bytes_in_flight, staging_bytes_->load()))
-      return false;
-    std::byte* p = new (std::nothrow) std::byte[bytes];
-    if (!p) return false;
-    staging_bytes_->fetch_add(bytes);
-    r.staging = std::shared_ptr<std::byte[]>(p, [held = staging_bytes_, bytes](std::byte* q) {
-      held->fetch_sub(bytes);
-      delete[] q;
-    });
-    return true;
+    r.staging = staging_->take(r.n * chunk_bytes_, opt_.max_bytes_in_flight);
+    return r.staging != nullptr;
   }
   void release_quarantine() {
     std::erase_if(quarantine_, [this](const quarantined& q) { return queue_.poll(q.fetch).has_value(); });
@@ -815,7 +807,7 @@ class connector {
   std::vector<request_id> order_;  // begin_lookup order: the order of the step's entries
   std::vector<quarantined> quarantine_;
   std::vector<std::uint8_t> lookups_seen_;
-  std::shared_ptr<std::atomic<std::size_t>> staging_bytes_ = std::make_shared<std::atomic<std::size_t>>(0);
+  std::shared_ptr<detail::staging_pool> staging_;
 
   // Shared with the mover and saver threads.
   std::mutex mu_;

@@ -2,12 +2,15 @@
 // behind kvtier::connector (kvtier/connector.hpp). Not public API.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
@@ -88,5 +91,61 @@ inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
   h *= 0xBF58476D1CE4E5B9ull;
   return h ^ (h >> 31);
 }
+
+/// The staging blocks of a connector's loads. A block goes back to the pool only when its last
+/// holder (the request, a mover batch, the quarantine) lets go, so a block that an abandoned
+/// load's fetch may still write is never handed out again before that fetch completed. Idle
+/// blocks are kept by size, up to `idle_cap` bytes, so a steady stream of loads does not page
+/// fresh memory in for every load.
+class staging_pool : public std::enable_shared_from_this<staging_pool> {
+ public:
+  explicit staging_pool(std::size_t idle_cap) : idle_cap_(idle_cap) {}
+
+  /// A block of `bytes`, or empty when `max_in_flight` would be exceeded or memory ran out.
+  std::shared_ptr<std::byte[]> take(std::size_t bytes, std::size_t max_in_flight) {
+    std::unique_ptr<std::byte[]> block;
+    {
+      std::lock_guard lock(mu_);
+      if (bytes > max_in_flight - std::min(max_in_flight, in_flight_)) return nullptr;
+      const auto it =
+          std::find_if(idle_.begin(), idle_.end(), [&](const auto& b) { return b.first == bytes; });
+      if (it != idle_.end()) {
+        block = std::move(it->second);
+        idle_bytes_ -= bytes;
+        idle_.erase(it);
+      }
+      in_flight_ += bytes;
+    }
+    if (!block) block.reset(new (std::nothrow) std::byte[bytes]);
+    if (!block) {
+      std::lock_guard lock(mu_);
+      in_flight_ -= bytes;
+      return nullptr;
+    }
+    return {block.release(), [self = shared_from_this(), bytes](std::byte* p) { self->give_back(p, bytes); }};
+  }
+
+  std::size_t in_flight() const {
+    std::lock_guard lock(mu_);
+    return in_flight_;
+  }
+
+ private:
+  void give_back(std::byte* p, std::size_t bytes) noexcept {
+    std::unique_ptr<std::byte[]> block(p);
+    std::lock_guard lock(mu_);
+    in_flight_ -= bytes;
+    if (idle_bytes_ + bytes > idle_cap_) return;
+    try {
+      idle_.emplace_back(bytes, std::move(block));
+      idle_bytes_ += bytes;
+    } catch (...) {  // no room to remember it: the block is freed
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::size_t idle_cap_, in_flight_ = 0, idle_bytes_ = 0;
+  std::vector<std::pair<std::size_t, std::unique_ptr<std::byte[]>>> idle_;
+};
 
 }  // namespace kvtier::detail
