@@ -62,6 +62,10 @@
 //
 //   auto r = kvtier::chunk_broadcast(mpi, nccl, own, loaded, bufs, p, dl);
 //
+// broadcast_params::sources_ready (optional) runs on each rank before the agreement,
+// e.g. to order an NCCL data stream after the event of the kernel that filled the
+// sources (nccl_communicator::order_after); its failure fails every rank there.
+//
 // Pipelined variant: pipelined_broadcast runs the same two steps in stages while
 // the fetch is still running (each stage: one agreement, then the newly agreed
 // chunks), so the first chunks move while later ones are still being fetched. Its

@@ -16,9 +16,11 @@
 // It is a collective: every rank calls it at the same point, with the same world.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>

@@ -103,8 +103,14 @@ class faulty {
     return inner_.all_reduce(send, recv, t, op, dl);
   }
   std::error_code group_start() {
-    if (depth_++ == 0 && next() == plan_.at) in_faulty_group_ = true, first_in_group_ = true;
-    return inner_.group_start();
+    if (depth_ == 0 && next() == plan_.at) in_faulty_group_ = true, first_in_group_ = true;
+    auto ec = inner_.group_start();
+    if (ec) {  // a refused group_start opened no group: no group_end follows
+      if (depth_ == 0) in_faulty_group_ = false;
+      return ec;
+    }
+    ++depth_;
+    return ec;
   }
   std::error_code group_end(kvtier::deadline dl) {
     auto ec = inner_.group_end(dl);

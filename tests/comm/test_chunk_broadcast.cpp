@@ -357,46 +357,69 @@ TEST_CASE("chunk_broadcast: control/data form agrees on one world and moves byte
   }
 }
 
+namespace {
+// Chunk spans over one source and one destination buffer of n chunks of cb bytes.
+chunk_span_buffers span_buffers(const std::vector<std::byte>& src, std::vector<std::byte>& dst, std::size_t n,
+                                std::size_t cb) {
+  chunk_span_buffers b;
+  for (std::size_t k = 0; k < n; ++k) {
+    b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
+    b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
+  }
+  return b;
+}
+
+// The control/data form on 4 ranks whose rounds do not fail together (not_atomic), 8
+// chunks of 16 bytes, with `plan` injected into rank 1's data communicator; then one
+// more all-reduce on the control world.
+struct faulty_data_outcome {
+  std::vector<broadcast_result> res = std::vector<broadcast_result>(4);
+  std::vector<std::uint64_t> after = std::vector<std::uint64_t>(4, 0);
+  std::vector<std::error_code> after_ec = std::vector<std::error_code>(4);
+  std::vector<bool> fired = std::vector<bool>(4), bytes_moved = std::vector<bool>(4);
+};
+faulty_data_outcome run_faulty_data(broadcast_mode mode, test::fault_plan plan) {
+  const modulo_ownership own(4);
+  const std::size_t n = 8, cb = 16;
+  std::vector<std::byte> src(n * cb, std::byte{0x42});
+  comm::inproc_world ctrl_world(4), data_world(4);
+  faulty_data_outcome out;
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c0) {
+    const rank_t r = c0.rank();
+    not_atomic ctrl(std::move(c0));
+    test::faulty<not_atomic> data(not_atomic(data_world.communicator_for(r)),
+                                  r == 1 ? plan : test::fault_plan{});
+    std::vector<std::byte> dst(n * cb), staging(gathered_staging_bytes(own, n, cb));
+    chunk_span_buffers b = span_buffers(src, dst, n, cb);
+    broadcast_params p{.n_chunks = n,
+                       .chunk_tokens = 256,
+                       .chunk_bytes = cb,
+                       .mode = mode,
+                       .staging = staging,
+                       .request_id = 1};
+    out.res[r] = chunk_broadcast(ctrl, data, own, n * 256, b, p, deadline_after(20s));
+    out.fired[r] = data.fired();
+    out.bytes_moved[r] = dst == src;
+    out.after[r] = r;
+    out.after_ec[r] = comm::all_reduce_value(ctrl, out.after[r], comm::reduce_op::max, deadline_after(20s));
+  });
+  return out;
+}
+}  // namespace
+
 TEST_CASE(
     "chunk_broadcast: control/data form, a data failure on one rank fails every rank and keeps control "
     "aligned",
     "[unit]") {
-  const modulo_ownership own(4);
-  const std::size_t n = 8, cb = 16;
-  std::vector<std::byte> src(n * cb, std::byte{0x42});
   for (auto mode : all_modes) {
-    comm::inproc_world ctrl_world(4), data_world(4);
-    std::vector<broadcast_result> res(4);
-    std::vector<std::uint64_t> after(4, 0);
-    std::vector<std::error_code> after_ec(4);
-    comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c0) {
-      const rank_t r = c0.rank();
-      not_atomic ctrl(std::move(c0));
-      // Rank 1's data communicator refuses its first move: it never reaches the peers.
-      test::faulty<not_atomic> data(not_atomic(data_world.communicator_for(r)),
-                                    {.at = r == 1 ? 0u : ~0ull, .how = test::fault::invalid});
-      std::vector<std::byte> dst(n * cb), staging(gathered_staging_bytes(own, n, cb));
-      chunk_span_buffers b;
-      for (std::size_t k = 0; k < n; ++k) {
-        b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
-        b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
-      }
-      broadcast_params p{.n_chunks = n,
-                         .chunk_tokens = 256,
-                         .chunk_bytes = cb,
-                         .mode = mode,
-                         .staging = staging,
-                         .request_id = 1};
-      res[r] = chunk_broadcast(ctrl, data, own, n * 256, b, p, deadline_after(20s));
-      after[r] = r;
-      after_ec[r] = comm::all_reduce_value(ctrl, after[r], comm::reduce_op::max, deadline_after(20s));
-    });
+    // Rank 1's data communicator refuses its first move: it never reaches the peers.
+    const auto out = run_faulty_data(mode, {.at = 0, .how = test::fault::invalid});
     for (rank_t r = 0; r < 4; ++r) {
-      INFO("mode " << to_string(mode) << ", rank " << r << ": " << res[r].message);
-      CHECK(res[r].ec);
-      CHECK(res[r].agreed_tokens == 0u);
-      CHECK(!after_ec[r]);  // the control world stayed aligned: its next collective pairs
-      CHECK(after[r] == 3u);
+      INFO("mode " << to_string(mode) << ", rank " << r << ": " << out.res[r].message);
+      CHECK(out.res[r].ec);
+      CHECK(out.res[r].agreed_tokens == 0u);
+      CHECK(!out.after_ec[r]);  // the control world stayed aligned: its next collective pairs
+      CHECK(out.after[r] == 3u);
     }
   }
 }
@@ -407,45 +430,20 @@ TEST_CASE(
 // tells ranks 0, 2 and 3 that rank 1 failed; every rank must end with the same result.
 TEST_CASE("chunk_broadcast: control/data form, a late failure of one rank's last move fails every rank",
           "[unit]") {
-  const modulo_ownership own(4);
-  const std::size_t n = 8, cb = 16;
-  std::vector<std::byte> src(n * cb, std::byte{0x42});
   for (auto mode : all_modes) {
-    const std::uint64_t last_move = expected_collectives(mode, own, n) - 2;  // data collectives - 1
-    comm::inproc_world ctrl_world(4), data_world(4);
-    std::vector<broadcast_result> res(4);
-    std::vector<bool> fired(4), bytes_moved(4);
-    comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c0) {
-      const rank_t r = c0.rank();
-      not_atomic ctrl(std::move(c0));
-      test::faulty<not_atomic> data(not_atomic(data_world.communicator_for(r)),
-                                    {.at = r == 1 ? last_move : ~0ull, .how = test::fault::after});
-      std::vector<std::byte> dst(n * cb), staging(gathered_staging_bytes(own, n, cb));
-      chunk_span_buffers b;
-      for (std::size_t k = 0; k < n; ++k) {
-        b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
-        b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
-      }
-      broadcast_params p{.n_chunks = n,
-                         .chunk_tokens = 256,
-                         .chunk_bytes = cb,
-                         .mode = mode,
-                         .staging = staging,
-                         .request_id = 2};
-      res[r] = chunk_broadcast(ctrl, data, own, n * 256, b, p, deadline_after(20s));
-      fired[r] = data.fired();
-      bytes_moved[r] = dst == src;
-    });
-    CHECK(fired[1]);
+    const std::uint64_t last_move = expected_collectives(mode, modulo_ownership(4), 8) - 2;  // data ones - 1
+    const auto out = run_faulty_data(mode, {.at = last_move, .how = test::fault::after});
+    CHECK(out.fired[1]);
     for (rank_t r = 0; r < 4; ++r) {
-      INFO("mode " << to_string(mode) << ", rank " << r << ": " << res[r].message);
+      INFO("mode " << to_string(mode) << ", rank " << r << ": " << out.res[r].message);
       // The move completed: the peers hold rank 1's bytes (rank 1 gave up before unpacking, if gathered).
-      if (r != 1) CHECK(bytes_moved[r]);
-      CHECK(res[r].ec);  // rank 1 its own timeout, its peers "another rank failed"
-      CHECK(res[r].agreed_tokens == 0u);
-      CHECK(res[r].collectives == res[0].collectives);
+      if (r != 1) CHECK(out.bytes_moved[r]);
+      CHECK(out.res[r].ec);  // rank 1 its own timeout, its peers "another rank failed"
+      CHECK(out.res[r].agreed_tokens == 0u);
+      CHECK(out.res[r].collectives == out.res[0].collectives);
+      CHECK(!out.after_ec[r]);
     }
-    CHECK(res[0].message == "confirmation: another rank failed to move its chunks");
+    CHECK(out.res[0].message == "confirmation: another rank failed to move its chunks");
   }
 }
 
@@ -462,11 +460,7 @@ TEST_CASE("chunk_broadcast: a poisoned data communicator keeps its first error (
     not_atomic ctrl(std::move(c0));
     test::poisoned<comm::inproc_communicator> data(data_world.communicator_for(r), "timeout in request 6");
     std::vector<std::byte> dst(n * cb);
-    chunk_span_buffers b;
-    for (std::size_t k = 0; k < n; ++k) {
-      b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
-      b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
-    }
+    chunk_span_buffers b = span_buffers(src, dst, n, cb);
     broadcast_params p{.n_chunks = n,
                        .chunk_tokens = 256,
                        .chunk_bytes = cb,
@@ -499,11 +493,7 @@ std::vector<std::size_t> confirmed_per_step(std::vector<std::size_t>& agreed) {
     Comm c(std::move(c0));
     const rank_t r = c.rank();
     std::vector<std::byte> dst(n * cb);
-    chunk_span_buffers b;
-    for (std::size_t k = 0; k < n; ++k) {
-      b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
-      b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
-    }
+    chunk_span_buffers b = span_buffers(src, dst, n, cb);
     pipelined_broadcast pb(c, own, b,
                            {.n_chunks = n, .chunk_tokens = 16, .chunk_bytes = cb, .request_id = 4});
     for (std::size_t s = 1; !pb.done() && s <= 4; ++s) {  // 2 owned chunks per step, of 4

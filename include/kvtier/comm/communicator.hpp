@@ -23,9 +23,11 @@
 //         and cannot take an issued call back, so a round can complete on some
 //         ranks and fail on others (a deadline passing on one rank while its
 //         peers' calls complete). Any failure therefore poisons (MPI) or aborts
-//         (NCCL, ncclCommAbort) the failing rank's communicator: every later call
+//         (NCCL, ncclCommAbort; an adopted NCCL communicator, the engine's, is only
+//         poisoned, never aborted) the failing rank's communicator: every later call
 //         on it fails at once with the first error, and its peers' next collective
-//         fails by their own deadline. Create a new communicator to go on.
+//         fails by their own deadline. Create a new communicator to go on
+//         (kvtier/comm/recover.hpp realigns the ranks on the new one).
 //     `rounds_fail_together<C>` tells the two apart.
 //  3. Never late bytes: once a call returned an error, the backend writes no byte
 //     into that call's caller buffers afterwards (MPI stages through its own

@@ -16,7 +16,8 @@
 // The skew that remains is the difference of the ranks' start times, which a
 // collective waits for anyway.
 //
-// Recovery. After a failure an MPI or NCCL communicator is poisoned (see
+// Recovery (backends that poison: MPI, NCCL; in-process rounds fail together and its
+// communicators go on working). After a failure an MPI or NCCL communicator is poisoned (see
 // communicator.hpp) and a peer may still be one request ahead (its round succeeded
 // while this rank's failed) or behind. recover() recreates the communicator with
 // the caller's factory (every rank calls it, as it is collective), then agrees in
