@@ -168,3 +168,37 @@ TEST_CASE("connector: check_deployment agrees at setup and names a rank configur
     CHECK(r.rank == 2);
   });
 }
+
+TEST_CASE("connector policies: cost skips a load slower than recomputing; split loads [k, hit)",
+          "[connector]") {
+  const std::uint64_t hit = prompt_chunks * rig_chunk_tokens;
+  {  // recomputing at 1e9 tokens/s beats loading 1 MB per token at 1 GB/s: nothing to load
+    load_scenario sc{.world = 2};
+    sc.opt.policy = load_policy::cost;
+    sc.opt.node = {.kv_bytes_per_token = 1e6, .prefill_tokens_per_s = 1e9};
+    sc.opt.prior = {.fixed_cost_s = 0, .bandwidth_gb_per_s = 1.0};
+    for (const rank_load_report& rep : run_load(sc, plain_store_for{})) {
+      REQUIRE(rep.plan);
+      CHECK(rep.plan->cached_tokens == hit);
+      CHECK(rep.plan->tokens_to_load() == 0);
+      CHECK_FALSE(rep.outcome);
+    }
+  }
+  {  // 1 ms per token either way: compute [0, 64) while loading [64, 192) (split_point at 2 x 32)
+    load_scenario sc{.world = 2, .two_comms = true};
+    sc.opt.policy = load_policy::split;
+    sc.opt.node = {.kv_bytes_per_token = 1e6, .prefill_tokens_per_s = 1e3};
+    sc.opt.prior = {.fixed_cost_s = 0, .bandwidth_gb_per_s = 1.0};
+    const auto reps = run_load(sc, plain_store_for{});
+    for (const rank_load_report& rep : reps) {
+      REQUIRE(rep.plan);
+      CHECK(rep.plan->cached_tokens == hit);
+      CHECK(rep.plan->load_first_token == 64);
+      CHECK(rep.plan->load_end_token == hit);
+      REQUIRE(rep.outcome);
+      CHECK(rep.outcome->complete());
+      CHECK(rep.wrong == 0);  // the loaded range [64, 192) is the model's, byte for byte
+      CHECK(rep.calls == reps[0].calls);
+    }
+  }
+}
