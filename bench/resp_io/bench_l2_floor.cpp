@@ -2,7 +2,7 @@
 // floors of the wire, for every value size and batch, on one local redis-server it starts.
 //
 //   bench_l2_floor [--quick] [--reps N] [--seconds S] [--sizes B,B,...] [--batches K,K,...]
-//                  [--ops get,set] [--connections N] [--spread-bytes B]
+//                  [--ops get,set] [--connections N] [--spread-bytes B (1: never spread)]
 //
 // Clients, all in this process, one at a time, interleaved within each row (the order rotates
 // every repetition), medians over --reps:
@@ -99,7 +99,8 @@ template <class Connection>
 class store_client final : public client {
  public:
   store_client(std::uint16_t port, const config& cfg)
-      : store_(ns(), options(port), kvtier::resp::pool_options{.connections = cfg.connections}) {}
+      : store_(ns(), options(port), kvtier::resp::pool_options{.connections = cfg.connections},
+               kvtier::value_format::v1(), spread(cfg)) {}
   bool get(std::size_t si, std::span<const std::span<std::byte>> dst, std::string& err) override {
     return check(
         si, dst.size(), err, [&] { return store_.get(keys_, dst, status_, dl()); },
@@ -115,6 +116,12 @@ class store_client final : public client {
   static kvtier::key_namespace ns() {
     return {
         .model = "bench_l2_floor", .kv_format = "random-bytes", .chunk_tokens = 256, .ownership = "mod:1"};
+  }
+  static kvtier::batch_spread spread(const config& cfg) {
+    kvtier::batch_spread s;
+    if (cfg.spread_bytes != 0)
+      s.max_reply_bytes = cfg.spread_bytes == 1 ? 0 : cfg.spread_bytes;  // 1: never spread
+    return s;
   }
   static kvtier::resp::connection_options options(std::uint16_t port) {
     kvtier::resp::connection_options o;

@@ -298,7 +298,9 @@ TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the s
       REQUIRE(got[i] == (st[i] == chunk_status::hit ? chunk_status::hit : chunk_status::miss));
       if (got[i] == chunk_status::hit) REQUIRE(dst[i] == src[i]);
     }
-    REQUIRE(store.pool().stats().connects == 1);
+    // The batch was spread over the pool's large connections; none had to reconnect.
+    REQUIRE(store.pool().stats().connects <= store.pool().size() - store.pool().reserved_small());
+    REQUIRE(store.pool().stats().failures == 0);
   }
 
   SECTION("NOAUTH: a server that wants a password the URL does not give") {

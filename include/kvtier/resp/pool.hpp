@@ -12,6 +12,8 @@
 //   kvtier::resp::connection_pool<kvtier::resp::asio_connection>::lease l;
 //   if (std::error_code ec = pool.acquire(kvtier::resp::request_size::small, dl, l)) return ec;  // timeout
 //   ec = l.conn().execute(b, dl);     // the lease gives the connection back when it goes
+//   std::vector<decltype(l)> ls;       // or several at once, for a batch spread over them:
+//   ec = pool.acquire_up_to(kvtier::resp::request_size::large, 3, dl, ls);   // 1..3 leases
 //
 // Thread-safe. acquire() waits for a free connection until its deadline (errc::timeout), never
 // longer. stats() sums the counters of the connections as of their last release.
@@ -99,6 +101,28 @@ class connection_pool {
     busy_[index] = true;
     out.pool_ = this;
     out.index_ = index;
+    return {};
+  }
+
+  /// Lends up to `n` connections of the request's size class at once (a batch spread over
+  /// them): waits until `dl` for the first, then takes whichever others are free now, without
+  /// waiting. errc::timeout when none came free in time (`out` empty). `out` is cleared first.
+  std::error_code acquire_up_to(request_size kind, std::size_t n, deadline dl, std::vector<lease>& out) {
+    out.clear();
+    if (n == 0) return {};
+    std::vector<std::size_t> got;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      std::size_t index = npos;
+      auto pick = [&] { return (index = find_free(kind)) != npos; };
+      if (!kvtier::detail::wait_until(cv_, lock, dl, pick)) return make_error_code(errc::timeout);
+      do {
+        busy_[index] = true;
+        got.push_back(index);
+      } while (got.size() < n && (index = find_free(kind)) != npos);
+    }
+    out.resize(got.size());
+    for (std::size_t k = 0; k < got.size(); ++k) out[k].pool_ = this, out[k].index_ = got[k];
     return {};
   }
 
