@@ -138,6 +138,20 @@ TEMPLATE_TEST_CASE("remote_store: wrong-length, corrupted and foreign values are
   CHECK(s.wrong_length == 2);  // 0 (raw) and 5 (caller length)
   CHECK(s.bad_checksum == 1);
   CHECK(s.bad_header == 3);
+  // Each corrupt value is named with its chunk and why (one at a time: the last one is kept).
+  const std::string why[] = {"stored length 18, expected 10056 (header + payload)", "payload checksum mismatch",
+                             "header: bad magic", "header: wrong chunk key", "header: wrong namespace",
+                             "stored length 10056, expected 10055 (header + payload)"};
+  for (std::size_t i = 0; i < 6; ++i) {
+    INFO("key " << i);
+    std::vector<std::byte> one(dst[i].size());
+    std::span<std::byte> od[] = {one};
+    REQUIRE_FALSE(store.get(std::span(&keys[i], 1), od, std::span(&st[i], 1), deadline_after(2s)));
+    char hex[32];
+    keys[i].to_hex(hex);
+    CHECK_THAT(store.last_error(), Catch::Contains(name(i)) && Catch::Contains(std::string(hex, 32)) &&
+                                       Catch::Contains("corrupt: " + why[i]));
+  }
   CHECK(s.hits == 0);
 
   // The connection stayed in sync: a good value still reads back.

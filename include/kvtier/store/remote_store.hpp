@@ -1,9 +1,14 @@
 // kvtier/store/remote_store.hpp: the remote (L2) chunk store on one Redis-protocol server.
 //
 // remote_store<Connection> satisfies kvtier::chunk_store over any kvtier::resp::connection
-// (asio_connection or uring_connection). Each call is one pipelined round trip:
+// (asio_connection or uring_connection). A call is pipelined:
 //   exists: EXISTS per key;  get: GET per key, each value read straight into the caller's span;
 //   put: SET per key, header + caller payload written scatter-gather without a copy.
+// A get/put batch is cut, in order, into pieces of at most batch_spread::max_reply_bytes (1 MiB
+// unless given; a larger value goes alone) that run on up to all of the pool's large
+// connections at once, one piece per connection at a time (kvtier/store/batch_spread.hpp): small
+// values still pipeline, large ones never queue a whole batch in one server-side reply buffer.
+// Results keep the caller's order; a connection that fails fails only its own piece's keys.
 // Every value is framed by a value_header (kvtier/store/value_header.hpp). A get reads the
 // header into a small buffer and the payload into the caller's span, and checks the header
 // before a single payload byte reaches that span:
@@ -12,11 +17,12 @@
 //    or header checksum, another namespace, another chunk key, another payload length) is
 //    refused by a parser gate that runs as soon as the 56 header bytes are in, before the
 //    payload is copied or read into the span; the payload is discarded (span untouched);
-//  - only the payload checksum needs the payload itself: a value with a valid header whose
-//    payload bytes were altered (a bit flip inside the payload) is detected after its bytes
-//    were read into the span. The span then holds those bytes, but the key's status is
+//  - only the payload checksum needs the payload itself: it runs while the bytes land (each
+//    piece folded into XXH3-64 as the parser writes it to the span, value_check), so a value
+//    with a valid header whose payload bytes were altered (a bit flip inside the payload) is
+//    detected once its bytes were read into the span, with no second pass over them. The span then holds those bytes, but the key's status is
 //    chunk_status::corrupt, never hit: a caller must not use a span whose status is not hit.
-// All are chunk_status::corrupt and counted (stats()).
+// All are chunk_status::corrupt, counted (stats()) and named in last_error() (key, chunk, why).
 //
 // Value format (value_header.hpp): version 1 (one payload checksum) by default, or version 2
 // (one checksum per group of payload bytes, e.g. a few layers of a layer-major chunk) when the
