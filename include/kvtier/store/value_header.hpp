@@ -324,6 +324,10 @@ class value_check {
 
   /// The next `piece` of the payload, as it landed (after header() said ok).
   void payload(std::span<const std::byte> piece) noexcept {
+    if (verdict_ != header_check::ok) {  // never after a refused header; counted, never checked
+      seen_ += piece.size();
+      return;
+    }
     while (!piece.empty() && group_ < groups_) {
       const std::size_t group_len = std::min<std::uint64_t>(group_size_, length_ - group_ * group_size_);
       const std::size_t k = std::min(piece.size(), group_len - in_group_);
