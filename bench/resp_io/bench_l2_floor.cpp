@@ -75,7 +75,7 @@ double server_cpu_s(const kvtier::test::redis_server& srv) {
 
 struct config {
   int reps = 3;
-  double seconds = 0.25;
+  double seconds = 0.2;
   std::vector<std::size_t> sizes = {256u << 10, 1u << 20, 2u << 20, 4u << 20, 12'400'000, 64'000'000};
   std::vector<std::size_t> batches = {1, 8, 16};
   std::vector<std::string> ops = {"get", "set"};
@@ -367,8 +367,9 @@ int main(int argc, char** argv) try {
             const double s0 = server_cpu_s(srv), c0 = cpu_self_s(), t0 = now_s();
             double t = t0;
             std::size_t n = 0;
-            // At least two batches, at most 10,000, for about --seconds.
-            while (n < 2 || (t - t0 < cfg.seconds && n < 10000)) {
+            // At least two batches (one of 256 MB or more), at most 10,000, for about --seconds.
+            const std::size_t min_batches = size * batch >= (256u << 20) ? 1 : 2;
+            while (n < min_batches || (t - t0 < cfg.seconds && n < 10000)) {
               const bool ok = op == "get" ? c->get(si, dst, err) : c->set(si, src, err);
               if (!ok) throw std::runtime_error(name + ": " + err);
               ++n;

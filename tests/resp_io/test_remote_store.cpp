@@ -139,8 +139,11 @@ TEMPLATE_TEST_CASE("remote_store: wrong-length, corrupted and foreign values are
   CHECK(s.bad_checksum == 1);
   CHECK(s.bad_header == 3);
   // Each corrupt value is named with its chunk and why (one at a time: the last one is kept).
-  const std::string why[] = {"stored length 18, expected 10056 (header + payload)", "payload checksum mismatch",
-                             "header: bad magic", "header: wrong chunk key", "header: wrong namespace",
+  const std::string why[] = {"stored length 18, expected 10056 (header + payload)",
+                             "payload checksum mismatch",
+                             "header: bad magic",
+                             "header: wrong chunk key",
+                             "header: wrong namespace",
                              "stored length 10056, expected 10055 (header + payload)"};
   for (std::size_t i = 0; i < 6; ++i) {
     INFO("key " << i);

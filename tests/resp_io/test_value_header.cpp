@@ -141,7 +141,8 @@ TEST_CASE("value_header v2: a flipped payload byte fails exactly its own group",
       2000);
 }
 
-TEST_CASE("value_check: the checksum while the bytes land equals the one-pass check, any split", "[property]") {
+TEST_CASE("value_check: the checksum while the bytes land equals the one-pass check, any split",
+          "[property]") {
   kvtier::test::prop(
       "streamed verdict == first_bad_group",
       [](std::uint16_t len_seed, std::uint16_t group_seed, std::uint32_t pos_seed, std::uint8_t bit, bool v2,
