@@ -332,7 +332,10 @@ TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the s
     for (auto s : st) REQUIRE(s == chunk_status::error);
     std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(1 << 20));
     auto d = spans(dst);
-    REQUIRE_FALSE(store.get(keys, d, st, deadline_after(2s)));
+    // The put was spread over several connections, each closed by the server just after its
+    // refusal: a connection whose close had not arrived yet when the get went out is lost now.
+    const std::error_code get_ec = store.get(keys, d, st, deadline_after(2s));
+    REQUIRE((!get_ec || get_ec == errc::connection_lost));
     for (auto s : st) REQUIRE(s == chunk_status::error);
     REQUIRE(store.stats().errors >= 2 * keys.size());
     REQUIRE(store.stats().hits == 0);
