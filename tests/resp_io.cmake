@@ -11,6 +11,10 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
                   LIBS kvtier::asio kvtier::uring TIMEOUT 120)
 endif()
 if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  kvtier_add_test(test_batch_spread SOURCES resp_io/test_batch_spread.cpp LABELS integration property
+                  LIBS kvtier::asio kvtier::uring TIMEOUT 120)
+endif()
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_remote_store_threads SOURCES resp_io/test_remote_store_threads.cpp LABELS integration tsan
                   LIBS kvtier::asio kvtier::uring TIMEOUT 120)
 endif()

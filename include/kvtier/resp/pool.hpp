@@ -12,6 +12,8 @@
 //   kvtier::resp::connection_pool<kvtier::resp::asio_connection>::lease l;
 //   if (std::error_code ec = pool.acquire(kvtier::resp::request_size::small, dl, l)) return ec;  // timeout
 //   ec = l.conn().execute(b, dl);     // the lease gives the connection back when it goes
+//   std::vector<decltype(l)> ls;       // or several at once, for a batch spread over them:
+//   ec = pool.acquire_up_to(kvtier::resp::request_size::large, 3, dl, ls);   // 1..3 leases
 //
 // Thread-safe. acquire() waits for a free connection until its deadline (errc::timeout), never
 // longer. stats() sums the counters of the connections as of their last release.
@@ -105,14 +107,7 @@ class connection_pool {
   std::error_code acquire(request_size kind, deadline dl, lease& out, std::string* why = nullptr) {
     out.release();
     std::unique_lock<std::mutex> lock(mu_);
-    const auto now = clock::now();
-    if (now >= dl)
-      return failed(why, make_error_code(errc::timeout), "the deadline had passed before the call started");
-    if (now < down_until_) {
-      ++down_refusals_;
-      if (why != nullptr) *why = "server down (in reconnect backoff) after: " + down_text_;
-      return down_error_;
-    }
+    if (const std::error_code ec = refuse(dl, why)) return ec;
     std::size_t index = npos;
     auto pick = [&] { return (index = find_free(kind)) != npos; };
     if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
@@ -131,6 +126,32 @@ class connection_pool {
     return down_until_;
   }
   bool down() const { return down_until().has_value(); }
+
+  /// Lends up to `n` connections of the request's size class at once (a batch spread over
+  /// them): waits until `dl` for the first, then takes whichever others are free now, without
+  /// waiting. Fails as acquire() does (`out` empty): the deadline had passed, the server is
+  /// down, or none came free in time. `out` is cleared first.
+  std::error_code acquire_up_to(request_size kind, std::size_t n, deadline dl, std::vector<lease>& out,
+                                std::string* why = nullptr) {
+    out.clear();
+    if (n == 0) return {};
+    std::vector<std::size_t> got;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (const std::error_code ec = refuse(dl, why)) return ec;
+      std::size_t index = npos;
+      auto pick = [&] { return (index = find_free(kind)) != npos; };
+      if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
+        return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
+      do {
+        busy_[index] = true;
+        got.push_back(index);
+      } while (got.size() < n && (index = find_free(kind)) != npos);
+    }
+    out.resize(got.size());
+    for (std::size_t k = 0; k < got.size(); ++k) out[k].pool_ = this, out[k].index_ = got[k];
+    return {};
+  }
 
   std::size_t size() const noexcept { return conns_.size(); }
   std::size_t reserved_small() const noexcept { return reserved_; }
@@ -160,6 +181,19 @@ class connection_pool {
     for (std::size_t i = from; i < busy_.size(); ++i)
       if (!busy_[i]) return i;
     return npos;
+  }
+
+  // Under mu_: why a call is refused before it waits for a connection (none: it may wait).
+  std::error_code refuse(deadline dl, std::string* why) {
+    const auto now = clock::now();
+    if (now >= dl)
+      return failed(why, make_error_code(errc::timeout), "the deadline had passed before the call started");
+    if (now < down_until_) {
+      ++down_refusals_;
+      if (why != nullptr) *why = "server down (in reconnect backoff) after: " + down_text_;
+      return down_error_;
+    }
+    return {};
   }
 
   static std::error_code failed(std::string* why, std::error_code ec, std::string_view text) {
