@@ -115,6 +115,10 @@ class PartsConnector:
             self.stats.load_errors.append(f"exists: {e}")
         return self._min(self.comm, self._answer(owned, ok, len(keys) * self.chunk_tokens))
 
+    def load_front(self, split: int) -> int:
+        """The split's front [0, split): the engine chooses it here."""
+        return split
+
     def start_load(self, tokens: torch.Tensor, table: list[int], first: int, upto: int, deadline) -> None:
         """Loads tokens [first, upto) (first a chunk boundary; chunks overlapping upto are fetched
         whole, rows at or past upto are not written) on a thread; returns at once."""

@@ -63,9 +63,9 @@ def cp_forward(model: MlaModel, comm, tokens: torch.Tensor, first: int, cache: P
         hn = _rms_norm(x, model.layers[l]["attn_norm"])
         rows = model.latents(l, hn, pos).contiguous()
         comm.Allgatherv(rows.numpy(), [gathered.numpy(), counts, displs, mpi_t])
+        if wait_for_layer is not None and first > 0:  # layer l of [0, first) lands before it is
+            wait_for_layer(l)                          # read, and before the span's rows are written
         cache.write(l, span_slots, gathered)
-        if wait_for_layer is not None and first > 0:
-            wait_for_layer(l)
         if b > a:
             x = x + model.attend(l, hn, pos, cache.read(l, mine_slots))
             x = x + model.mlp(l, x)

@@ -7,7 +7,7 @@ One request on every rank (the same tokens everywhere):
   -> greedy decode.
 
     model = MlaModel(MlaConfig())
-    eng = Engine(model, comm, connector)              # connector: PartsConnector or None
+    eng = Engine(model, comm, tier)                   # tier: tier.BoundTier (or connector.PartsConnector) or None
     res = eng.run(tokens, steps=16)
     res.tokens, res.logits, res.agreed, res.timings
 """
@@ -29,8 +29,9 @@ class RequestResult:
     tokens: list[int]            # the greedy continuation
     logits: torch.Tensor         # next-token logits after the prompt
     hit: int                     # lookup's agreed hit (tokens)
-    agreed: int                  # tokens taken from the tier (0 = recomputed everything)
+    agreed: int                  # tokens [0, agreed) not computed by the prefill (loaded, or the split's front)
     kv: list[torch.Tensor]       # per layer, the prompt's rows [0, n) as the pages held them
+    front: int = 0               # a split's front [0, front): computed while the rest loaded
     timings: dict = field(default_factory=dict)
 
 
@@ -61,11 +62,11 @@ class Engine:
             upto = min(hit, n - 1)  # the last prompt token is always computed: its logits are needed
             if max_load is not None:
                 upto = min(upto, max_load)
-            loading = conn is not None and upto > split and self.policy(upto, n)
+            front = conn.load_front(split) if conn is not None else 0
+            loading = conn is not None and upto > front and self.policy(upto, n)
             wait = None
             if loading:
-                conn.start_load(tokens, table, first=split, upto=upto, deadline=dl)
-                front = split
+                conn.start_load(tokens, table, first=front, upto=upto, deadline=dl)
                 if front > 0:  # split: the front is computed while the back loads
                     cp_forward(self.model, self.comm, tokens[:front], 0, self.cache, table)
                 agreed = conn.agreed_tokens()
@@ -88,6 +89,6 @@ class Engine:
             t_end = time.perf_counter()
         finally:
             self.cache.free(table)
-        return RequestResult(out, logits, hit, agreed, kv, dict(
+        return RequestResult(out, logits, hit, agreed, kv, front if loading else 0, dict(
             lookup_s=t_lookup - t_start, load_wait_s=t_agreed - t_lookup, prefill_s=t_prefill - t_start,
             save_s=t_saved - t_prefill, decode_s=t_end - t_saved))

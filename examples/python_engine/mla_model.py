@@ -193,9 +193,9 @@ class MlaModel:
         x = self.embed[tokens]
         for l in range(self.cfg.n_layers):
             hn = _rms_norm(x, self.layers[l]["attn_norm"])
+            if wait_for_layer is not None and first > 0:  # before the span's rows are written:
+                wait_for_layer(l)                          # a landing row never overwrites them
             cache.write(l, span_slots, self.latents(l, hn, pos))
-            if wait_for_layer is not None and first > 0:
-                wait_for_layer(l)
             x = x + self.attend(l, hn, pos, cache.read(l, all_slots))
             x = x + self.mlp(l, x)
         return self.logits(x[-1])
