@@ -140,6 +140,7 @@ def run(comm, urls, pids, cfg=None):
             load_errors=t.last_load_errors,
             counters={k: after[k] - before[k] for k in after},
             stored_events=stored,
+            layer_waits=list(t.layer_waits),
             timings=res.timings)
         if name == "split":
             split_tier.close()

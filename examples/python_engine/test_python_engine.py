@@ -32,6 +32,8 @@ def check_rank(res, rank, world):
         assert len(r["tokens"]) == 16
         assert r["logits_close"], (name, r["logits_max_abs_diff"])
         assert r["kv_bit_identical"], name
+        # the forward of layer l waited for layer l of the load, once, in order (nothing loaded: no waits)
+        assert r["layer_waits"] == (list(range(4)) if agreed > r["front"] else []), (name, r["layer_waits"])
     owned = lambda first, end: sum(1 for c in range(first // 16, end // 16) if c % world == rank)  # noqa: E731
     for name in ("whole", "exact", "partial", "split"):
         r = res[name]

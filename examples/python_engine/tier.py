@@ -50,6 +50,7 @@ class BoundTier:
         self._finished_saves: set[int] = set()
         self.last_load_errors: list[int] = []
         self.last_events: list = []
+        self.layer_waits: list[int] = []
 
     def _step_until(self, done, what: str):
         for _ in range(MAX_STEPS):
@@ -65,6 +66,7 @@ class BoundTier:
         """The agreed hit (tokens): the longest prefix every rank's server holds."""
         self._next_id += 1
         self.id, self.plan, self.outcome, self.last_load_errors = self._next_id, None, None, []
+        self.layer_waits: list[int] = []
         self.conn.begin_lookup(self.id, tokens.to(torch.int32))
         self._step_until(lambda: self.conn.lookup(self.id) is not None, "the lookup")
         self.plan = self.conn.lookup(self.id)
@@ -96,6 +98,7 @@ class BoundTier:
 
     def wait_for_layer(self, layer: int) -> None:
         """Returns once layer `layer` of every agreed chunk is in this rank's pages."""
+        self.layer_waits.append(layer)  # what the forward asked for, in order (the tests check it)
         self.conn.wait_for_layer(layer, self.layer_wait_s)
 
     def finish_load(self) -> None:
