@@ -237,6 +237,9 @@ class connector {
     work_cv_.notify_all();
     if (mover_.joinable()) mover_.join();
     if (saver_.joinable()) saver_.join();
+    // The queue's workers may still write a running fetch into staging blocks (quarantined or
+    // not): join them before the members that own that memory (declared after queue_) go.
+    queue_.shutdown();
   }
 
   rank_t rank() const noexcept { return static_cast<rank_t>(ctrl_.rank()); }

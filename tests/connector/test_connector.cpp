@@ -16,6 +16,7 @@
 #include "kvtier/connector.hpp"
 #include "kvtier/host_kv_cache.hpp"
 #include "kvtier/store/memory_store.hpp"
+#include "support/locked_checks.hpp"
 
 using namespace kvtier;
 using namespace kvtier::test;
@@ -27,14 +28,14 @@ const std::size_t prompt_tokens = prompt_chunks * rig_chunk_tokens + 7;  // and 
 
 void check_full_load(const std::vector<rank_load_report>& reps) {
   for (const rank_load_report& rep : reps) {
-    REQUIRE(rep.plan);
-    CHECK(rep.plan->cached_tokens == prompt_chunks * rig_chunk_tokens);
-    REQUIRE(rep.outcome);
-    CHECK(rep.outcome->complete());
-    CHECK(rep.outcome->loaded_end_token == prompt_chunks * rig_chunk_tokens);
-    CHECK(rep.errors.empty());
-    CHECK(rep.wrong == 0);
-    CHECK(rep.calls == reps[0].calls);  // the same collectives in the same order on every rank
+    LOCKED_REQUIRE(rep.plan);
+    LOCKED_CHECK(rep.plan->cached_tokens == prompt_chunks * rig_chunk_tokens);
+    LOCKED_REQUIRE(rep.outcome);
+    LOCKED_CHECK(rep.outcome->complete());
+    LOCKED_CHECK(rep.outcome->loaded_end_token == prompt_chunks * rig_chunk_tokens);
+    LOCKED_CHECK(rep.errors.empty());
+    LOCKED_CHECK(rep.wrong == 0);
+    LOCKED_CHECK(rep.calls == reps[0].calls);  // the same collectives in the same order on every rank
   }
 }
 
@@ -62,14 +63,15 @@ TEST_CASE("connector: the first request finds nothing and its pages stay the eng
     host_kv_cache cache(rig_layout());
     connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view());
     const auto plan = lookup_agreed(conn, 7, prompt);
-    REQUIRE(plan);
-    CHECK(plan->cached_tokens == 0);
-    CHECK(plan->tokens_to_load() == 0);
+    LOCKED_REQUIRE(plan);
+    LOCKED_CHECK(plan->cached_tokens == 0);
+    LOCKED_CHECK(plan->tokens_to_load() == 0);
     host_kv_cache::sequence seq;
-    REQUIRE(cache.reserve(seq, prompt.size()));
-    CHECK(conn.load(7, slots_of(cache, seq, prompt.size())) == errc::invalid_argument);  // nothing to load
-    CHECK(conn.begin_lookup(7, prompt) == errc::invalid_argument);                       // id in use
-    CHECK(conn.finish(7).free_pages_now);
+    LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+    LOCKED_CHECK(conn.load(7, slots_of(cache, seq, prompt.size())) ==
+                 errc::invalid_argument);                                  // nothing to load
+    LOCKED_CHECK(conn.begin_lookup(7, prompt) == errc::invalid_argument);  // id in use
+    LOCKED_CHECK(conn.finish(7).free_pages_now);
   });
 }
 
@@ -80,18 +82,19 @@ TEST_CASE("connector: saves emit stored events, finish waits for saves, metrics 
     memory_store store(16 << 20);
     host_kv_cache cache(rig_layout());
     connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view());
-    REQUIRE(compute_and_save(conn, cache, 1, prompt));
+    const auto got1 = compute_and_save(conn, cache, 1, prompt);  // outside the lock: it may wait for a peer
+    LOCKED_REQUIRE(got1);
     std::size_t stored = 0;
     for (const kv_event& e : conn.drain_events()) {
-      CHECK(e.what == kv_event::kind::stored);
-      CHECK(e.rank == c.rank());
+      LOCKED_CHECK(e.what == kv_event::kind::stored);
+      LOCKED_CHECK(e.rank == c.rank());
       stored += e.keys.size();
     }
-    CHECK(stored == 3);  // 6 chunks, 3 owned by each rank
-    CHECK(conn.counters().chunks_saved.value() == 3);
+    LOCKED_CHECK(stored == 3);  // 6 chunks, 3 owned by each rank
+    LOCKED_CHECK(conn.counters().chunks_saved.value() == 3);
     std::string text;
     write_prometheus(text, conn.counters(), "kvtier_connector", "rank=\"0\"");
-    CHECK(text.find("kvtier_connector_chunks_saved_total{rank=\"0\"} 3") != std::string::npos);
+    LOCKED_CHECK(text.find("kvtier_connector_chunks_saved_total{rank=\"0\"} 3") != std::string::npos);
   });
 }
 
@@ -105,13 +108,17 @@ TEST_CASE("connector: selective writes save a chunk only after it was looked up 
     opt.saves = save_policy::selective;
     opt.save_after_lookups = 2;
     connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view(), opt);
-    REQUIRE(compute_and_save(conn, cache, 1, prompt));  // first lookup: not admitted
-    CHECK(conn.counters().chunks_saved.value() == 0);
-    REQUIRE(compute_and_save(conn, cache, 2, prompt));  // second: admitted
-    CHECK(conn.counters().chunks_saved.value() == prompt_chunks);
+    const auto got2 = compute_and_save(
+        conn, cache, 1, prompt);  // outside the lock: it may wait for a peer  // first lookup: not admitted
+    LOCKED_REQUIRE(got2);
+    LOCKED_CHECK(conn.counters().chunks_saved.value() == 0);
+    const auto got3 = compute_and_save(
+        conn, cache, 2, prompt);  // outside the lock: it may wait for a peer  // second: admitted
+    LOCKED_REQUIRE(got3);
+    LOCKED_CHECK(conn.counters().chunks_saved.value() == prompt_chunks);
     const auto plan = lookup_agreed(conn, 3, prompt);
-    REQUIRE(plan);
-    CHECK(plan->cached_tokens == prompt_chunks * rig_chunk_tokens);
+    LOCKED_REQUIRE(plan);
+    LOCKED_CHECK(plan->cached_tokens == prompt_chunks * rig_chunk_tokens);
   });
 }
 
@@ -124,14 +131,19 @@ TEST_CASE("connector: evicted chunks are reported once a lookup misses them", "[
     const std::size_t chunk = rig_layout().bytes_per_token() * rig_chunk_tokens;
     memory_store store(prompt_chunks * chunk);  // room for one prompt only
     connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view());
-    REQUIRE(compute_and_save(conn, cache, 1, prompt));
-    REQUIRE(compute_and_save(conn, cache, 2, other));  // evicts the first prompt's chunks
+    const auto got4 = compute_and_save(conn, cache, 1, prompt);  // outside the lock: it may wait for a peer
+    LOCKED_REQUIRE(got4);
+    const auto got5 = compute_and_save(
+        conn, cache, 2,
+        other);  // outside the lock: it may wait for a peer  // evicts the first prompt's chunks
+    LOCKED_REQUIRE(got5);
     conn.drain_events();
-    REQUIRE(lookup_agreed(conn, 3, prompt));
+    const auto got6 = lookup_agreed(conn, 3, prompt);  // outside the lock: it may wait for a peer
+    LOCKED_REQUIRE(got6);
     std::size_t evicted = 0;
     for (const kv_event& e : conn.drain_events())
       evicted += e.what == kv_event::kind::evicted ? e.keys.size() : 0;
-    CHECK(evicted > 0);
+    LOCKED_CHECK(evicted > 0);
     conn.finish(3);
   });
 }
@@ -157,15 +169,17 @@ TEST_CASE("connector: check_deployment agrees at setup and names a rank configur
     memory_store store(1 << 20);
     host_kv_cache cache(rig_layout());
     connector same(chunker<>(rig_ns("mod:3")), modulo_ownership(3), store, c, cache.view());
-    CHECK_FALSE(same.check_deployment(deadline_after(std::chrono::seconds(5))).ec);
+    const auto got7 = same.check_deployment(deadline_after(std::chrono::seconds(5)))
+                          .ec;  // outside the lock: it may wait for a peer
+    LOCKED_CHECK_FALSE(got7);
     // Rank 2 runs another model: its key namespace differs.
     key_namespace ns = rig_ns("mod:3");
     if (c.rank() == 2) ns.model = "another-model";
     connector odd(chunker<>(ns), modulo_ownership(3), store, c, cache.view());
     const deployment_check_result r = odd.check_deployment(deadline_after(std::chrono::seconds(5)));
-    CHECK(r.ec == errc::invalid_argument);
-    CHECK(r.field == "namespace_fingerprint");
-    CHECK(r.rank == 2);
+    LOCKED_CHECK(r.ec == errc::invalid_argument);
+    LOCKED_CHECK(r.field == "namespace_fingerprint");
+    LOCKED_CHECK(r.rank == 2);
   });
 }
 
@@ -178,10 +192,10 @@ TEST_CASE("connector policies: cost skips a load slower than recomputing; split 
     sc.opt.node = {.kv_bytes_per_token = 1e6, .prefill_tokens_per_s = 1e9};
     sc.opt.prior = {.fixed_cost_s = 0, .bandwidth_gb_per_s = 1.0};
     for (const rank_load_report& rep : run_load(sc, plain_store_for{})) {
-      REQUIRE(rep.plan);
-      CHECK(rep.plan->cached_tokens == hit);
-      CHECK(rep.plan->tokens_to_load() == 0);
-      CHECK_FALSE(rep.outcome);
+      LOCKED_REQUIRE(rep.plan);
+      LOCKED_CHECK(rep.plan->cached_tokens == hit);
+      LOCKED_CHECK(rep.plan->tokens_to_load() == 0);
+      LOCKED_CHECK_FALSE(rep.outcome);
     }
   }
   {  // 1 ms per token either way: compute [0, 64) while loading [64, 192) (split_point at 2 x 32)
@@ -191,14 +205,14 @@ TEST_CASE("connector policies: cost skips a load slower than recomputing; split 
     sc.opt.prior = {.fixed_cost_s = 0, .bandwidth_gb_per_s = 1.0};
     const auto reps = run_load(sc, plain_store_for{});
     for (const rank_load_report& rep : reps) {
-      REQUIRE(rep.plan);
-      CHECK(rep.plan->cached_tokens == hit);
-      CHECK(rep.plan->load_first_token == 64);
-      CHECK(rep.plan->load_end_token == hit);
-      REQUIRE(rep.outcome);
-      CHECK(rep.outcome->complete());
-      CHECK(rep.wrong == 0);  // the loaded range [64, 192) is the model's, byte for byte
-      CHECK(rep.calls == reps[0].calls);
+      LOCKED_REQUIRE(rep.plan);
+      LOCKED_CHECK(rep.plan->cached_tokens == hit);
+      LOCKED_CHECK(rep.plan->load_first_token == 64);
+      LOCKED_CHECK(rep.plan->load_end_token == hit);
+      LOCKED_REQUIRE(rep.outcome);
+      LOCKED_CHECK(rep.outcome->complete());
+      LOCKED_CHECK(rep.wrong == 0);  // the loaded range [64, 192) is the model's, byte for byte
+      LOCKED_CHECK(rep.calls == reps[0].calls);
     }
   }
 }

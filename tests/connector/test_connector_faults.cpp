@@ -16,6 +16,7 @@
 #include "kvtier/comm/inproc.hpp"
 #include "kvtier/connector.hpp"
 #include "kvtier/store/memory_store.hpp"
+#include "support/locked_checks.hpp"
 
 using namespace kvtier;
 using namespace kvtier::test;
@@ -101,43 +102,43 @@ TEST_CASE("connector faults: one rank at a time, every rank agrees and no byte i
             return s;
           });
           for (const rank_load_report& rep : reps) {
-            REQUIRE(rep.plan);
-            CHECK(rep.plan->cached_tokens == reps[0].plan->cached_tokens);
-            CHECK(rep.outcome.has_value() == reps[0].outcome.has_value());
+            LOCKED_REQUIRE(rep.plan);
+            LOCKED_CHECK(rep.plan->cached_tokens == reps[0].plan->cached_tokens);
+            LOCKED_CHECK(rep.outcome.has_value() == reps[0].outcome.has_value());
             if (rep.outcome && reps[0].outcome)
-              CHECK(rep.outcome->loaded_end_token == reps[0].outcome->loaded_end_token);
-            CHECK(rep.errors == reps[0].errors);
-            CHECK(rep.wrong == 0);
-            CHECK(rep.calls == reps[0].calls);
+              LOCKED_CHECK(rep.outcome->loaded_end_token == reps[0].outcome->loaded_end_token);
+            LOCKED_CHECK(rep.errors == reps[0].errors);
+            LOCKED_CHECK(rep.wrong == 0);
+            LOCKED_CHECK(rep.calls == reps[0].calls);
           }
           // What each fault must have cost (the first rank's view; the others equal it).
           const rank_load_report& a = reps[0];
           const std::uint64_t first_owned = bad * T, second_owned = (bad + W) * T;
           switch (f) {
             case fault::lookup_timeout:
-              CHECK(a.plan->cached_tokens <= first_owned);
+              LOCKED_CHECK(a.plan->cached_tokens <= first_owned);
               break;
             case fault::save_fails:
-              CHECK(a.plan->cached_tokens == first_owned);
-              CHECK(reps[bad].save_failures > 0);
+              LOCKED_CHECK(a.plan->cached_tokens == first_owned);
+              LOCKED_CHECK(reps[bad].save_failures > 0);
               break;
             case fault::store_error_mid_load:
             case fault::corrupt_value: {
               const std::uint64_t expect = f == fault::corrupt_value ? first_owned : second_owned;
-              CHECK(a.plan->cached_tokens == 6 * T);
+              LOCKED_CHECK(a.plan->cached_tokens == 6 * T);
               if (expect == 0) {
-                CHECK(a.outcome->loaded_end_token == 0);
+                LOCKED_CHECK(a.outcome->loaded_end_token == 0);
               } else {
-                REQUIRE(a.outcome);
-                CHECK(a.outcome->loaded_end_token == expect);
-                CHECK(a.errors.front() == expect / T);
-                CHECK(a.errors.size() == 6 - expect / T);
+                LOCKED_REQUIRE(a.outcome);
+                LOCKED_CHECK(a.outcome->loaded_end_token == expect);
+                LOCKED_CHECK(a.errors.front() == expect / T);
+                LOCKED_CHECK(a.errors.size() == 6 - expect / T);
               }
               break;
             }
             case fault::peer_stalls:
-              REQUIRE(a.outcome);
-              CHECK(a.outcome->loaded_end_token <= 6 * T);
+              LOCKED_REQUIRE(a.outcome);
+              LOCKED_CHECK(a.outcome->loaded_end_token <= 6 * T);
               break;
             case fault::none:
               break;
@@ -216,31 +217,42 @@ TEST_CASE("connector layer by layer: a layer below a late layer group is ready b
     opt.fetch_batch_chunks = 0;  // one store call: the whole load is agreed, and moved, at once
     opt.load_deadline.base = std::chrono::seconds(30);
     connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, c, data, cache.view(), opt);
-    REQUIRE(compute_and_save(conn, cache, 1, prompt));
+    const auto got1 = compute_and_save(conn, cache, 1, prompt);  // outside the lock: it may wait for a peer
+    LOCKED_REQUIRE(got1);
     const auto plan = lookup_agreed(conn, 2, prompt);
-    REQUIRE(plan);
-    REQUIRE(plan->tokens_to_load() == 6 * T);
+    LOCKED_REQUIRE(plan);
+    LOCKED_REQUIRE(plan->tokens_to_load() == 6 * T);
     host_kv_cache::sequence seq;
-    REQUIRE(cache.reserve(seq, prompt.size()));
-    REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
+    LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+    LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
     // Step until the moves reach the late group (bounded: 20,000 steps).
     for (int i = 0; i < 20000 && !data.wait_reached(std::chrono::seconds(0)); ++i) {
       conn.step(deadline_after(std::chrono::seconds(2)));
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    REQUIRE(data.wait_reached(std::chrono::seconds(10)));
+    const bool reached = data.wait_reached(std::chrono::seconds(10));  // outside the lock: it waits
+    LOCKED_REQUIRE(reached);
     for (std::uint32_t l = 0; l < late_group; ++l) {
-      CHECK_FALSE(conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10))));
-      CHECK(wrong_bytes(cache, seq, 0, 6 * T, l + 1) == 0);  // layers up to l are right already
+      const auto got2 = conn.wait_for_layer(
+          l, deadline_after(std::chrono::seconds(10)));  // outside the lock: it may wait for a peer
+      LOCKED_CHECK_FALSE(got2);
+      LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T, l + 1) == 0);  // layers up to l are right already
     }
-    CHECK(conn.wait_for_layer(late_group, deadline_after(std::chrono::milliseconds(20))) == errc::timeout);
-    CHECK_FALSE(conn.load_result(2).has_value());
+    const auto got3 = conn.wait_for_layer(late_group, deadline_after(std::chrono::milliseconds(20))) ==
+                      errc::timeout;  // outside the lock: it may wait for a peer
+    LOCKED_CHECK(got3);
+    LOCKED_CHECK_FALSE(conn.load_result(2).has_value());
     data.release();
-    REQUIRE(step_until(conn, [&] { return conn.load_result(2).has_value(); }));
-    CHECK(conn.load_result(2)->complete());
-    for (std::uint32_t l = 0; l < rig_layers; ++l)
-      CHECK_FALSE(conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10))));
-    CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);
+    const auto got4 = step_until(
+        conn, [&] { return conn.load_result(2).has_value(); });  // outside the lock: it may wait for a peer
+    LOCKED_REQUIRE(got4);
+    LOCKED_CHECK(conn.load_result(2)->complete());
+    for (std::uint32_t l = 0; l < rig_layers; ++l) {
+      const auto got5 = conn.wait_for_layer(
+          l, deadline_after(std::chrono::seconds(10)));  // outside the lock: it may wait for a peer
+      LOCKED_CHECK_FALSE(got5);
+    }
+    LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);
     conn.finish(2);
   });
 }
