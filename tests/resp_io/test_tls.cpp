@@ -22,6 +22,7 @@
 #include "resp_io/store_test_util.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
+#include "support/scripted_tls_server.hpp"
 #include "support/test_pki.hpp"
 #if KVTIER_TEST_URING_TLS
 #include "kvtier/resp/uring_tls_connection.hpp"
@@ -174,6 +175,62 @@ TEMPLATE_TEST_CASE("tls: a wrong CA, a wrong name, an expired certificate, a pla
     typename plain_of<TestType>::type conn(tls_options_for(good));
     REQUIRE(conn.ping(deadline_after(3s)) == errc::invalid_argument);
     REQUIRE(conn.last_error().find(plain_of<TestType>::needs) != std::string::npos);
+  }
+}
+
+TEMPLATE_TEST_CASE("tls: a reply nobody asked for closes the connection, never answers the next batch",
+                   "[integration]", KVTIER_TLS_CONNECTIONS) {
+  // As on a plain connection: bytes after a batch's last reply make the stream untrustworthy.
+  // Over TLS they may sit in a record not decrypted yet (after the last reply, or arriving while
+  // idle), where a peek at the socket cannot tell them from a session ticket (issue 18, bug 4).
+  auto bulk = [](const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; };
+  auto script = [&](const std::vector<std::string>& cmd) {
+    const std::string& arg = cmd.size() > 1 ? cmd[1] : cmd[0];
+    std::vector<std::string> records{bulk(arg)};
+    if (arg.rfind("stray", 0) == 0) records.push_back(bulk("unasked"));  // a record of its own
+    if (arg.rfind("ticket", 0) == 0) records.push_back(kvtier::test::scripted_tls_server::send_ticket_record);
+    return records;
+  };
+  auto options_for = [](std::uint16_t port) {
+    auto u = kvtier::resp::parse_url("rediss://127.0.0.1:" + std::to_string(port));
+    REQUIRE(u);
+    kvtier::resp::connection_options o{.server = u.value};
+    o.tls.ca_file = pki().path("ca.pem");
+    o.reconnect_backoff_min = 1ms;
+    return o;
+  };
+  auto echo = [](TestType& conn, const std::string& arg) {
+    batch b;
+    b.add({"ECHO", arg});
+    REQUIRE_FALSE(conn.execute(b, deadline_after(5s)));
+    REQUIRE(b.completed() == 1);
+    return b.reply(0).str;
+  };
+  const bool idle = GENERATE(false, true);
+  {
+    // idle: the extra record is held until the batch returned, so it arrives between batches.
+    INFO((idle ? "the extra record arrives while the connection is idle"
+               : "the extra record follows the last reply at once"));
+    kvtier::test::scripted_tls_server srv(pki(), script, /*hold_rest=*/idle);
+    TestType conn(options_for(srv.port()));
+    SECTION("application data: the connection closes and the next batch gets its own reply") {
+      REQUIRE(echo(conn, "stray-1") == "stray-1");
+      if (idle) srv.release();
+      REQUIRE(srv.wait_records(2));
+      CHECK(echo(conn, "second") == "second");
+      CHECK(echo(conn, "third") == "third");
+      CHECK(conn.stats().connects == 2);
+      CHECK(srv.connections() == 2);
+    }
+    SECTION("a session ticket is not data: the connection is kept") {
+      REQUIRE(echo(conn, "ticket-1") == "ticket-1");
+      if (idle) srv.release();
+      REQUIRE(srv.wait_records(2));
+      CHECK(echo(conn, "second") == "second");
+      CHECK(echo(conn, "third") == "third");
+      CHECK(conn.stats().connects == 1);
+      CHECK(srv.connections() == 1);
+    }
   }
 }
 
