@@ -164,12 +164,27 @@ TEMPLATE_TEST_CASE("tls: a wrong CA, a wrong name, an expired certificate, a pla
     auto o = tls_options_for(good);
     o.server.port = good.port();  // the same server's plaintext port: it never answers a ClientHello
     expect_tls_failure(o, "is the server speaking TLS on this port?", errc::connection_refused);
+    expect_tls_failure(o, "use resp:// for a plaintext port", errc::connection_refused);
   }
   SECTION("verification off talks to the server anyway (for tests only)") {
     auto o = tls_options_for(good, "other-ca.pem");
     o.tls.verify_peer = false;
     TestType conn(o);
     REQUIRE_FALSE(conn.ping(deadline_after(3s)));
+  }
+  SECTION("a plaintext URL against a TLS port: the hint names rediss://") {
+    // The TLS port hangs up on a plaintext command without a byte; with HELLO 3 it is the
+    // handshake that fails, without it the first command.
+    for (const int protocol : {2, 3}) {
+      auto u = kvtier::resp::parse_url("resp://127.0.0.1:" + std::to_string(good.tls_port()));
+      REQUIRE(u);
+      kvtier::resp::connection_options o{.server = u.value};
+      o.protocol = protocol;
+      typename plain_of<TestType>::type conn(o);
+      REQUIRE(conn.ping(deadline_after(3s)) == errc::connection_lost);
+      INFO(conn.last_error());
+      CHECK(conn.last_error().find("is it a TLS port? use rediss://") != std::string::npos);
+    }
   }
   SECTION("a TLS endpoint on the plain connection of the transport is refused with a reason") {
     typename plain_of<TestType>::type conn(tls_options_for(good));

@@ -197,9 +197,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
       result = e;
     });
     if (run_until(dl)) {
-      this->set_transport_text(
-          "TLS handshake: no answer by the deadline (is the server speaking TLS on this port? a "
-          "plaintext Redis waits silently for the rest of a command)");
+      this->set_transport_text(detail::tls_silent_peer_text);
       tls_.reset();
       return make_error_code(errc::timeout);
     }

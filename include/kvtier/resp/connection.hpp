@@ -348,8 +348,18 @@ class connection_base {
     close();
     note_error(ec, ec == errc::protocol_error
                        ? "reply is not RESP (is a Redis-protocol server listening there?)"
-                       : "");
+                       : closed_before_reply_hint(ec));
     return ec;
+  }
+
+  // A plaintext TCP connection that the server closed before sending a byte: what a TLS port
+  // does with a plaintext command.
+  std::string_view closed_before_reply_hint(std::error_code ec) const noexcept {
+    if (ec != errc::connection_lost || opt_.server.tls || opt_.server.kind != endpoint::transport::tcp ||
+        stats_.bytes_read != bytes_read_at_connect_)
+      return {};
+    return "the server closed the connection before any reply (is it a TLS port? use rediss:// or "
+           "resp+tls://)";
   }
 
   // Connected, handshaken and (as far as a cheap check tells) alive.
@@ -384,6 +394,7 @@ class connection_base {
     if (!ec) {
       connected_ = true;
       parser_.reset();
+      bytes_read_at_connect_ = stats_.bytes_read;
       ec = handshake(cdl, server_text);
       // run() closed the stream for bytes after the handshake's replies: this attempt failed.
       if (!ec && !connected_) ec = make_error_code(errc::protocol_error);
@@ -396,7 +407,8 @@ class connection_base {
       if (ec == errc::timeout && cdl < dl)
         ec = make_error_code(errc::connection_refused);  // connect_timeout, not the caller's
       last_connect_error_ = ec;
-      note_error(ec, server_text.empty() ? "connect" : server_text);
+      const std::string_view hint = closed_before_reply_hint(ec);
+      note_error(ec, !server_text.empty() ? std::string_view(server_text) : !hint.empty() ? hint : "connect");
       next_attempt_ = clock::now() + std::chrono::duration_cast<clock::duration>(backoff_);
       backoff_ = std::min(backoff_ * 2, opt_.reconnect_backoff_max);
       return ec;
@@ -485,7 +497,8 @@ class connection_base {
   std::error_code last_connect_error_;
   std::string last_error_;
   std::string transport_text_;
-  batch ping_;   // ping()
+  std::uint64_t bytes_read_at_connect_ = 0;  // stats_.bytes_read when the socket connected
+  batch ping_;                               // ping()
   batch probe_;  // health checks and the handshake (never at the same time as a caller's batch)
   batch* cur_ = nullptr;
   std::vector<std::span<const std::byte>> out_;

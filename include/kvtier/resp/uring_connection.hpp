@@ -403,9 +403,7 @@ class basic_uring_connection : public connection_base<basic_uring_connection<Tls
       tls_post(s == st::want_read);
       const int r = tls_reap(dl);
       if (r == -ETIME) {
-        this->set_transport_text(
-            "TLS handshake: no answer by the deadline (is the server speaking TLS on this port? a "
-            "plaintext Redis waits silently for the rest of a command)");
+        this->set_transport_text(detail::tls_silent_peer_text);
         cancel_all();
         return make_error_code(errc::timeout);
       }
