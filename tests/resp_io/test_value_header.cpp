@@ -138,5 +138,5 @@ TEST_CASE("value_header v2: a flipped payload byte fails exactly its own group",
                     (g != own));
         RC_ASSERT(kvtier::first_bad_group(f, h, payload) == own);
       },
-      2000);
+      10000);
 }
