@@ -4,7 +4,8 @@
 // SSL_write each, for what a real server will not do on demand: a reply nobody asked for in a
 // record of its own, a session ticket between batches. With `hold_rest`, the first record of an
 // answer goes out at once and the others wait for release(), so a test can have them arrive
-// while the client is idle. One thread per connection; all are joined in the destructor.
+// while the client is idle. One thread per connection; all are joined in the destructor
+// (loopback_acceptor.hpp).
 //
 //   kvtier::test::scripted_tls_server s(pki, [](const std::vector<std::string>& cmd) {
 //     if (cmd[0] == "PING") return std::vector<std::string>{"+PONG\r\n", s.send_ticket_record};
@@ -12,19 +13,15 @@
 //   });
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -32,6 +29,7 @@
 #include <vector>
 
 #include "kvtier/resp/parser.hpp"
+#include "support/loopback_acceptor.hpp"
 #include "support/test_pki.hpp"
 
 namespace kvtier::test {
@@ -47,26 +45,9 @@ class scripted_tls_server {
       : answer_(std::move(answer)), hold_rest_(hold_rest) {
     // OpenSSL writes with write(): a client that closed must not end the test process.
     ::signal(SIGPIPE, SIG_IGN);
-    ctx_ = SSL_CTX_new(TLS_server_method());
-    if (ctx_ == nullptr || SSL_CTX_use_certificate_chain_file(ctx_, pki.path("server.pem").c_str()) != 1 ||
-        SSL_CTX_use_PrivateKey_file(ctx_, pki.path("server.key").c_str(), SSL_FILETYPE_PEM) != 1)
+    if (!ctx_ || SSL_CTX_use_certificate_chain_file(ctx_.get(), pki.path("server.pem").c_str()) != 1 ||
+        SSL_CTX_use_PrivateKey_file(ctx_.get(), pki.path("server.key").c_str(), SSL_FILETYPE_PEM) != 1)
       throw std::runtime_error("scripted_tls_server: certificate or key did not load");
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (listen_fd_ < 0) throw std::runtime_error("scripted_tls_server: socket failed");
-    int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 16) != 0 ||
-        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ::close(listen_fd_);
-      SSL_CTX_free(ctx_);
-      throw std::runtime_error("scripted_tls_server: bind/listen failed");
-    }
-    port_ = ntohs(a.sin_port);
-    acceptor_ = std::thread([this] { accept_loop(); });
   }
   scripted_tls_server(const scripted_tls_server&) = delete;
   scripted_tls_server& operator=(const scripted_tls_server&) = delete;
@@ -76,19 +57,10 @@ class scripted_tls_server {
       stop_ = true;
     }
     cv_.notify_all();
-    ::shutdown(listen_fd_, SHUT_RDWR);
-    acceptor_.join();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
-    }
-    for (auto& t : clients_) t.join();
-    for (int fd : fds_) ::close(fd);
-    ::close(listen_fd_);
-    SSL_CTX_free(ctx_);
+    // acceptor_ (the last member) shuts the sockets down and joins every thread next.
   }
 
-  std::uint16_t port() const noexcept { return port_; }
+  std::uint16_t port() const noexcept { return acceptor_.port(); }
   /// TLS connections accepted so far.
   std::size_t connections() const noexcept { return connections_.load(); }
   /// Records written so far (SSL_write returned, or the ticket went out).
@@ -107,18 +79,6 @@ class scripted_tls_server {
   }
 
  private:
-  void accept_loop() {
-    while (!stop_) {
-      pollfd p{listen_fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      std::lock_guard<std::mutex> lock(mu_);
-      fds_.push_back(fd);
-      clients_.emplace_back([this, fd] { serve(fd); });
-    }
-  }
-
   bool write_record(SSL* ssl, const std::string& r) {
     if (r == send_ticket_record) {
       if (SSL_new_session_ticket(ssl) != 1 || SSL_do_handshake(ssl) != 1) return false;
@@ -130,7 +90,7 @@ class scripted_tls_server {
   }
 
   void serve(int fd) {
-    SSL* ssl = SSL_new(ctx_);
+    SSL* ssl = SSL_new(ctx_.get());
     if (ssl == nullptr) return;
     SSL_set_fd(ssl, fd);
     if (SSL_accept(ssl) == 1) {
@@ -170,17 +130,13 @@ class scripted_tls_server {
 
   script answer_;
   bool hold_rest_ = false;
-  SSL_CTX* ctx_ = nullptr;
-  int listen_fd_ = -1;
-  std::uint16_t port_ = 0;
+  std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)> ctx_{SSL_CTX_new(TLS_server_method()), SSL_CTX_free};
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> connections_{0}, records_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::size_t releases_ = 0, used_releases_ = 0;
-  std::vector<int> fds_;
-  std::vector<std::thread> clients_;
-  std::thread acceptor_;
+  loopback_acceptor acceptor_{[this](int fd) { serve(fd); }};  // last: stops before the rest
 };
 
 }  // namespace kvtier::test
