@@ -396,6 +396,7 @@ class connection_base {
       parser_.reset();
       bytes_read_at_connect_ = stats_.bytes_read;
       ec = handshake(cdl, server_text);
+      if (server_text.empty()) server_text = closed_before_reply_hint(ec);  // a TLS port hung up
       // run() closed the stream for bytes after the handshake's replies: this attempt failed.
       if (!ec && !connected_) ec = make_error_code(errc::protocol_error);
     }
@@ -407,8 +408,7 @@ class connection_base {
       if (ec == errc::timeout && cdl < dl)
         ec = make_error_code(errc::connection_refused);  // connect_timeout, not the caller's
       last_connect_error_ = ec;
-      const std::string_view hint = closed_before_reply_hint(ec);
-      note_error(ec, !server_text.empty() ? std::string_view(server_text) : !hint.empty() ? hint : "connect");
+      note_error(ec, server_text.empty() ? "connect" : server_text);
       next_attempt_ = clock::now() + std::chrono::duration_cast<clock::duration>(backoff_);
       backoff_ = std::min(backoff_ * 2, opt_.reconnect_backoff_max);
       return ec;
@@ -497,13 +497,13 @@ class connection_base {
   std::error_code last_connect_error_;
   std::string last_error_;
   std::string transport_text_;
-  std::uint64_t bytes_read_at_connect_ = 0;  // stats_.bytes_read when the socket connected
-  batch ping_;                               // ping()
+  batch ping_;   // ping()
   batch probe_;  // health checks and the handshake (never at the same time as a caller's batch)
   batch* cur_ = nullptr;
   std::vector<std::span<const std::byte>> out_;
   std::size_t out_index_ = 0;
   bool payload_read_ = false;
+  std::uint64_t bytes_read_at_connect_ = 0;  // stats_.bytes_read when the socket connected
   const std::byte* internal_end_ = nullptr;
 };
 
