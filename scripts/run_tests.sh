@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kvtier's whole test suite, as CI runs it (.ci/run calls exactly this):
-#   1. Release build: every header compiled on its own, every test label; the `mpi`
+#   1. Release build: every header compiled on its own, every test label (python too:
+#      pytest under /usr/bin/python3 on the built module); the `mpi`
 #      tests (one process per rank under mpiexec) alone, after the others, so that
 #      their ranks are not starved by parallel tests.
 #   2. ASan+UBSan build: the unit and property tests.

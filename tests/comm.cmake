@@ -7,6 +7,9 @@ kvtier_add_test(test_chunk_broadcast_property SOURCES comm/test_chunk_broadcast_
 if(TARGET kvtier::nccl)
   kvtier_add_test(test_comm_nccl SOURCES comm/test_nccl.cpp LABELS unit LIBS kvtier::nccl)
 endif()
+kvtier_add_test(test_communicator SOURCES comm/test_communicator.cpp LABELS unit)
+kvtier_add_test(test_nccl_policy SOURCES comm/test_nccl_policy.cpp LABELS unit)
+kvtier_add_test(test_deployment_check SOURCES comm/test_deployment_check.cpp LABELS unit)
 kvtier_add_test(test_comm_conformance SOURCES comm/test_comm_conformance.cpp LABELS unit tsan)
 # MPI backend, one process per rank (label mpi). The oversubscribe and run-as-root
 # flags let 4 ranks run on a 2-core CI machine as root; users run plain `mpiexec -n W`.
@@ -21,6 +24,7 @@ if(TARGET kvtier::mpi AND KVTIER_SANITIZE STREQUAL "")
     set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT ${T_TIMEOUT} PROCESSORS ${T_RANKS})
   endfunction()
   kvtier_add_mpi_test(test_comm_mpi SOURCES comm/test_comm_mpi.cpp RANKS 4 TIMEOUT 240)
+  kvtier_add_mpi_test(test_comm_mpi_recovery SOURCES comm/test_comm_mpi_recovery.cpp RANKS 3 TIMEOUT 120)
 endif()
 # Bootstrap over a real redis-server (the RESP adapter; the MPI one is in test_comm_mpi).
 if(TARGET kvtier::asio)

@@ -5,6 +5,12 @@
 #      (16 chunks of 12.4 MB in device memory, every mode, bytes verified), and
 #   2. measures host-to-device bandwidth for 12.4 MB chunks from pinned and from pageable
 #      host memory in the same run;
+#   2b. checks an adopted (engine-owned) NCCL communicator on the engine's stream: a 200 ms
+#      broadcast queued behind 600 ms of engine work succeeds (its budget starts when it
+#      starts); a timeout never aborts the engine's communicator (the engine then runs its
+#      own all-reduce on it and destroys it); wait_event bounds the enqueue-only form; the
+#      sources_ready hook (order_after) orders the moves after the stream filling the
+#      sources ("adopted: ..." lines, "adopted_ok" in the JSON);
 #   3. compiles bench/gpu/kv_copy_check.cu with nvcc and compares the paged-KV gather/scatter
 #      kernels bit for bit with the CPU version over random layouts, then times them on 12.4 MB
 #      chunks (vLLM MLA bf16/fp8, FlashAttention NHD/HND) against cudaMemcpyAsync of the same

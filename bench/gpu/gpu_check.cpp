@@ -4,7 +4,13 @@
 //   2. host-to-device copy bandwidth of 12.4 MB chunks (one MLA chunk of 256 tokens,
 //      s = 48.4 KB/token) from pinned and from pageable host memory, in the same run
 //      (the L1-to-GPU path): single chunks and 8-chunk batches (one rank's share of
-//      a 16k-token prompt at W = 8).
+//      a 16k-token prompt at W = 8);
+//   3. an adopted communicator (the "engine's", on the engine's stream): a broadcast
+//      queued behind 600 ms of the engine's work still gets its own 200 ms budget; a
+//      timeout never aborts the engine's communicator (the engine then uses and
+//      destroys it itself); the enqueue-only form's wait_event is bounded; and
+//      broadcast_params::sources_ready (order_after) orders the moves after the
+//      stream that fills the sources.
 // Prints medians and ratios; the last line is one JSON object. Exit 0 = all checks passed,
 // 1 = a check failed, 2 = no CUDA device.
 //
@@ -15,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvtier/chunk_broadcast.hpp"
@@ -47,6 +54,146 @@ double h2d_seconds(const std::byte* h, std::byte* d, int n, cudaStream_t s) {
       std::exit(1);
   if (!cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize")) std::exit(1);
   return duration<double>(clock::now() - t0).count();
+}
+
+// A host function on a stream: the stream stalls for `ms` (the engine's "prefill").
+void CUDART_CB stall_stream(void* ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
+}
+
+double ms_since(clock::time_point t0) { return duration<double, std::milli>(clock::now() - t0).count(); }
+
+// The engine's own one-rank communicator (non-blocking, as kvtier recommends).
+bool engine_comm(ncclComm_t& out) {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) return false;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommInitRankConfig(&out, 1, id, 0, &config);
+  if (r != ncclSuccess && r != ncclInProgress) return false;
+  for (int i = 0; i < 200000; ++i) {
+    ncclResult_t state = ncclInProgress;
+    ncclCommGetAsyncError(out, &state);
+    if (state == ncclSuccess) return true;
+    if (state != ncclInProgress) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return false;
+}
+
+// Section 3; prints one line per check and returns whether all passed.
+bool adopted_checks(comm::device_buffer& src, comm::device_buffer& dst, comm::nccl_communicator& owned) {
+  bool ok_all = true;
+  auto report = [&](const char* what, bool ok, const std::string& detail) {
+    std::printf("adopted: %-44s %s%s%s\n", what, ok ? "OK" : "FAILED", detail.empty() ? "" : ": ",
+                detail.c_str());
+    ok_all = ok_all && ok;
+  };
+  ncclComm_t ecomm = nullptr;
+  cudaStream_t estream = nullptr;
+  if (!engine_comm(ecomm) || !cuda_ok(cudaStreamCreateWithFlags(&estream, cudaStreamNonBlocking), "stream")) {
+    report("engine communicator", false, "could not create it");
+    return false;
+  }
+  const auto chunk = dst.bytes().first(chunk_bytes);
+  const auto from = std::span<const std::byte>(src.bytes()).first(chunk_bytes);
+  // (a) the budget starts when the operation starts.
+  {
+    comm::nccl_communicator c;
+    if (auto ec =
+            comm::nccl_communicator::adopt(c, ecomm, estream, {.max_queue_wait = std::chrono::seconds(5)})) {
+      report("adopt", false, c.last_error());
+      return false;
+    }
+    static int stall = 600;
+    cudaLaunchHostFunc(estream, stall_stream, &stall);
+    const auto t0 = clock::now();
+    const auto ec = c.broadcast(from, chunk, 0, deadline_after(std::chrono::milliseconds(200)));
+    report("200 ms broadcast behind 600 ms of engine work", !ec,
+           std::to_string(ms_since(t0)) + " ms" + (ec ? ", " + c.last_error() : std::string()));
+  }
+  // (b) a timeout poisons, never aborts: the engine's communicator stays the engine's.
+  {
+    comm::nccl_communicator c;
+    (void)comm::nccl_communicator::adopt(c, ecomm, estream,
+                                         {.max_queue_wait = std::chrono::milliseconds(300)});
+    static int stall = 2500;
+    cudaLaunchHostFunc(estream, stall_stream, &stall);
+    const auto t0 = clock::now();
+    const auto ec = c.broadcast(from, chunk, 0, deadline_after(std::chrono::milliseconds(100)));
+    const double waited = ms_since(t0);
+    report("timeout past max_queue_wait is bounded", ec == errc::timeout && waited < 2000,
+           std::to_string(waited) + " ms, " + c.last_error());
+    report("the adopted communicator was not aborted",
+           c.aborted() && c.native() == ecomm && c.first_error() == errc::timeout, c.last_error());
+    std::uint64_t v = 1;
+    report("later calls keep the first error",
+           comm::all_reduce_value(c, v, comm::reduce_op::sum, deadline_after(std::chrono::seconds(1))) ==
+                   errc::backend_error &&
+               c.last_error().find("max_queue_wait") != std::string::npos,
+           c.last_error());
+  }
+  cudaStreamSynchronize(estream);  // the engine waits for its own work (and the queued broadcast)
+  {
+    ncclResult_t state = ncclInternalError;
+    ncclCommGetAsyncError(ecomm, &state);
+    comm::device_buffer one(8);
+    ncclResult_t r = ncclAllReduce(one.data(), one.data(), 1, ncclUint64, ncclSum, ecomm, estream);
+    ncclResult_t s2 = ncclInProgress;
+    for (int i = 0; i < 100000 && s2 == ncclInProgress; ++i) {
+      ncclCommGetAsyncError(ecomm, &s2);
+      if (s2 == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    const bool synced = cudaStreamSynchronize(estream) == cudaSuccess;
+    report("the engine still uses its communicator",
+           state == ncclSuccess && (r == ncclSuccess || r == ncclInProgress) && s2 == ncclSuccess && synced,
+           std::string(ncclGetErrorString(state)));
+  }
+  // (c) the enqueue-only form: wait_event is bounded.
+  {
+    comm::nccl_communicator c;
+    (void)comm::nccl_communicator::adopt(c, ecomm, estream);
+    static int stall = 1500;
+    cudaLaunchHostFunc(estream, stall_stream, &stall);
+    auto [eec, ev] = c.enqueue_broadcast(from, chunk, 0, deadline_after(std::chrono::seconds(5)));
+    const auto t0 = clock::now();
+    const auto wec = eec ? eec : c.wait_event(ev, deadline_after(std::chrono::milliseconds(100)));
+    const double waited = ms_since(t0);
+    report("wait_event returns by its deadline", !eec && wec == errc::timeout && waited < 1000,
+           std::to_string(waited) + " ms, " + c.last_error());
+    cudaStreamSynchronize(estream);
+  }
+  report("the engine destroys its communicator", ncclCommDestroy(ecomm) == ncclSuccess, "");
+  cudaStreamDestroy(estream);
+  // (d) sources_ready: the moves wait for the stream that fills the sources.
+  {
+    const modulo_ownership own(1);
+    cudaStream_t filler;
+    cudaEvent_t filled;
+    cudaStreamCreateWithFlags(&filler, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&filled, cudaEventDisableTiming);
+    cudaMemset(src.data(), 0x11, chunk_bytes);
+    cudaMemset(dst.data(), 0, chunk_bytes);
+    cudaDeviceSynchronize();
+    static int stall = 300;
+    cudaLaunchHostFunc(filler, stall_stream, &stall);  // the "scatter" is late
+    cudaMemsetAsync(src.data(), 0x77, chunk_bytes, filler);
+    cudaEventRecord(filled, filler);
+    chunk_span_buffers bufs;
+    bufs.sources.push_back(from);
+    bufs.destinations.push_back(chunk);
+    broadcast_params p{.n_chunks = 1, .chunk_tokens = 256, .chunk_bytes = chunk_bytes, .request_id = 2};
+    p.sources_ready = [&](deadline) { return owned.order_after(filled); };
+    const auto r = chunk_broadcast(owned, own, 256, bufs, p, deadline_after(std::chrono::seconds(10)));
+    std::vector<std::byte> back(chunk_bytes);
+    cudaMemcpy(back.data(), dst.data(), chunk_bytes, cudaMemcpyDeviceToHost);
+    const bool bytes =
+        std::all_of(back.begin(), back.end(), [](std::byte b) { return b == std::byte{0x77}; });
+    report("sources_ready orders the moves after the filler", !r.ec && bytes, r.message);
+    cudaEventDestroy(filled);
+    cudaStreamDestroy(filler);
+  }
+  return ok_all;
 }
 
 }  // namespace
@@ -125,6 +272,11 @@ int main(int argc, char** argv) {
     all_ok = all_ok && ok;
   }
 
+  // ---- 3. the engine's communicator, adopted ----------------------------------------------
+  const bool protocol_ok = all_ok;
+  const bool adopted_ok = adopted_checks(src, dst, c);
+  all_ok = all_ok && adopted_ok;
+
   // ---- 2. H2D bandwidth, pinned vs pageable ----------------------------------------------
   const int batch = 8;
   comm::pinned_buffer pinned(batch * chunk_bytes);
@@ -156,14 +308,14 @@ int main(int argc, char** argv) {
 
   char json[1024];
   std::snprintf(json, sizeof json,
-                "{\"bench\":\"gpu_check\",\"device\":\"%s\",\"nccl\":%d,\"protocol_ok\":%s,"
+                "{\"bench\":\"gpu_check\",\"device\":\"%s\",\"nccl\":%d,\"protocol_ok\":%s,\"adopted_ok\":%s,"
                 "\"protocol_ms\":{\"per_chunk\":%.3f,\"grouped\":%.3f,\"gathered\":%.3f},"
                 "\"protocol_collectives\":{\"per_chunk\":%zu,\"grouped\":%zu,\"gathered\":%zu},"
                 "\"h2d_chunk_gbps\":{\"pinned\":%.3f,\"pageable\":%.3f,\"ratio\":%.3f},"
                 "\"h2d_batch8_gbps\":{\"pinned\":%.3f,\"pageable\":%.3f,\"ratio\":%.3f}}",
-                prop.name, nccl_version, all_ok ? "true" : "false", mode_ms[0], mode_ms[1], mode_ms[2],
-                mode_collectives[0], mode_collectives[1], mode_collectives[2], p1, g1, p1 / g1, p8, g8,
-                p8 / g8);
+                prop.name, nccl_version, protocol_ok ? "true" : "false", adopted_ok ? "true" : "false",
+                mode_ms[0], mode_ms[1], mode_ms[2], mode_collectives[0], mode_collectives[1],
+                mode_collectives[2], p1, g1, p1 / g1, p8, g8, p8 / g8);
   std::printf("%s\n", json);
   return all_ok ? 0 : 1;
 }

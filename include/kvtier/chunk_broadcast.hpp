@@ -62,6 +62,10 @@
 //
 //   auto r = kvtier::chunk_broadcast(mpi, nccl, own, loaded, bufs, p, dl);
 //
+// broadcast_params::sources_ready (optional) runs on each rank before the agreement,
+// e.g. to order an NCCL data stream after the event of the kernel that filled the
+// sources (nccl_communicator::order_after); its failure fails every rank there.
+//
 // Pipelined variant: pipelined_broadcast runs the same two steps in stages while
 // the fetch is still running (each stage: one agreement, then the newly agreed
 // chunks), so the first chunks move while later ones are still being fetched. Its
@@ -73,6 +77,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -149,6 +154,12 @@ struct broadcast_params {
   /// skipped a call) fails the agreement on every rank instead of pairing its
   /// broadcasts with another request's.
   load_id request_id;
+  /// Optional: called on this rank before the agreement (each step, for
+  /// pipelined_broadcast) to order the moves after whatever fills the sources, e.g.
+  /// `[&](kvtier::deadline) { return nccl_data.order_after(scatter_done); }` (an event of
+  /// the engine's stream; kvtier/comm/nccl.hpp). An error becomes this rank's local
+  /// problem: every rank then fails at the agreement, before any move.
+  std::function<std::error_code(deadline)> sources_ready{};
 };
 
 struct broadcast_result {
@@ -246,6 +257,13 @@ std::string validate(rank_t me, rank_t world, const P& owners, B& buffers, const
         std::span<const std::byte>(buffers.source(c)).size() != p.chunk_bytes)
       return "source(" + std::to_string(c) + ") is not chunk_bytes long";
   }
+  return {};
+}
+
+/// Runs broadcast_params::sources_ready, if set; what went wrong, or "".
+inline std::string sources_ready_problem(const broadcast_params& p, deadline dl) {
+  if (!p.sources_ready) return {};
+  if (auto ec = p.sources_ready(dl)) return "sources_ready: " + ec.message();
   return {};
 }
 
@@ -347,12 +365,14 @@ std::error_code move_chunks(C& comm, const P& owners, B& buffers, const broadcas
           if (!opened) {
             opened = true;
             ++res.collectives;
-            if (auto ec = comm.group_start(); ec && !first) first = ec;
+            // A refused group_start opened no group (e.g. the communicator is poisoned):
+            // queue nothing and never call group_end, which would overwrite the first error.
+            if (auto ec = comm.group_start()) return fail(ec, "grouped broadcast");
           }
           if (auto ec = comm.broadcast(source(c, o), buffers.destination(c), o, dl); ec && !first) first = ec;
         }
         if (!opened) continue;
-        // Always close the group so every rank submits it (queueing errors surface on all ranks here).
+        // Always close an opened group so every rank submits it (queueing errors surface on all ranks here).
         if (auto ec = comm.group_end(dl); ec && !first) first = ec;
         if (first) return fail(first, "grouped broadcast");
       }
@@ -397,6 +417,7 @@ broadcast_result run_protocol(Ctrl& ctrl, Data& data, const P& owners, std::uint
   // Local validation; its outcome travels in the agreement so that all ranks see it.
   std::string problem = pair_problem(ctrl, data);
   if (problem.empty()) problem = validate(me, world, owners, buffers, p, loaded_tokens);
+  if (problem.empty()) problem = sources_ready_problem(p, dl);
   const std::uint64_t fp = fingerprint(owners, p);
   std::uint64_t v[4] = {std::min(loaded_tokens, total), problem.empty() ? 1u : 0u, fp, ~fp};
   if (!agree(ctrl, v, problem, res, dl)) return res;
@@ -455,8 +476,19 @@ class pipelined_broadcast {
 
   bool done() const noexcept { return done_; }
   const broadcast_result& result() const noexcept { return res_; }
-  /// Chunks every rank holds so far (agreed and moved).
+  /// Chunks agreed and moved so far, as this rank saw it. On backends whose rounds
+  /// fail together (in-process) every rank holds them. On MPI and NCCL a move can
+  /// complete here and fail on a peer, so they are confirmed only by the next
+  /// step's agreement (a peer that failed never joins it: this rank's step then
+  /// fails) or, after the last step, by the final confirmation: use these chunks
+  /// early only where a later failure of the load can still be undone (e.g. start
+  /// attention kernels, but let result() decide what the request keeps).
   std::size_t agreed_chunks() const noexcept { return res_.agreed_chunks; }
+  /// Chunks every rank is known to hold: agreed_chunks() on backends whose rounds fail
+  /// together; elsewhere the chunks of all steps before the last one that every rank
+  /// joined (the agreement of step k confirms the moves of step k-1), and
+  /// result().agreed_chunks once done() without error.
+  std::size_t confirmed_chunks() const noexcept { return confirmed_; }
 
   /// One stage. `loaded_tokens`: this rank's loaded prefix now (never below what
   /// it reported before); `fetch_done`: it will not grow any more.
@@ -468,11 +500,14 @@ class pipelined_broadcast {
     std::string problem = detail::validate(me, world, *owners_, *buffers_, p_, loaded_tokens);
     if (problem.empty() && std::min(loaded_tokens, total) < res_.agreed_tokens)
       problem = "loaded prefix went backwards below the agreed prefix";
+    if (problem.empty()) problem = detail::sources_ready_problem(p_, dl);
     const std::uint64_t fp = detail::fingerprint(*owners_, p_);
     const std::uint64_t loaded = std::min(loaded_tokens, total);
     // v[4]: the smallest loaded prefix among ranks whose fetch is done (the most the prefix can still reach).
     std::uint64_t v[5] = {loaded, problem.empty() ? 1u : 0u, fp, ~fp, fetch_done ? loaded : total};
     if (!detail::agree(*comm_, v, problem, res_, dl)) return finish_with_error();
+    // Every rank joined this agreement, so every rank's earlier moves succeeded.
+    confirmed_ = res_.agreed_chunks;
     const std::size_t n = static_cast<std::size_t>(v[0] / p_.chunk_tokens);
     if (detail::move_chunks(*comm_, *owners_, *buffers_, p_, res_.agreed_chunks, n, res_, dl))
       return finish_with_error();
@@ -480,8 +515,12 @@ class pipelined_broadcast {
     res_.agreed_tokens = static_cast<std::uint64_t>(n) * p_.chunk_tokens;
     done_ = n == p_.n_chunks || static_cast<std::size_t>(v[4] / p_.chunk_tokens) <= n;
     // Each step's agreement confirms the previous step's moves; the last step's need one more.
-    if constexpr (detail::needs_confirm<C, C>)
+    if constexpr (detail::needs_confirm<C, C>) {
       if (done_ && !detail::confirm(*comm_, true, res_, dl)) return finish_with_error();
+      if (done_) confirmed_ = n;
+    } else {
+      confirmed_ = n;  // rounds fail together: a move that succeeded here succeeded everywhere
+    }
     return res_;
   }
 
@@ -490,6 +529,7 @@ class pipelined_broadcast {
     done_ = true;
     res_.agreed_chunks = 0;  // as chunk_broadcast: recompute everything
     res_.agreed_tokens = 0;
+    confirmed_ = 0;
     return res_;
   }
 
@@ -498,6 +538,7 @@ class pipelined_broadcast {
   B* buffers_;
   broadcast_params p_;
   broadcast_result res_;
+  std::size_t confirmed_ = 0;
   bool done_ = false;
 };
 

@@ -47,3 +47,5 @@
 #include "kvtier/comm/communicator.hpp"
 #include "kvtier/comm/inproc.hpp"
 #include "kvtier/comm/recording.hpp"
+#include "kvtier/comm/recover.hpp"
+#include "kvtier/deployment_check.hpp"

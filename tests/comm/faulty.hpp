@@ -19,12 +19,15 @@
 // (make_parameters_differ), so every rank must fail at the agreement.
 //
 //   if (r == odd) kvtier::test::make_parameters_differ(p, what);     // what in [0, differing_parameters)
+//
+// And poisoned<C>: a communicator already poisoned, that counts group_end misuse.
 #pragma once
 
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/comm/communicator.hpp"
@@ -100,8 +103,14 @@ class faulty {
     return inner_.all_reduce(send, recv, t, op, dl);
   }
   std::error_code group_start() {
-    if (depth_++ == 0 && next() == plan_.at) in_faulty_group_ = true, first_in_group_ = true;
-    return inner_.group_start();
+    if (depth_ == 0 && next() == plan_.at) in_faulty_group_ = true, first_in_group_ = true;
+    auto ec = inner_.group_start();
+    if (ec) {  // a refused group_start opened no group: no group_end follows
+      if (depth_ == 0) in_faulty_group_ = false;
+      return ec;
+    }
+    ++depth_;
+    return ec;
   }
   std::error_code group_end(kvtier::deadline dl) {
     auto ec = inner_.group_end(dl);
@@ -148,6 +157,56 @@ class faulty {
   std::uint32_t depth_ = 0;
   bool in_faulty_group_ = false, first_in_group_ = false, fired_ = false;
   std::string msg_;
+};
+
+/// A communicator that is poisoned from the start, as an MPI or NCCL one after a
+/// failure: every call fails at once with backend_error and names the first error.
+/// It does not protect itself from misuse (as MPI once did not): a group_end without
+/// a group_start that succeeded is counted in misuses() and overwrites last_error(),
+/// so a test sees whether the protocol kept the first error.
+template <comm::communicator C>
+class poisoned {
+ public:
+  static constexpr bool rounds_fail_together = false;
+
+  poisoned(C inner, std::string first) : inner_(std::forward<C>(inner)), first_(std::move(first)) {
+    last_ = "poisoned by an earlier failure: " + first_;
+  }
+
+  rank_t rank() const { return inner_.rank(); }
+  rank_t size() const { return inner_.size(); }
+  const std::string& last_error() const noexcept { return last_; }
+  /// group_end calls that had no successful group_start.
+  int misuses() const noexcept { return misuses_; }
+
+  std::error_code broadcast(std::span<const std::byte>, std::span<std::byte>, rank_t, kvtier::deadline) {
+    return again();
+  }
+  std::error_code all_gather(std::span<const std::byte>, std::span<std::byte>, kvtier::deadline) {
+    return again();
+  }
+  std::error_code all_reduce(std::span<const std::byte>, std::span<std::byte>, comm::dtype, comm::reduce_op,
+                             kvtier::deadline) {
+    return again();
+  }
+  std::error_code group_start() { return again(); }  // refused: opens no group
+  std::error_code group_end(kvtier::deadline) {
+    ++misuses_;
+    last_ = "group_end without group_start";
+    return kvtier::errc::invalid_argument;
+  }
+  std::error_code local_copy(std::span<std::byte>, std::span<const std::byte>, kvtier::deadline) {
+    return again();
+  }
+
+ private:
+  std::error_code again() {
+    last_ = "poisoned by an earlier failure: " + first_;
+    return kvtier::errc::backend_error;
+  }
+  C inner_;
+  std::string first_, last_;
+  int misuses_ = 0;
 };
 
 }  // namespace kvtier::test

@@ -163,3 +163,34 @@ TEST_CASE("checked: chunk_broadcast through the checker issues the same collecti
     }
   }
 }
+
+TEST_CASE(
+    "checked: an empty group against a non-empty one is a mismatch on every rank, later calls stay aligned",
+    "[unit]") {
+  inproc_world world(2);
+  std::vector<rank_out> out(2);
+  std::vector<std::error_code> next(2), empty_both(2);
+  std::vector<std::uint64_t> sums(2);
+  run_ranks(world, [&](inproc_communicator& c0) {
+    checked c(std::move(c0));
+    const rank_t r = c.rank();
+    std::vector<std::byte> a(8);
+    (void)c.group_start();
+    if (r == 1) (void)c.broadcast(a, a, 0, soon());  // rank 0's group stays empty
+    out[r].ec = c.group_end(soon());
+    out[r].msg = c.last_error();
+    std::uint64_t v = 1 + r;  // the next collective pairs with the peer's next one
+    next[r] = all_reduce_value(c, v, reduce_op::sum, soon());
+    sums[r] = v;
+    (void)c.group_start();  // empty on both ranks: checked, then nothing issued
+    empty_both[r] = c.group_end(soon());
+  });
+  for (rank_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << out[r].msg);
+    CHECK(out[r].ec == errc::collective_mismatch);
+    CHECK(out[r].msg == "collective mismatch: rank 0 called group(0 ops) but rank 1 called group(1 ops)");
+    CHECK(!next[r]);
+    CHECK(sums[r] == 3u);
+    CHECK(!empty_both[r]);
+  }
+}

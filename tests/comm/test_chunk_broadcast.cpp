@@ -357,46 +357,190 @@ TEST_CASE("chunk_broadcast: control/data form agrees on one world and moves byte
   }
 }
 
+namespace {
+// Chunk spans over one source and one destination buffer of n chunks of cb bytes.
+chunk_span_buffers span_buffers(const std::vector<std::byte>& src, std::vector<std::byte>& dst, std::size_t n,
+                                std::size_t cb) {
+  chunk_span_buffers b;
+  for (std::size_t k = 0; k < n; ++k) {
+    b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
+    b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
+  }
+  return b;
+}
+
+// The control/data form on 4 ranks whose rounds do not fail together (not_atomic), 8
+// chunks of 16 bytes, with `plan` injected into rank 1's data communicator; then one
+// more all-reduce on the control world.
+struct faulty_data_outcome {
+  std::vector<broadcast_result> res = std::vector<broadcast_result>(4);
+  std::vector<std::uint64_t> after = std::vector<std::uint64_t>(4, 0);
+  std::vector<std::error_code> after_ec = std::vector<std::error_code>(4);
+  std::vector<bool> fired = std::vector<bool>(4), bytes_moved = std::vector<bool>(4);
+};
+faulty_data_outcome run_faulty_data(broadcast_mode mode, test::fault_plan plan) {
+  const modulo_ownership own(4);
+  const std::size_t n = 8, cb = 16;
+  std::vector<std::byte> src(n * cb, std::byte{0x42});
+  comm::inproc_world ctrl_world(4), data_world(4);
+  faulty_data_outcome out;
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c0) {
+    const rank_t r = c0.rank();
+    not_atomic ctrl(std::move(c0));
+    test::faulty<not_atomic> data(not_atomic(data_world.communicator_for(r)),
+                                  r == 1 ? plan : test::fault_plan{});
+    std::vector<std::byte> dst(n * cb), staging(gathered_staging_bytes(own, n, cb));
+    chunk_span_buffers b = span_buffers(src, dst, n, cb);
+    broadcast_params p{.n_chunks = n,
+                       .chunk_tokens = 256,
+                       .chunk_bytes = cb,
+                       .mode = mode,
+                       .staging = staging,
+                       .request_id = 1};
+    out.res[r] = chunk_broadcast(ctrl, data, own, n * 256, b, p, deadline_after(20s));
+    out.fired[r] = data.fired();
+    out.bytes_moved[r] = dst == src;
+    out.after[r] = r;
+    out.after_ec[r] = comm::all_reduce_value(ctrl, out.after[r], comm::reduce_op::max, deadline_after(20s));
+  });
+  return out;
+}
+}  // namespace
+
 TEST_CASE(
     "chunk_broadcast: control/data form, a data failure on one rank fails every rank and keeps control "
     "aligned",
     "[unit]") {
-  const modulo_ownership own(4);
-  const std::size_t n = 8, cb = 16;
-  std::vector<std::byte> src(n * cb, std::byte{0x42});
   for (auto mode : all_modes) {
-    comm::inproc_world ctrl_world(4), data_world(4);
-    std::vector<broadcast_result> res(4);
-    std::vector<std::uint64_t> after(4, 0);
-    std::vector<std::error_code> after_ec(4);
-    comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c0) {
-      const rank_t r = c0.rank();
-      not_atomic ctrl(std::move(c0));
-      // Rank 1's data communicator refuses its first move: it never reaches the peers.
-      test::faulty<not_atomic> data(not_atomic(data_world.communicator_for(r)),
-                                    {.at = r == 1 ? 0u : ~0ull, .how = test::fault::invalid});
-      std::vector<std::byte> dst(n * cb), staging(gathered_staging_bytes(own, n, cb));
-      chunk_span_buffers b;
-      for (std::size_t k = 0; k < n; ++k) {
-        b.sources.push_back(std::span<const std::byte>(src).subspan(k * cb, cb));
-        b.destinations.push_back(std::span<std::byte>(dst).subspan(k * cb, cb));
-      }
-      broadcast_params p{.n_chunks = n,
-                         .chunk_tokens = 256,
-                         .chunk_bytes = cb,
-                         .mode = mode,
-                         .staging = staging,
-                         .request_id = 1};
-      res[r] = chunk_broadcast(ctrl, data, own, n * 256, b, p, deadline_after(20s));
-      after[r] = r;
-      after_ec[r] = comm::all_reduce_value(ctrl, after[r], comm::reduce_op::max, deadline_after(20s));
-    });
+    // Rank 1's data communicator refuses its first move: it never reaches the peers.
+    const auto out = run_faulty_data(mode, {.at = 0, .how = test::fault::invalid});
     for (rank_t r = 0; r < 4; ++r) {
-      INFO("mode " << to_string(mode) << ", rank " << r << ": " << res[r].message);
-      CHECK(res[r].ec);
-      CHECK(res[r].agreed_tokens == 0u);
-      CHECK(!after_ec[r]);  // the control world stayed aligned: its next collective pairs
-      CHECK(after[r] == 3u);
+      INFO("mode " << to_string(mode) << ", rank " << r << ": " << out.res[r].message);
+      CHECK(out.res[r].ec);
+      CHECK(out.res[r].agreed_tokens == 0u);
+      CHECK(!out.after_ec[r]);  // the control world stayed aligned: its next collective pairs
+      CHECK(out.after[r] == 3u);
     }
+  }
+}
+
+// The final confirmation is what makes a late failure symmetric: the data world's
+// rounds do not fail together, and rank 1's last move ran everywhere (every rank has
+// the bytes) before rank 1 reported a failure. Only the confirmation's reduced value
+// tells ranks 0, 2 and 3 that rank 1 failed; every rank must end with the same result.
+TEST_CASE("chunk_broadcast: control/data form, a late failure of one rank's last move fails every rank",
+          "[unit]") {
+  for (auto mode : all_modes) {
+    const std::uint64_t last_move = expected_collectives(mode, modulo_ownership(4), 8) - 2;  // data ones - 1
+    const auto out = run_faulty_data(mode, {.at = last_move, .how = test::fault::after});
+    CHECK(out.fired[1]);
+    for (rank_t r = 0; r < 4; ++r) {
+      INFO("mode " << to_string(mode) << ", rank " << r << ": " << out.res[r].message);
+      // The move completed: the peers hold rank 1's bytes (rank 1 gave up before unpacking, if gathered).
+      if (r != 1) CHECK(out.bytes_moved[r]);
+      CHECK(out.res[r].ec);  // rank 1 its own timeout, its peers "another rank failed"
+      CHECK(out.res[r].agreed_tokens == 0u);
+      CHECK(out.res[r].collectives == out.res[0].collectives);
+      CHECK(!out.after_ec[r]);
+    }
+    CHECK(out.res[0].message == "confirmation: another rank failed to move its chunks");
+  }
+}
+
+TEST_CASE("chunk_broadcast: a poisoned data communicator keeps its first error (grouped)", "[unit]") {
+  const modulo_ownership own(2);
+  const std::size_t n = 4, cb = 8;
+  std::vector<std::byte> src(n * cb, std::byte{0x11});
+  comm::inproc_world ctrl_world(2), data_world(2);
+  std::vector<broadcast_result> res(2);
+  std::vector<int> misuses(2, -1);
+  std::vector<std::string> data_error(2);
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c0) {
+    const rank_t r = c0.rank();
+    not_atomic ctrl(std::move(c0));
+    test::poisoned<comm::inproc_communicator> data(data_world.communicator_for(r), "timeout in request 6");
+    std::vector<std::byte> dst(n * cb);
+    chunk_span_buffers b = span_buffers(src, dst, n, cb);
+    broadcast_params p{.n_chunks = n,
+                       .chunk_tokens = 256,
+                       .chunk_bytes = cb,
+                       .mode = broadcast_mode::grouped,
+                       .request_id = 7};
+    res[r] = chunk_broadcast(ctrl, data, own, n * 256, b, p, deadline_after(20s));
+    misuses[r] = data.misuses();
+    data_error[r] = data.last_error();
+  });
+  for (rank_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << res[r].message);
+    CHECK(res[r].ec == errc::backend_error);
+    CHECK(res[r].message == "grouped broadcast: poisoned by an earlier failure: timeout in request 6");
+    CHECK(misuses[r] == 0);  // never a group_end after the refused group_start
+    CHECK(data_error[r] == "poisoned by an earlier failure: timeout in request 6");
+  }
+}
+
+// confirmed_chunks(): what every rank is known to hold. Where rounds fail together it
+// is agreed_chunks(); elsewhere a step's moves are confirmed by the next agreement
+// (or, at the end, by the confirmation), so it lags one step.
+template <class Comm>
+std::vector<std::size_t> confirmed_per_step(std::vector<std::size_t>& agreed) {
+  const modulo_ownership own(2);
+  const std::size_t n = 8, cb = 8;
+  std::vector<std::byte> src(n * cb, std::byte{0x33});
+  std::vector<std::vector<std::size_t>> confirmed(2), seen(2);
+  comm::inproc_world world(2);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c0) {
+    Comm c(std::move(c0));
+    const rank_t r = c.rank();
+    std::vector<std::byte> dst(n * cb);
+    chunk_span_buffers b = span_buffers(src, dst, n, cb);
+    pipelined_broadcast pb(c, own, b,
+                           {.n_chunks = n, .chunk_tokens = 16, .chunk_bytes = cb, .request_id = 4});
+    for (std::size_t s = 1; !pb.done() && s <= 4; ++s) {  // 2 owned chunks per step, of 4
+      pb.step(rank_answer_loaded(own, r, n, 16, 2 * s), s == 2, deadline_after(20s));
+      confirmed[r].push_back(pb.confirmed_chunks());
+      seen[r].push_back(pb.agreed_chunks());
+    }
+  });
+  CHECK(confirmed[1] == confirmed[0]);
+  agreed = seen[0];
+  return confirmed[0];
+}
+
+TEST_CASE("pipelined_broadcast: confirmed_chunks lags agreed_chunks where rounds do not fail together",
+          "[unit]") {
+  std::vector<std::size_t> agreed;
+  CHECK(confirmed_per_step<comm::inproc_communicator>(agreed) == std::vector<std::size_t>{4, 8});
+  CHECK(agreed == std::vector<std::size_t>{4, 8});
+  CHECK(confirmed_per_step<not_atomic>(agreed) == std::vector<std::size_t>{0, 8});
+  CHECK(agreed == std::vector<std::size_t>{4, 8});
+}
+
+TEST_CASE("chunk_broadcast: sources_ready runs before the agreement; its failure fails every rank there",
+          "[unit]") {
+  const modulo_ownership own(3);
+  for (bool fail_one : {false, true}) {
+    std::vector<int> calls(3, 0);
+    auto out = run(own, 6, 8, broadcast_mode::grouped, {2, 2, 2},
+                   [&](rank_t r, broadcast_params& p, std::uint64_t&) {
+                     p.sources_ready = [&, r](deadline) -> std::error_code {
+                       ++calls[r];
+                       if (fail_one && r == 2) return errc::backend_error;
+                       return {};
+                     };
+                     return true;
+                   });
+    for (rank_t r = 0; r < 3; ++r) {
+      INFO("fail_one " << fail_one << ", rank " << r << ": " << out.results[r].message);
+      CHECK(calls[r] == 1);
+      if (!fail_one) {
+        CHECK(!out.results[r].ec);
+        CHECK(out.results[r].agreed_chunks == 6u);
+      } else {
+        CHECK(out.results[r].ec == errc::invalid_argument);
+        CHECK(comm::collective_count(out.calls[r]) == 1u);  // the agreement only: no move was issued
+      }
+    }
+    if (fail_one) CHECK(out.results[2].message.rfind("sources_ready: ", 0) == 0);
   }
 }

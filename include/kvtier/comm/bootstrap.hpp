@@ -9,18 +9,29 @@
 //   - mpi_bootstrap (kvtier/comm/mpi.hpp): a broadcast from the publishing rank.
 //
 //   kvtier::resp::asio_connection conn({.server = url.value});
-//   kvtier::comm::resp_bootstrap<kvtier::resp::asio_connection> boot(conn, "job-42", world - 1);
+//   const std::string run = kvtier::comm::launcher_run_nonce();   // e.g. the PMIx namespace
+//   kvtier::comm::resp_bootstrap<kvtier::resp::asio_connection> boot(conn, "engine-a", run, world - 1);
 //   std::array<std::byte, 128> id;
 //   auto ec = rank == 0 ? boot.publish("nccl-id", id, dl) : boot.fetch("nccl-id", id, dl);
 //
 // Every rank uses the same name for the same hand-over, and a fresh name (or a
 // fresh namespace) for each new one; fetch() wants exactly the published size.
+//
+// The run nonce: a job restarted under the same namespace within the key's TTL
+// would otherwise let a reader GET the previous run's key (say, the NCCL id of a
+// run that crashed before every reader came) before the new rank 0 published. The
+// nonce is part of the key, so every run reads only its own. It must be the same on
+// every rank of one run and differ between runs: the launcher's job id
+// (launcher_run_nonce() reads PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid,
+// SLURM_JOB_ID + SLURM_RESTART_COUNT, TORCHELASTIC_RUN_ID), or one the job's
+// scheduler hands every rank. An empty nonce is refused (invalid_argument).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -45,9 +56,30 @@ concept bootstrap = requires(B& b, const B& cb, std::string_view name, std::span
   { cb.last_error() } -> std::convertible_to<std::string>;
 };
 
-/// Bootstrap over a RESP server. The key is "<ns>:bootstrap:<name>"; its reader
-/// count "<key>:reads". `readers` = ranks that fetch (W - 1). Fetchers poll (GET,
-/// then a short sleep) until the key appears or dl passes.
+/// A per-run nonce from the launcher's environment (the same on every rank of one
+/// run, different for the next run), or "" when no known launcher set one.
+inline std::string launcher_run_nonce() {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v && *v ? std::string(v) : std::string();
+  };
+  if (auto v = env("PMIX_NAMESPACE"); !v.empty()) return "pmix-" + v;  // OpenMPI 4/5, PMIx launchers
+  if (auto v = env("OMPI_MCA_ess_base_jobid"); !v.empty()) return "ompi-" + v;
+  if (auto v = env("SLURM_JOB_ID"); !v.empty()) {
+    const std::string step = env("SLURM_STEP_ID"), restart = env("SLURM_RESTART_COUNT");
+    return "slurm-" + v + "." + (step.empty() ? "0" : step) + "." + (restart.empty() ? "0" : restart);
+  }
+  if (auto v = env("TORCHELASTIC_RUN_ID"); !v.empty()) {  // torchrun: plus the restart count
+    const std::string restart = env("TORCHELASTIC_RESTART_COUNT");
+    return "torch-" + v + "." + (restart.empty() ? "0" : restart);
+  }
+  return {};
+}
+
+/// Bootstrap over a RESP server. The key is "<ns>:bootstrap:<nonce>:<name>"; its
+/// reader count "<key>:reads". `run_nonce` identifies this run (see the file
+/// comment; must not be empty); `readers` = ranks that fetch (W - 1). Fetchers poll
+/// (GET, then a short sleep) until the key appears or dl passes.
 template <resp::connection Conn>
 class resp_bootstrap {
  public:
@@ -56,14 +88,17 @@ class resp_bootstrap {
     std::chrono::milliseconds poll{5};      ///< pause between GETs while the key is absent
   };
 
-  resp_bootstrap(Conn& conn, std::string ns, rank_t readers, options opt = {})
-      : conn_(&conn), ns_(std::move(ns)), readers_(readers), opt_(opt) {}
+  resp_bootstrap(Conn& conn, std::string ns, std::string run_nonce, rank_t readers, options opt = {})
+      : conn_(&conn), ns_(std::move(ns)), nonce_(std::move(run_nonce)), readers_(readers), opt_(opt) {}
 
   const std::string& last_error() const noexcept { return last_error_; }
   /// The key a name is published under.
-  std::string key(std::string_view name) const { return ns_ + ":bootstrap:" + std::string(name); }
+  std::string key(std::string_view name) const {
+    return ns_ + ":bootstrap:" + nonce_ + ":" + std::string(name);
+  }
 
   std::error_code publish(std::string_view name, std::span<const std::byte> bytes, kvtier::deadline dl) {
+    if (auto ec = check_nonce()) return ec;
     const std::string k = key(name), ttl = std::to_string(opt_.ttl.count());
     b_.clear();
     b_.add({"DEL", k + ":reads"});
@@ -76,6 +111,7 @@ class resp_bootstrap {
   }
 
   std::error_code fetch(std::string_view name, std::span<std::byte> out, kvtier::deadline dl) {
+    if (auto ec = check_nonce()) return ec;
     const std::string k = key(name);
     for (;;) {
       b_.clear();
@@ -99,6 +135,15 @@ class resp_bootstrap {
   }
 
  private:
+  std::error_code check_nonce() {
+    if (!nonce_.empty()) return {};
+    last_error_ =
+        "bootstrap: the run nonce is empty: pass an id of this run that every rank shares "
+        "(e.g. launcher_run_nonce() or the scheduler's job id), so a restarted job never reads "
+        "a previous run's key";
+    return kvtier::errc::invalid_argument;
+  }
+
   // Every reader counts itself; the last one deletes the key and its counter.
   std::error_code count_read(const std::string& k, kvtier::deadline dl) {
     b_.clear();
@@ -128,7 +173,7 @@ class resp_bootstrap {
   }
 
   Conn* conn_;
-  std::string ns_;
+  std::string ns_, nonce_;
   rank_t readers_;
   options opt_;
   resp::batch b_;

@@ -14,7 +14,9 @@
 //
 // Groups are queued here and replayed on the inner communicator after their check
 // (local_copy runs at once, as before the group's collectives in NCCL); a group's
-// operations are compared by count and by a hash of their descriptors.
+// operations are compared by count and by a hash of their descriptors. An empty
+// group is checked as well (then not issued), so an empty group on one rank against
+// a non-empty one on another is reported as a mismatch instead of shifting later checks.
 #pragma once
 
 #include <algorithm>
@@ -69,11 +71,15 @@ class checked {
     if (--depth_ > 0) return {};
     std::vector<op> ops;
     ops.swap(queued_);
-    if (ops.empty()) return {};
+    // An empty group is checked too: skipping its check on one rank while a peer
+    // checks a non-empty group would pair that check with this rank's next one and
+    // shift every later comparison by one. Every rank reaching here checks, so an
+    // empty group against a non-empty one is a collective_mismatch on every rank.
     collective_call g = kind_call(op_kind::group, 0, ops.size());
     std::uint64_t h = 0xCBF29CE484222325ull;
     for (const auto& o : ops) h = mix_call(h, o.call);
     if (auto ec = check(g, h, dl)) return ec;
+    if (ops.empty()) return {};  // every rank's group is empty: nothing to issue (as in NCCL)
     if (auto ec = inner_.group_start()) return ec;
     std::error_code first;
     for (const auto& o : ops)

@@ -23,9 +23,11 @@
 //         and cannot take an issued call back, so a round can complete on some
 //         ranks and fail on others (a deadline passing on one rank while its
 //         peers' calls complete). Any failure therefore poisons (MPI) or aborts
-//         (NCCL, ncclCommAbort) the failing rank's communicator: every later call
+//         (NCCL, ncclCommAbort; an adopted NCCL communicator, the engine's, is only
+//         poisoned, never aborted) the failing rank's communicator: every later call
 //         on it fails at once with the first error, and its peers' next collective
-//         fails by their own deadline. Create a new communicator to go on.
+//         fails by their own deadline. Create a new communicator to go on
+//         (kvtier/comm/recover.hpp realigns the ranks on the new one).
 //     `rounds_fail_together<C>` tells the two apart.
 //  3. Never late bytes: once a call returned an error, the backend writes no byte
 //     into that call's caller buffers afterwards (MPI stages through its own
@@ -50,12 +52,19 @@
 // form one grouped collective (one entry of the collective count). Inside a group
 // the operations are only queued: their deadline arguments are ignored, their
 // results are valid after group_end(dl) returned success, and group_end reports
-// the group's error. Groups nest; only the outermost group_end executes.
+// the group's error. Groups nest; only the outermost group_end executes. A
+// group_start that returns an error opened no group (the communicator is poisoned,
+// or the backend refused it): do not call group_end for it -- on a poisoned
+// communicator that call is one more misuse, and the first error must stay the one
+// every later call reports.
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <ranges>
 #include <span>
 #include <string>
 #include <string_view>
@@ -239,7 +248,41 @@ inline constexpr bool rounds_fail_together = [] {
     return false;
 }();
 
-/// Typed all_reduce over host integer spans (send may alias recv).
+namespace detail {
+/// "deadline 12.5 ms after the call began" for error messages. Computed in long
+/// double, so any pair of time points (deadline::min() included) gives text, never
+/// a signed overflow.
+inline std::string deadline_text(kvtier::deadline dl, kvtier::clock::time_point start) {
+  if (dl == kvtier::no_deadline) return "no deadline";
+  using wide_ms = std::chrono::duration<long double, std::milli>;
+  const long double ms = wide_ms(dl.time_since_epoch()).count() - wide_ms(start.time_since_epoch()).count();
+  if (ms < 0) return "a deadline that had already passed when the call began";
+  char b[96];
+  std::snprintf(b, sizeof b, "deadline %.1Lf ms after the call began", ms);
+  return b;
+}
+}  // namespace detail
+
+/// Typed all_reduce over contiguous host integer ranges (spans, arrays, C arrays,
+/// vectors); the element type is deduced from `recv` and `send` must hold the same
+/// type. send may alias recv.
+///
+///   std::array<std::uint64_t, 2> v{a, b};
+///   auto ec = all_reduce(comm, v, v, reduce_op::min, dl);   // no template arguments
+template <communicator C, std::ranges::contiguous_range Send, std::ranges::contiguous_range Recv>
+requires reducible<std::ranges::range_value_t<Recv>> &&
+    std::same_as<std::ranges::range_value_t<Send>, std::ranges::range_value_t<Recv>> &&
+    std::is_convertible_v<Recv&, std::span<std::ranges::range_value_t<Recv>>>
+        std::error_code all_reduce(C& c, Send&& send, Recv&& recv, reduce_op op, kvtier::deadline dl) {
+  using T = std::ranges::range_value_t<Recv>;
+  const std::span<const T> in(send);
+  const std::span<T> out(recv);
+  if (in.size() != out.size()) return kvtier::errc::invalid_argument;
+  return c.all_reduce(std::as_bytes(in), std::as_writable_bytes(out), dtype_of<T>(), op, dl);
+}
+
+/// The same over spans with the element type spelled out (all_reduce<C, T>(...));
+/// kept for callers written before the deducing form above.
 template <communicator C, reducible T>
 std::error_code all_reduce(C& c, std::span<const T> send, std::span<T> recv, reduce_op op,
                            kvtier::deadline dl) {

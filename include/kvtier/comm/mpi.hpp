@@ -48,6 +48,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -88,6 +89,14 @@ class mpi_communicator {
   /// Duplicates `parent` (collective over parent's ranks) into `out`, by `dl`.
   /// Fails with invalid_argument when MPI is not initialised or provides a thread
   /// level below opt.thread_level, and with timeout when a peer does not join by dl.
+  ///
+  /// After a timeout: MPI cannot take the MPI_Comm_idup back, so it stays pending on
+  /// `parent` and pairs with the next idup of the late peers. A retry of create() on
+  /// the same parent therefore waits for that pending duplicate instead of issuing a
+  /// new one (which could never pair): a late peer's first create() and this rank's
+  /// retry end with the same communicator. Until every rank's create() on `parent`
+  /// succeeded, do not issue other collectives on `parent` (they would pair with the
+  /// pending idup); retry create() or give the job up.
   static std::error_code create(mpi_communicator& out, MPI_Comm parent, kvtier::deadline dl,
                                 mpi_options opt = {}) {
     int init = 0, fin = 0;
@@ -106,20 +115,42 @@ class mpi_communicator {
                                thread_level_name(opt.thread_level) + ", ...))");
     mpi_communicator c;
     c.opt_ = opt;
-    MPI_Request req = MPI_REQUEST_NULL;
+    {  // name this rank of the parent in every message (not "rank 0 of 0")
+      int pr = 0, pw = 0;
+      MPI_Comm_rank(parent, &pr);
+      MPI_Comm_size(parent, &pw);
+      c.rank_ = static_cast<rank_t>(pr);
+      c.size_ = static_cast<rank_t>(pw);
+    }
     c.start_ = kvtier::clock::now();
-    // MPI writes the new handle when the request completes, possibly after a timeout
-    // returned: the slot is heap memory that is then never freed.
-    auto slot = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
-    if (int rc = MPI_Comm_idup(parent, slot.get(), &req); rc != MPI_SUCCESS)
-      return out.set_error(errc::backend_error, "mpi: MPI_Comm_idup: " + error_string(rc));
-    c.what_ = "MPI_Comm_idup";
-    if (auto ec = c.wait_all(&req, 1, dl)) {
-      if (req != MPI_REQUEST_NULL) (void)slot.release();
-      out.last_error_ = c.last_error_;
+    // A duplicate that timed out earlier on this parent is still pending: pair with it.
+    detail_pending_dup dup = take_pending_dup(parent);
+    const bool retry = dup.slot != nullptr;
+    if (!retry) {
+      // MPI writes the new handle when the request completes, possibly after a timeout
+      // returned: the slot is heap memory kept (in the pending table) until it did.
+      dup.slot = new MPI_Comm(MPI_COMM_NULL);
+      if (int rc = MPI_Comm_idup(parent, dup.slot, &dup.request); rc != MPI_SUCCESS) {
+        delete dup.slot;
+        return out.set_error(errc::backend_error, "mpi: MPI_Comm_idup: " + error_string(rc));
+      }
+    }
+    c.what_ = retry ? "MPI_Comm_idup (the one still pending from an earlier create() that timed out)"
+                    : "MPI_Comm_idup";
+    if (auto ec = c.wait_all(&dup.request, 1, dl)) {
+      if (dup.request != MPI_REQUEST_NULL) {
+        keep_pending_dup(parent, dup);
+        out.last_error_ =
+            "mpi: create(): " + c.last_error_ +
+            " (the duplicate stays pending on the parent: a retry of create() on the same parent "
+            "pairs with it)";
+      } else {
+        out.last_error_ = "mpi: create(): " + c.last_error_;
+      }
       return ec;
     }
-    c.comm_ = *slot;
+    c.comm_ = *dup.slot;
+    delete dup.slot;
     MPI_Comm_set_errhandler(c.comm_, MPI_ERRORS_RETURN);
     int r = 0, w = 0;
     MPI_Comm_rank(c.comm_, &r);
@@ -128,6 +159,15 @@ class mpi_communicator {
     c.size_ = static_cast<rank_t>(w);
     out = std::move(c);
     return {};
+  }
+
+  /// Whether a create() on `parent` timed out and its duplicate is still pending
+  /// (the next create() on `parent` pairs with it).
+  static bool create_pending(MPI_Comm parent) {
+    std::lock_guard lk(pending_dups().mu);
+    for (const auto& d : pending_dups().list)
+      if (d.parent == parent) return true;
+    return false;
   }
 
   rank_t rank() const noexcept { return rank_; }
@@ -184,7 +224,7 @@ class mpi_communicator {
   }
 
   std::error_code group_end(kvtier::deadline dl) {
-    if (depth_ == 0) return refuse("group_end without group_start");
+    if (depth_ == 0) return poison_ ? failed_again() : refuse("group_end without group_start");
     if (--depth_ > 0) return {};
     std::vector<pending_op> ops;
     ops.swap(queued_);
@@ -230,6 +270,38 @@ class mpi_communicator {
     std::size_t stage_at = 0;  // offset in the staging block
     bool staged = false;
   };
+
+  // create()'s duplicates that timed out, per parent (one at most: a retry waits on it).
+  struct detail_pending_dup {
+    MPI_Comm parent = MPI_COMM_NULL;
+    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_Comm* slot = nullptr;  // MPI writes the new handle here when the request completes
+  };
+  struct pending_dup_table {
+    std::mutex mu;
+    std::vector<detail_pending_dup> list;
+  };
+  static pending_dup_table& pending_dups() {
+    static pending_dup_table t;  // never destroyed before MPI_Finalize in practice; entries leak on purpose
+    return t;
+  }
+  static detail_pending_dup take_pending_dup(MPI_Comm parent) {
+    auto& t = pending_dups();
+    std::lock_guard lk(t.mu);
+    for (auto it = t.list.begin(); it != t.list.end(); ++it)
+      if (it->parent == parent) {
+        detail_pending_dup d = *it;
+        t.list.erase(it);
+        return d;
+      }
+    return {};
+  }
+  static void keep_pending_dup(MPI_Comm parent, detail_pending_dup d) {
+    d.parent = parent;
+    auto& t = pending_dups();
+    std::lock_guard lk(t.mu);
+    t.list.push_back(d);
+  }
 
   static std::string error_string(int rc) {
     char text[MPI_MAX_ERROR_STRING];
@@ -286,7 +358,10 @@ class mpi_communicator {
     return e;
   }
 
+  // The first failure wins: a poisoned communicator keeps reporting it, whatever
+  // misuse follows (e.g. a group_end after a refused group_start).
   std::error_code poison(errc e, std::string msg) {
+    if (poison_) return failed_again();
     poison_ = e;
     first_message_ = msg;
     last_error_ = std::move(msg);
@@ -402,14 +477,6 @@ class mpi_communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 
-  std::string deadline_text(kvtier::deadline dl) const {
-    if (dl == kvtier::no_deadline) return "no deadline";
-    char b[96];
-    const double ms = std::chrono::duration<double, std::milli>(dl - start_).count();
-    std::snprintf(b, sizeof b, "deadline %.1f ms after the call began", ms);
-    return b;
-  }
-
   // Polls reqs[0..n) until all completed, one failed, or `dl` passed (then poisons).
   std::error_code wait_all(MPI_Request* reqs, std::size_t n, kvtier::deadline dl) {
     for (unsigned i = 0;; ++i) {
@@ -424,7 +491,7 @@ class mpi_communicator {
       if (kvtier::expired(dl)) {
         abandon(reqs, n);
         return poison(errc::timeout, "mpi: " + what_ + " on rank " + std::to_string(rank_) + " of " +
-                                         std::to_string(size_) + ": " + deadline_text(dl) +
+                                         std::to_string(size_) + ": " + detail::deadline_text(dl, start_) +
                                          " passed before every rank joined; communicator poisoned");
       }
       pause(i);

@@ -29,21 +29,41 @@
 //   ec = c.broadcast(buf.bytes(), buf.bytes(), /*root=*/0, kvtier::deadline_after(std::chrono::seconds(2)));
 //
 // The engine's own communicator: adopt(out, engine_comm, engine_stream) wraps an
-// ncclComm_t the engine created, without owning it (never finalized or destroyed
-// here), and enqueues on the engine's stream. Every call records a CUDA event after
-// its work and waits on that event, not on the stream, so the engine's other work
-// on that stream is never waited for. enqueue_broadcast()/enqueue_all_gather() only
-// enqueue (bounded by the deadline, as NCCL's non-blocking enqueue may take a while)
-// and return the event, for data moves ordered against the engine's compute with
-// cudaStreamWaitEvent; their failures surface in check() or the next host-waiting
-// call. The failure contract holds for adopted communicators too: a timeout aborts
-// the engine's communicator (ncclCommAbort is the only way to release a stream that
-// waits for a peer that never comes), and the engine must create a new one.
+// ncclComm_t the engine created, without owning it (never finalized, destroyed or
+// aborted here), and enqueues on the engine's stream. Every call records a CUDA
+// event after its work and waits on that event, not on the stream, so the engine's
+// later work on that stream is never waited for. Its earlier work is: the stream
+// reaches kvtier's operation only after it. So on an adopted stream the budget of a
+// call (dl minus the time of the call) starts when the stream reaches the operation
+// (an event recorded just before it), and the wait for that is bounded by
+// adopt_options::max_queue_wait past dl: a 200 ms broadcast queued behind 2 s of
+// prefill kernels gets its 200 ms (kvtier/comm/nccl_policy.hpp).
+//
+// A failure on an adopted communicator never aborts it: ncclCommAbort frees the
+// handle the engine still owns (its own ncclCommDestroy would be a use-after-free)
+// and takes every peer's communicator down. kvtier reports the failure, stops using
+// the communicator (every later call fails at once with the first error) and leaves
+// the decision to the engine, which owns the stream that may still hold the
+// operation waiting for a peer; abort_now() is the explicit way to abort it anyway.
+//
+// Blocking or not: adopt() works with either, but only a non-blocking communicator
+// (ncclConfig_t::blocking = 0, as create() makes) keeps every call within its
+// deadline. With a blocking one, NCCL may block the host inside an enqueue or
+// ncclGroupEnd (e.g. while it connects to a peer that never comes) before kvtier can
+// look at the clock; kvtier cannot detect which kind it was given.
+//
+// enqueue_broadcast()/enqueue_all_gather() only enqueue (bounded by the deadline, as
+// NCCL's non-blocking enqueue may take a while) and return the event, for data moves
+// ordered against the engine's compute with cudaStreamWaitEvent; wait_event(ev, dl)
+// is their bounded host wait, and their failures surface there, in check() or in
+// the next host-waiting call. order_after(ev) makes this communicator's stream wait
+// for an event of another stream (e.g. the scatter that filled the sources):
+// chunk_broadcast's broadcast_params::sources_ready hook is where to call it.
 //
 //   kvtier::comm::nccl_communicator c;
 //   kvtier::comm::nccl_communicator::adopt(c, engine_comm, engine_stream);
 //   auto [ec, ev] = c.enqueue_broadcast(src, dst, owner, dl);   // ordered on engine_stream
-//   cudaStreamWaitEvent(compute_stream, ev);
+//   cudaStreamWaitEvent(compute_stream, ev);                     // or: c.wait_event(ev, dl)
 //
 // Bootstrap: create(out, boot, name, rank, size, device, dl) makes the unique id on
 // rank 0 and hands it to the others through a kvtier::comm::bootstrap (MPI or RESP).
@@ -63,6 +83,7 @@
 
 #include "kvtier/comm/bootstrap.hpp"
 #include "kvtier/comm/communicator.hpp"
+#include "kvtier/comm/nccl_policy.hpp"
 
 namespace kvtier::comm {
 
@@ -126,6 +147,13 @@ using device_buffer = detail::cuda_allocation<&detail::device_alloc, &detail::de
 /// Owning page-locked host allocation (cudaMallocHost / cudaFreeHost).
 using pinned_buffer = detail::cuda_allocation<&detail::pinned_alloc, &detail::pinned_free>;
 
+/// How adopt() wraps the engine's communicator.
+struct adopt_options {
+  /// How long past a call's deadline kvtier waits for the engine's stream to reach
+  /// the operation (the engine's earlier work runs first; see the file comment).
+  std::chrono::milliseconds max_queue_wait{10'000};
+};
+
 /// One rank's NCCL communicator; models kvtier::comm::communicator.
 class nccl_communicator {
  public:
@@ -148,10 +176,16 @@ class nccl_communicator {
       size_ = o.size_;
       device_ = o.device_;
       owned_ = std::exchange(o.owned_, true);
+      max_queue_wait_ = o.max_queue_wait_;
       done_ = std::exchange(o.done_, nullptr);
+      begin_ = std::exchange(o.begin_, nullptr);
+      called_ = o.called_;
+      first_error_ = std::exchange(o.first_error_, {});
+      first_message_ = std::move(o.first_message_);
       ring_ = std::move(o.ring_);
       ring_next_ = std::exchange(o.ring_next_, 0);
       aborted_ = std::exchange(o.aborted_, false);
+      poisoned_ = std::exchange(o.poisoned_, false);
       group_depth_ = std::exchange(o.group_depth_, 0u);
       group_error_ = std::exchange(o.group_error_, {});
       group_message_ = std::move(o.group_message_);
@@ -210,9 +244,11 @@ class nccl_communicator {
 
   /// Wraps the engine's communicator and stream without owning either (see the file
   /// comment). Fails when NCCL cannot report the communicator's rank, size or device.
-  static std::error_code adopt(nccl_communicator& out, ncclComm_t comm, cudaStream_t stream) {
+  static std::error_code adopt(nccl_communicator& out, ncclComm_t comm, cudaStream_t stream,
+                               adopt_options opt = {}) {
     nccl_communicator c;
     c.owned_ = false;
+    c.max_queue_wait_ = opt.max_queue_wait;
     int r = 0, n = 0, dev = 0;
     if (auto ec = c.nccl(ncclCommUserRank(comm, &r), "ncclCommUserRank")) return out.adopt_error(c, ec);
     if (auto ec = c.nccl(ncclCommCount(comm, &n), "ncclCommCount")) return out.adopt_error(c, ec);
@@ -258,6 +294,39 @@ class nccl_communicator {
                     "ncclAllGather", dl);
   }
 
+  /// Waits for an event an enqueue-only call returned, by `dl`: success once it
+  /// completed; a timeout or an NCCL/CUDA error makes the communicator unusable (and
+  /// aborts it when kvtier owns it; see the file comment). The event belongs to a
+  /// ring of 32: wait for it before 32 more enqueue-only calls.
+  std::error_code wait_event(cudaEvent_t ev, kvtier::deadline dl) {
+    if (auto ec = usable()) return ec;
+    if (!ev) return invalid("wait_event: no event");
+    for (unsigned i = 0;; ++i) {
+      const cudaError_t q = cudaEventQuery(ev);
+      if (q == cudaSuccess) return {};
+      if (q != cudaErrorNotReady) {
+        auto ec = cuda(q, "wait_event");
+        fail_comm(last_error_, ec);
+        return ec;
+      }
+      if (auto ec = async_error("wait_event")) return ec;
+      if (kvtier::expired(dl)) {
+        fail_comm("wait_event: deadline passed before the enqueued operation completed (" +
+                      detail::deadline_text(dl, kvtier::clock::now()) + ")",
+                  kvtier::errc::timeout);
+        return kvtier::errc::timeout;
+      }
+      pause(i);
+    }
+  }
+
+  /// Makes this communicator's stream wait for `ev` (recorded on another stream, e.g.
+  /// after the kernel that filled the sources) before its next operation; never blocks.
+  std::error_code order_after(cudaEvent_t ev) {
+    if (auto ec = usable()) return ec;
+    return cuda(cudaStreamWaitEvent(stream_, ev, 0), "cudaStreamWaitEvent");
+  }
+
   /// Reports (and aborts on) an asynchronous NCCL error of enqueued work; never blocks.
   std::error_code check() {
     if (auto ec = usable()) return ec;
@@ -265,12 +334,18 @@ class nccl_communicator {
     ncclCommGetAsyncError(comm_, &state);
     if (state == ncclSuccess || state == ncclInProgress) return {};
     auto ec = nccl(state, "enqueued work");
-    abort(last_error_);
+    fail_comm(last_error_, ec);
     return ec;
   }
 
-  /// Gives up on this communicator (aborts it, also when adopted); later calls fail.
-  void abort_now(const std::string& why) { abort("aborted: " + why); }
+  /// Gives up on this communicator and aborts it, also when adopted (the one case
+  /// kvtier aborts the engine's: the caller asked for it); later calls fail.
+  void abort_now(const std::string& why) {
+    if (!failed()) record_first("aborted: " + why, kvtier::errc::backend_error);
+    if (comm_ && !aborted_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = true;
+  }
 
   rank_t rank() const noexcept { return rank_; }
   rank_t size() const noexcept { return size_; }
@@ -279,8 +354,11 @@ class nccl_communicator {
   bool owned() const noexcept { return owned_; }
   cudaStream_t stream() const noexcept { return stream_; }
   ncclComm_t native() const noexcept { return comm_; }
-  /// True after a timeout or asynchronous error aborted the communicator.
-  bool aborted() const noexcept { return aborted_; }
+  /// True after a failure made the communicator unusable for kvtier (aborted when
+  /// owned, or poisoned only when adopted; see nccl_policy::failure_action).
+  bool aborted() const noexcept { return aborted_ || poisoned_; }
+  /// The first failure, kept whatever follows (every later call reports it).
+  std::error_code first_error() const noexcept { return first_error_; }
   const std::string& last_error() const noexcept { return last_error_; }
 
   std::error_code broadcast(std::span<const std::byte> send, std::span<std::byte> recv, rank_t root,
@@ -289,6 +367,7 @@ class nccl_communicator {
     if (root >= size_ || (rank_ == root && send.size() != recv.size()))
       return skipped(invalid("broadcast: bad root or sizes"));
     const void* s = rank_ == root ? static_cast<const void*>(send.data()) : recv.data();
+    if (auto ec = mark_begin()) return ec;
     return issue(
         ncclBroadcast(s, recv.data(), recv.size(), ncclUint8, static_cast<int>(root), comm_, stream_),
         "ncclBroadcast", dl);
@@ -299,6 +378,7 @@ class nccl_communicator {
     if (auto ec = usable()) return ec;
     if (recv.size() != send.size() * size_)
       return skipped(invalid("all_gather: recv size != size() * send size"));
+    if (auto ec = mark_begin()) return ec;
     return issue(ncclAllGather(send.data(), recv.data(), send.size(), ncclUint8, comm_, stream_),
                  "ncclAllGather", dl);
   }
@@ -315,6 +395,7 @@ class nccl_communicator {
     std::byte* host = host_scratch_.data() + scratch_used_;
     std::byte* dev = scratch_.data() + scratch_used_;
     if (group_depth_ > 0) scratch_used_ += (bytes + 15) / 16 * 16;
+    if (auto ec = mark_begin()) return ec;
     if (bytes) std::memcpy(host, send.data(), bytes);
     if (auto ec = cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync"))
       return skipped(ec);
@@ -327,18 +408,27 @@ class nccl_communicator {
     return issue(r, "ncclAllReduce", dl);
   }
 
+  /// A group_start that fails opens no group (do not call group_end for it).
   std::error_code group_start() {
     if (auto ec = usable()) return ec;
+    if (auto ec = mark_begin()) return ec;  // before any of the group's work
+    if (auto ec = nccl(ncclGroupStart(), "ncclGroupStart")) {
+      if (group_depth_ == 0) return skipped(ec);                           // no group open: poison now
+      if (!group_error_) group_error_ = ec, group_message_ = last_error_;  // the outer group ends it
+      return ec;
+    }
     if (group_depth_++ == 0) scratch_used_ = 0;
-    if (auto ec = nccl(ncclGroupStart(), "ncclGroupStart")) return skipped(ec);
     return {};
   }
 
   std::error_code group_end(kvtier::deadline dl) {
-    if (group_depth_ == 0) return invalid("group_end without group_start");
+    if (group_depth_ == 0) {
+      if (failed()) return usable();  // keep the first error
+      return invalid("group_end without group_start");
+    }
     --group_depth_;
     const ncclResult_t r = ncclGroupEnd();  // always: it balances NCCL's per-thread group depth
-    if (aborted_) {
+    if (failed()) {
       pending_host_.clear();
       return usable();
     }
@@ -350,7 +440,7 @@ class nccl_communicator {
     if (group_error_) {  // an operation of the group never reached NCCL: its peers' will not pair
       const std::error_code ec = std::exchange(group_error_, {});
       pending_host_.clear();
-      abort(group_message_ + "; the group was incomplete, communicator aborted");
+      fail_comm(group_message_ + "; the group was incomplete", ec);
       return ec;
     }
     return issue(r, "ncclGroupEnd", dl);
@@ -361,6 +451,7 @@ class nccl_communicator {
     if (auto ec = usable()) return ec;
     if (dst.size() != src.size()) return invalid("local_copy: sizes differ");
     if (dst.empty() || dst.data() == src.data()) return {};
+    if (auto ec = mark_begin()) return ec;
     if (auto ec = cuda(cudaMemcpyAsync(dst.data(), src.data(), dst.size(), cudaMemcpyDefault, stream_),
                        "cudaMemcpyAsync"))
       return skipped(ec);
@@ -407,6 +498,8 @@ class nccl_communicator {
     }
     if (auto ec = cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate"))
       return ec;
+    if (auto ec = cuda(cudaEventCreateWithFlags(&begin_, cudaEventDisableTiming), "cudaEventCreate"))
+      return ec;
     ring_.assign(event_ring, nullptr);
     for (auto& e : ring_)
       if (auto ec = cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate")) return ec;
@@ -437,9 +530,12 @@ class nccl_communicator {
     return kvtier::errc::invalid_argument;
   }
   std::error_code usable() {
-    if (!comm_ || aborted_) {
-      last_error_ =
-          aborted_ ? "communicator was aborted after an earlier timeout or error" : "no communicator";
+    if (failed()) {
+      last_error_ = "communicator unusable after an earlier failure: " + first_message_;
+      return kvtier::errc::backend_error;
+    }
+    if (!comm_) {
+      last_error_ = "no communicator";
       return kvtier::errc::backend_error;
     }
     // The calling thread may differ from the creator.
@@ -454,7 +550,7 @@ class nccl_communicator {
     if (group_depth_ > 0) {
       if (!group_error_) group_error_ = ec, group_message_ = last_error_;
     } else {
-      abort(last_error_ + "; communicator aborted (the peers may have issued this collective)");
+      fail_comm(last_error_ + " (the peers may have issued this collective)", ec);
     }
     return ec;
   }
@@ -474,11 +570,48 @@ class nccl_communicator {
     return kvtier::errc::backend_error;
   }
 
-  void abort(std::string why) {
-    last_error_ = std::move(why);
-    if (comm_ && !aborted_) ncclCommAbort(comm_);  // frees the communicator
-    comm_ = nullptr;
-    aborted_ = true;
+  bool failed() const noexcept { return aborted_ || poisoned_; }
+  void record_first(const std::string& why, std::error_code ec) {
+    first_error_ = ec ? ec : make_error_code(kvtier::errc::backend_error);
+    first_message_ = why;
+  }
+
+  // A failure: the first one is kept; the NCCL communicator is aborted only when
+  // kvtier owns it (nccl_policy::failure_action), else poisoned for kvtier only.
+  void fail_comm(const std::string& why, std::error_code ec) {
+    if (failed()) {  // a later failure: report the first
+      last_error_ = "communicator unusable after an earlier failure: " + first_message_;
+      return;
+    }
+    const auto action = nccl_policy::failure_action(owned_);
+    record_first(why + "; " + std::string(nccl_policy::to_string(action)), ec);
+    last_error_ = first_message_;
+    if (action == nccl_policy::on_failure::abort_communicator) {
+      if (comm_) ncclCommAbort(comm_);  // frees the communicator
+      comm_ = nullptr;
+      aborted_ = true;
+    } else {
+      poisoned_ = true;  // comm_ stays the engine's; native() still names it
+    }
+  }
+
+  // The stream reaches this call's operation when begin_ completes (see op_clock).
+  // Top level only: a group is marked once, at its outermost group_start.
+  std::error_code mark_begin() {
+    if (group_depth_ > 0) return {};
+    called_ = kvtier::clock::now();
+    if (auto ec = cuda(cudaEventRecord(begin_, stream_), "cudaEventRecord")) return skipped(ec);
+    return {};
+  }
+
+  // An asynchronous NCCL error of this communicator, reported (and failed on) once seen.
+  std::error_code async_error(const char* what) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state == ncclSuccess || state == ncclInProgress) return {};
+    auto ec = nccl(state, what);
+    fail_comm(last_error_, ec);
+    return ec;
   }
 
   // Short collectives finish in microseconds: yield first, then sleep so a long wait costs no CPU.
@@ -496,17 +629,17 @@ class nccl_communicator {
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
       if (r != ncclSuccess) {
         auto ec = nccl(r, "ncclCommGetAsyncError");
-        abort(last_error_);
+        fail_comm(last_error_, ec);
         return ec;
       }
       if (state == ncclSuccess) return {};
       if (state != ncclInProgress) {
         auto ec = nccl(state, what);
-        abort(last_error_);
+        fail_comm(last_error_, ec);
         return ec;
       }
       if (kvtier::expired(dl)) {
-        abort(std::string(what) + ": deadline passed before NCCL enqueued it; communicator aborted");
+        fail_comm(std::string(what) + ": deadline passed before NCCL enqueued it", kvtier::errc::timeout);
         return kvtier::errc::timeout;
       }
       pause(i);
@@ -514,30 +647,43 @@ class nccl_communicator {
   }
 
   // Records this call's event and polls it until this rank's work finished, failed
-  // or `dl` passed (an event, not the stream: an adopted stream carries the engine's work too).
+  // or its deadline passed (an event, not the stream: an adopted stream carries the
+  // engine's work too). On an adopted stream the budget starts when begin_ (recorded
+  // before the operation) completed; see nccl_policy::op_clock.
   std::error_code wait_stream(const char* what, kvtier::deadline dl) {
     if (auto ec = cuda(cudaEventRecord(done_, stream_), "cudaEventRecord")) {
-      abort(last_error_);
+      fail_comm(last_error_, ec);
       return ec;
     }
+    const auto clk = nccl_policy::op_clock::make(owned_, called_, dl, max_queue_wait_);
+    bool started = !clk.from_start;
+    kvtier::deadline limit = started ? dl : clk.queue_limit();
     for (unsigned i = 0;; ++i) {
+      if (!started) {
+        const cudaError_t b = cudaEventQuery(begin_);
+        if (b == cudaSuccess) {
+          started = true;
+          limit = clk.op_deadline(kvtier::clock::now());
+        } else if (b != cudaErrorNotReady) {
+          auto ec = cuda(b, what);
+          fail_comm(last_error_, ec);
+          return ec;
+        }
+      }
       const cudaError_t q = cudaEventQuery(done_);
       if (q == cudaSuccess) return {};
       if (q != cudaErrorNotReady) {
         auto ec = cuda(q, what);
-        abort(last_error_);
+        fail_comm(last_error_, ec);
         return ec;
       }
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress) {
-        auto ec = nccl(state, what);
-        abort(last_error_);
-        return ec;
-      }
-      if (kvtier::expired(dl)) {
-        abort(std::string(what) +
-              ": deadline passed (peers missing or calls mismatched); communicator aborted");
+      if (auto ec = async_error(what)) return ec;
+      if (kvtier::expired(limit)) {
+        fail_comm(std::string(what) +
+                      (started ? ": deadline passed (peers missing or calls mismatched)"
+                               : ": the engine's stream did not reach the operation within max_queue_wait "
+                                 "past the deadline"),
+                  kvtier::errc::timeout);
         return kvtier::errc::timeout;
       }
       pause(i);
@@ -572,6 +718,8 @@ class nccl_communicator {
   void release() noexcept {
     if (done_) cudaEventDestroy(done_);
     done_ = nullptr;
+    if (begin_) cudaEventDestroy(begin_);
+    begin_ = nullptr;
     for (auto& e : ring_)
       if (e) cudaEventDestroy(e);
     ring_.clear();
@@ -603,8 +751,14 @@ class nccl_communicator {
   cudaStream_t stream_ = nullptr;
   rank_t rank_ = 0, size_ = 0;
   int device_ = 0;
-  bool owned_ = true;              // false after adopt(): never finalize/destroy comm_ or stream_
-  cudaEvent_t done_ = nullptr;     // recorded after each host-waiting call's work
+  bool owned_ = true;  // false after adopt(): never finalize/destroy/abort comm_ or stream_
+  std::chrono::milliseconds max_queue_wait_{10'000};
+  cudaEvent_t done_ = nullptr;   // recorded after each host-waiting call's work
+  cudaEvent_t begin_ = nullptr;  // recorded before each host-waiting call's work
+  kvtier::clock::time_point called_{};
+  bool poisoned_ = false;  // adopted and failed: kvtier no longer uses comm_
+  std::error_code first_error_;
+  std::string first_message_;
   std::vector<cudaEvent_t> ring_;  // handed out by the enqueue-only calls
   std::size_t ring_next_ = 0;
   bool aborted_ = false;

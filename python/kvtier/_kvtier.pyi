@@ -1,0 +1,307 @@
+"""Type stubs of kvtier._kvtier (python/src/*.cpp). Every name is re-exported by `kvtier`."""
+import builtins
+import enum
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union
+
+# Any buffer-protocol object: bytes (sources only), bytearray, memoryview, numpy.ndarray.
+Buffer = Union[bytes, bytearray, memoryview, Any]
+
+__version__: str
+
+# A CPU torch.Tensor, taken by data_ptr() (torch is never imported by kvtier).
+Tensor = object
+Bytes = Union[Buffer, Tensor]
+TokenIds = Union[Sequence[int], Buffer, Tensor]
+DeadlineLike = Union[float, int, "Deadline"]
+
+class Errc(enum.IntEnum):
+    timeout = 1
+    connection_lost = 2
+    connection_refused = 3
+    resolve_failed = 4
+    not_connected = 5
+    protocol_error = 6
+    server_error = 7
+    unexpected_reply = 8
+    too_large = 9
+    corrupt_value = 10
+    wrong_length = 11
+    auth_failed = 12
+    cancelled = 13
+    shutdown = 14
+    queue_full = 15
+    bad_url = 16
+    invalid_argument = 17
+    collective_mismatch = 18
+    backend_error = 19
+    tls_failed = 20
+    resource_exhausted = 21
+
+class Error(Exception):
+    """Base of every kvtier error.
+
+        try:
+            store.get(keys, dst, 0.5)
+        except kvtier.Error as e:
+            print(e.code_name, e.status)
+    """
+    code: Optional[Errc]
+    code_name: str
+    status: Optional[list[Status]]
+
+class TimeoutError(Error, builtins.TimeoutError): ...
+class InvalidArgument(Error, ValueError): ...
+class BadUrl(InvalidArgument): ...
+class ConnectionError(Error, builtins.ConnectionError): ...
+class ClosedError(Error): ...
+class CorruptValue(Error): ...
+class ServerError(Error): ...
+class ProtocolError(Error): ...
+
+class Deadline:
+    """One instant for every call of a request.
+
+        dl = kvtier.Deadline.after(2.0); store.exists(keys, dl); store.get(keys, dst, dl)
+    """
+    @staticmethod
+    def after(seconds: float) -> Deadline: ...
+    @staticmethod
+    def never() -> Deadline: ...
+    def remaining(self) -> float: ...
+    def expired(self) -> bool: ...
+
+def deadline_after(seconds: float) -> Deadline:
+    """dl = kvtier.deadline_after(0.5)"""
+
+# ---- keys ----------------------------------------------------------------------------------
+class ChunkKey:
+    """k = kvtier.ChunkKey(1, 2); kvtier.ChunkKey.from_hex(k.hex()) == k"""
+    hi: int
+    lo: int
+    def __init__(self, hi: int = 0, lo: int = 0) -> None: ...
+    @staticmethod
+    def from_hex(text: str) -> ChunkKey: ...
+    def hex(self) -> str: ...
+    def __hash__(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __lt__(self, other: ChunkKey) -> bool: ...
+
+def content_hash(data: Bytes) -> ChunkKey:
+    """kvtier.MediaItem(offset=10, length=64, content_hash=kvtier.content_hash(image_bytes))"""
+
+class KeyNamespace:
+    """ns = kvtier.KeyNamespace('my-model', 'fp8', chunk_tokens=256)"""
+    model: str
+    kv_format: str
+    chunk_tokens: int
+    layout_version: int
+    ownership: str
+    def __init__(self, model: str, kv_format: str, chunk_tokens: int = 256, layout_version: int = 1,
+                 ownership: str = "mod:1") -> None: ...
+    def canonical(self) -> str: ...
+    def root(self) -> ChunkKey: ...
+    def fingerprint(self) -> int: ...
+    def text(self) -> str: ...
+    def remote_key_prefix(self) -> str: ...
+    def remote_key(self, key: ChunkKey) -> str: ...
+
+class MediaItem:
+    """kvtier.MediaItem(offset=10, length=64, content_hash=kvtier.ChunkKey(7, 9))"""
+    offset: int
+    length: int
+    content_hash: ChunkKey
+    def __init__(self, offset: int, length: int, content_hash: ChunkKey) -> None: ...
+
+class Chunker:
+    """keys = kvtier.Chunker(ns).keys(torch.tensor(ids), adapter='lora-7')"""
+    namespace: KeyNamespace
+    chunk_tokens: int
+    hash: str
+    def __init__(self, namespace: KeyNamespace, tail: str = "drop", hash: str = "xxh3-128") -> None: ...
+    def key_count(self, n_tokens: int) -> int: ...
+    def root(self, adapter: str = "", tenant_salt: str = "") -> ChunkKey: ...
+    def keys(self, tokens: TokenIds, *, adapter: str = "", tenant_salt: str = "",
+             media: Optional[Sequence[MediaItem]] = None) -> list[ChunkKey]: ...
+    def extend(self, prev: ChunkKey, tokens: TokenIds, media: Optional[Sequence[MediaItem]] = None) -> list[ChunkKey]: ...
+    def remote_key(self, key: ChunkKey) -> str: ...
+
+# ---- cost model and the probe's fit ---------------------------------------------------------
+class PrefillNode:
+    """node = kvtier.PrefillNode(kv_bytes_per_token=48.4e3, prefill_tokens_per_s=52.2e3)"""
+    kv_bytes_per_token: float
+    prefill_tokens_per_s: float
+    def __init__(self, kv_bytes_per_token: float, prefill_tokens_per_s: float) -> None: ...
+
+class LoadPath:
+    """path = kvtier.LoadPath(fixed_cost_s=0.002, bandwidth_gb_per_s=3.0)"""
+    fixed_cost_s: float
+    bandwidth_gb_per_s: float
+    def __init__(self, fixed_cost_s: float, bandwidth_gb_per_s: float) -> None: ...
+
+class LoadSample:
+    gb: float
+    seconds: float
+    def __init__(self, gb: float, seconds: float) -> None: ...
+
+class LoadDecision:
+    load: bool
+    predicted_load_s: float
+    recompute_s: float
+
+class SplitPlan:
+    k_tokens: float
+    predicted_s: float
+    full_load_s: float
+    recompute_s: float
+
+def kv_gb(tokens: float, kv_bytes_per_token: float) -> float: ...
+def break_even_bandwidth_gb_per_s(node: PrefillNode) -> float:
+    """B* = s*R: kvtier.break_even_bandwidth_gb_per_s(node)  # 2.53"""
+def recompute_time_s(node: PrefillNode, tokens: float) -> float: ...
+def load_time_s(path: LoadPath, gb: float) -> float: ...
+def predicted_hit_time_s(node: PrefillNode, path: LoadPath, tokens: float) -> float: ...
+def min_profitable_tokens(node: PrefillNode, path: LoadPath) -> float: ...
+def utilisation(arrivals_per_s: float, gb_per_request: float, bandwidth_gb_per_s: float) -> float: ...
+def recompute_externality_s(work_s: float, utilisation: float) -> float: ...
+def decide_load(node: PrefillNode, path: LoadPath, hit_tokens: float, min_saving_s: float = 0.0) -> LoadDecision:
+    """kvtier.decide_load(node, path, 16384).load"""
+def split_point(node: PrefillNode, path: LoadPath, hit_tokens: float, prompt_tokens: float,
+                granularity: float = 1.0) -> SplitPlan:
+    """kvtier.split_point(node, path, 16384, 20000, granularity=256).k_tokens"""
+def fit_fixed_cost_s(measured_s: float, gb: float, bandwidth_gb_per_s: float) -> float: ...
+def instance_rate_gb_per_s(sustained_gb_per_s: float, gb: float, fixed_cost_s: float) -> float: ...
+def fit_load_path(samples: Iterable[Union[LoadSample, Tuple[float, float]]]) -> Optional[LoadPath]:
+    """kvtier.fit_load_path([(0.1, 0.035), (0.2, 0.068), (0.4, 0.135)])"""
+
+class LoadEstimator:
+    """est = kvtier.LoadEstimator(kvtier.LoadPath(0.001, 2.0)); est.record(0.1, 0.05); est.estimate()"""
+    samples: int
+    def __init__(self, prior: LoadPath, half_life_samples: float = 64.0, min_relative_spread: float = 0.2) -> None: ...
+    def record(self, gb: float, seconds: float) -> bool: ...
+    def record_bytes(self, bytes: int, seconds: float) -> bool: ...
+    def estimate(self) -> LoadPath: ...
+    def split(self, node: PrefillNode, hit_tokens: float, prompt_tokens: float, granularity: float = 1.0) -> SplitPlan: ...
+    def decide(self, node: PrefillNode, hit_tokens: float, min_saving_s: float = 0.0) -> LoadDecision: ...
+
+class BatchSample:
+    batch: int
+    gb: float
+    seconds: float
+    def __init__(self, batch: int, gb: float, seconds: float) -> None: ...
+
+class SizeCheck:
+    batch: int
+    median_s: float
+    predicted_s: float
+    error: float
+
+class FitReport:
+    path: LoadPath
+    fitted_t0_s: float
+    clamped: bool
+    t0_interval_s: Tuple[float, float]
+    b_interval_gbps: Tuple[float, float]
+    rms_residual_s: float
+    samples: int
+    sizes: list[SizeCheck]
+    max_abs_error: float
+
+def fit_batches(samples: Iterable[Union[BatchSample, Tuple[int, float, float]]]) -> Optional[FitReport]:
+    """r = kvtier.fit_batches([(8, 0.099, 0.095), (4, 0.050, 0.049), (2, 0.025, 0.026)])"""
+
+# ---- URLs ------------------------------------------------------------------------------------
+class Endpoint:
+    """ep = kvtier.parse_url('resp://app:pw@127.0.0.1:6379/2'); ep.describe()  # '127.0.0.1:6379/2'"""
+    transport: str  # 'tcp' or 'unix'
+    host: str
+    port: int
+    path: str
+    user: str
+    password: str
+    db: int
+    tls: bool
+    def describe(self) -> str: ...
+
+class ClusterUrl:
+    seeds: list[Endpoint]
+    placement: str  # 'spread' or 'pinned'
+
+def parse_url(url: str, rank: Optional[int] = None) -> Endpoint:
+    """kvtier.parse_url('resp://127.0.0.1:{rank+6400}', rank=2).port  # 6402"""
+def redact_url(url: str) -> str:
+    """kvtier.redact_url('resp://app:s3cret@h:6379/2')  # 'resp://app:***@h:6379/2'"""
+def substitute_rank(template: str, rank: int) -> str: ...
+def is_cluster_url(url: str) -> bool: ...
+def parse_cluster_url(url: str) -> ClusterUrl: ...
+
+# ---- stores ----------------------------------------------------------------------------------
+class Status(enum.IntEnum):
+    hit = 0
+    miss = 1
+    corrupt = 2
+    timeout = 3
+    error = 4
+    cancelled = 5
+    stored = 6
+
+Values = Union[Bytes, Sequence[Bytes]]
+
+class Store:
+    """status = store.get(keys, torch.empty(len(keys), 4096, dtype=torch.uint8), 0.5)"""
+    closed: bool
+    kind: str
+    def exists(self, keys: Sequence[ChunkKey], deadline: DeadlineLike) -> list[Status]: ...
+    def get(self, keys: Sequence[ChunkKey], dst: Values, deadline: DeadlineLike, *,
+            value_bytes: Optional[int] = None) -> list[Status]: ...
+    def put(self, keys: Sequence[ChunkKey], src: Values, deadline: DeadlineLike, *,
+            value_bytes: Optional[int] = None) -> list[Status]: ...
+    def close(self) -> None: ...
+    def last_error(self) -> str: ...
+    def __enter__(self) -> Store: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+class MemoryStore(Store):
+    """l1 = kvtier.MemoryStore(8 << 30)"""
+    size_bytes: int
+    entry_count: int
+    def __init__(self, capacity_bytes: int) -> None: ...
+    def contains(self, key: ChunkKey) -> bool: ...
+    def erase(self, key: ChunkKey) -> bool: ...
+    def clear(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+
+class TlsOptions:
+    """kvtier.RemoteStore('rediss://10.0.0.7:6380', ns, tls=kvtier.TlsOptions(ca_file='/etc/kvtier/ca.pem'))"""
+    ca_file: str
+    cert_file: str
+    key_file: str
+    server_name: str
+    verify_peer: bool
+    def __init__(self, *, ca_file: str = "", cert_file: str = "", key_file: str = "", server_name: str = "",
+                 verify_peer: bool = True) -> None: ...
+
+class RemoteStore(Store):
+    """l2 = kvtier.RemoteStore('resp://127.0.0.1:{rank+6400}', ns, rank=0)"""
+    def __init__(self, url: str, namespace: KeyNamespace, *, rank: Optional[int] = None, connections: int = 4,
+                 reserved_small: int = 1, connect_timeout: float = 2.0, protocol: int = 2, value_format: int = 1,
+                 group_bytes: int = 0, password_file: str = "", client_name: str = "",
+                 tls: Optional[TlsOptions] = None) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+
+class ClusterStore(Store):
+    """l2 = kvtier.ClusterStore('resp+cluster://127.0.0.1:7000?placement=pinned', ns, rank=0)"""
+    def __init__(self, url: str, namespace: KeyNamespace, *, rank: int = 0, connections: int = 4,
+                 reserved_small: int = 1, connect_timeout: float = 2.0, protocol: int = 2, value_format: int = 1,
+                 group_bytes: int = 0, max_rounds: int = 6) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+
+class RendezvousStore(Store):
+    """s = kvtier.RendezvousStore([kvtier.RemoteStore(u, ns) for u in urls])"""
+    size: int
+    def __init__(self, instances: Sequence[Store], seed: int = 0) -> None: ...
+    def instance_of(self, key: ChunkKey) -> int: ...
+
+class TieredStore(Store):
+    """tiers = kvtier.TieredStore(kvtier.MemoryStore(1 << 30), l2)"""
+    def __init__(self, l1: Store, l2: Store, *, writes: str = "write_through", promote: bool = True) -> None: ...
+    def stats(self) -> dict[str, int]: ...
