@@ -1,0 +1,500 @@
+// examples/pcp_prefill/request_lifecycle.hpp: the life of one request's KV on every
+// rank, at the same points on every rank: lookup, one agreement on what is cached,
+// the decision (load, split or recompute), the load by each chunk's owner, the
+// broadcast owner -> all, the scatter into the request's pages with every byte
+// checked there, and the write-back of what was computed. The engine (engine.hpp)
+// calls it from its step loop and keeps the scheduling; this file keeps the I/O.
+//
+// Deadlines: one deadline per request, set when its lookup is issued
+// (load_timeout_s later), covers every rank's lookup and load of that request;
+// a rank whose I/O would end past it reports nothing loaded, and the agreed
+// prefix recomputes. The collectives that agree on the outcome run after it,
+// with their own generous deadline, so a late peer turns into "recompute",
+// never into a rank that gave up the agreement while its peer was still in I/O.
+//
+// Per rank: L1 = modeled_l1, L2 = the caller's store, kvtier::tiered_store over
+// both, a kvtier::fetch_queue for lookups and loads of owned chunks (c mod W).
+// Lookup answers are kvtier::rank_answer values reduced with a min all-reduce;
+// loaded chunks move owner -> all with kvtier::chunk_broadcast;
+// kvtier::load_estimator drives `--policy cost` and `--mode split`. Modeled
+// stores are timed on the modeled clock (modeled_clock.hpp); real servers by
+// the wall clock, each rank measuring its calls and the ranks agreeing on the
+// longest.
+//
+//   pcp::request_lifecycle<pcp::modeled_l2> life(reqs, tm, opt, own, l2s, tally);
+//   life.issue_lookups(env, {i});   // at arrival, on every rank
+//   life.decide(env, {i});          // once its lookup ended: agree, choose, start the load
+//   life.finish_load(env, i);       // once its load ended: agree, broadcast, check, queue
+//   life.store_computed(env, i);    // once computed: write back what this rank owns
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "engine_types.hpp"
+#include "kvtier/chunk_broadcast.hpp"
+#include "kvtier/cost_model.hpp"
+#include "kvtier/fetch_queue.hpp"
+#include "kvtier/lookup.hpp"
+#include "kvtier/ownership.hpp"
+#include "model_stores.hpp"
+#include "rank_state.hpp"
+#include "timing_model.hpp"
+
+namespace pcp {
+
+/// One object serves every rank of a run (each call takes that rank's `env`); it holds
+/// only the run's configuration and the tally the ranks report into.
+template <class L2, kvtier::comm::communicator Comm = kvtier::comm::inproc_communicator>
+class request_lifecycle {
+ public:
+  using env_t = rank_env<L2, Comm>;
+  static constexpr bool modeled = modeled_timing_v<L2>;
+  static constexpr bool has_l2() { return !std::is_same_v<L2, null_store>; }
+
+  request_lifecycle(const std::vector<prepared_request>& reqs, const timing_model& tm,
+                    const engine_options& opt, const kvtier::modulo_ownership& own,
+                    const std::vector<L2*>& l2s, run_tally& tally)
+      : reqs_(reqs), tm_(tm), opt_(opt), own_(own), l2s_(l2s), tally_(tally) {}
+
+  /// The deadline of the collectives that agree on outcomes: generous, so a late peer
+  /// becomes "recompute" rather than a rank that gave up the agreement.
+  static kvtier::deadline coll_dl() { return kvtier::clock::now() + std::chrono::seconds(300); }
+
+  /// Issues the lookups of requests `ids` at the current modeled time and sets
+  /// their modeled end (their real I/O has finished when this returns).
+  void issue_lookups(env_t& env, const std::vector<std::size_t>& ids) {
+    if (ids.empty()) return;
+    if (!modeled) {  // one real deadline per request, from an agreed instant (the latest rank's now)
+      std::vector<double> t0 = agree_max_s(
+          env, std::vector<double>(
+                   1, std::chrono::duration<double>(kvtier::clock::now().time_since_epoch()).count()));
+      const auto at = kvtier::clock::time_point(
+          std::chrono::duration_cast<kvtier::clock::duration>(std::chrono::duration<double>(t0[0])));
+      for (std::size_t i : ids)
+        env.loc[i].real_dl = at + std::chrono::duration_cast<kvtier::clock::duration>(
+                                      std::chrono::duration<double>(opt_.load_timeout_s));
+    }
+    const kvtier::rank_t me = env.comm->rank();
+    std::vector<kvtier::fetch_handle> hs;
+    std::vector<kvtier::clock::time_point> began;
+    for (std::size_t i : ids) {
+      ctl_state& c = env.ctl[i];
+      c.io_start = env.clock.now;
+      c.deadline = env.clock.now + opt_.load_timeout_s;
+      std::vector<kvtier::chunk_key> keys;
+      for (std::size_t k = 0; k < reqs_[i].n_chunks(); ++k)
+        if (own_.owner(k) == me) keys.push_back(reqs_[i].keys[k]);
+      began.push_back(kvtier::clock::now());
+      hs.push_back(env.queue->lookup(i, keys,
+                                     kvtier::chunk_layout::owned(owned_starts_in(me, 0, reqs_[i].n_chunks()),
+                                                                 reqs_[i].n_chunks() * tm_.chunk_tokens),
+                                     real_dl(env, i)));
+    }
+    std::vector<double> took;
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      const std::size_t i = ids[k];
+      const auto res = completed(env, hs[k], real_dl(env, i));
+      took.push_back(std::chrono::duration<double>(kvtier::clock::now() - began[k]).count());
+      note_error(env, res.ec, "lookup");
+      const bool ok = res.state == kvtier::fetch_state::done;
+      env.loc[i].lookup_answer = ok ? res.answer_tokens : first_start(me, 0, reqs_[i].n_chunks());
+    }
+    if (!modeled) took = agree_max_s(env, took);
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      ctl_state& c = env.ctl[ids[k]];
+      const double end =
+          modeled ? env.io->lookup_end(reqs_[ids[k]].n_chunks(), env.clock.now) : env.clock.now + took[k];
+      // Past the request's deadline the lookup counts as failed: nothing cached.
+      if (end > c.deadline) env.loc[ids[k]].lookup_answer = first_start(me, 0, reqs_[ids[k]].n_chunks());
+      c.lookup_end = std::min(end, c.deadline);
+      env.costs.lookup_s += c.lookup_end - env.clock.now;
+      ++env.costs.lookups;
+    }
+  }
+
+  /// The lookups of `done` (in this order) finished on every rank: agree on their
+  /// answers, decide load / split / recompute, and start the loads.
+  void decide(env_t& env, const std::vector<std::size_t>& done) {
+    std::vector<std::uint64_t> v;
+    for (std::size_t i : done) v.push_back(env.loc[i].lookup_answer), v.push_back(l1_answer(env, i));
+    all_reduce_min(env, v);
+    const double g = static_cast<double>(opt_.world) * tm_.chunk_tokens;  // one round of owners
+    const kvtier::load_path configured{.fixed_cost_s = tm_.l2_t0_s,
+                                       .bandwidth_gb_per_s = tm_.l2_total_gbps(opt_.world)};
+    for (std::size_t k = 0; k < done.size(); ++k) {
+      const std::size_t i = done[k];
+      ctl_state& c = env.ctl[i];
+      const double n = static_cast<double>(reqs_[i].src->tokens.size());
+      c.hit = v[2 * k];
+      c.l1_hit = std::min(v[2 * k + 1], c.hit);
+      if (env.lead) tally_.result.requests[i].lookup_tokens = c.hit;
+      bool load = c.hit > 0;
+      const double l2_part = static_cast<double>(c.hit - c.l1_hit);
+      const double tokens = l2_part > 0 ? l2_part : static_cast<double>(c.hit);
+      if (load && opt_.mode == load_mode::split) {
+        const auto plan = env.estimator->split(tm_.node(), static_cast<double>(c.hit), n, g);
+        c.split = std::min<std::uint64_t>(c.hit, static_cast<std::uint64_t>(plan.k_tokens));
+        if (env.lead && modeled && has_l2())
+          tally_.result.requests[i].predicted_s =
+              kvtier::split_point(tm_.node(), configured, static_cast<double>(c.hit), n, g).predicted_s;
+        if (c.split >= c.hit) load = false, c.status = "policy_recompute";
+      } else if (load && opt_.policy == load_policy::cost) {
+        // Load iff it is predicted to finish before recompute would, counting the
+        // compute already queued ahead and the delay recomputing would impose on the
+        // requests behind it at the offered utilisation (min_saving_s = -(backlog +
+        // externality)), give or take the latency the operator trades for GPU time.
+        double backlog = opt_.cost_slack_s;
+        for (std::size_t j : env.ready) backlog += tm_.compute_s(static_cast<double>(env.ctl[j].remaining));
+        backlog += kvtier::recompute_externality_s(tm_.compute_s(tokens), env.offered_utilisation());
+        load = env.estimator->decide(tm_.node(), tokens, -backlog).load;
+        if (!load) c.status = "policy_recompute";
+      }
+      if (load && env.lead && modeled && has_l2() && opt_.mode != load_mode::split)
+        tally_.result.requests[i].predicted_s =
+            kvtier::split_time_s(tm_.node(), configured, static_cast<double>(c.hit), n, 0);
+      c.loading = load;
+      if (!load) {
+        c.cached = 0;
+        c.split = 0;
+        c.remaining = reqs_[i].src->tokens.size();
+        if (c.status.empty()) c.status = "miss";
+        env.ready.push_back(i);
+        continue;
+      }
+      if (c.split > 0) {  // the front computes on the step while the back loads
+        c.front = true;
+        c.remaining = c.split;
+        env.ready.push_back(i);
+      }
+    }
+    std::vector<std::size_t> starting;
+    for (std::size_t i : done)
+      if (env.ctl[i].loading) starting.push_back(i);
+    start_loads(env, starting);
+  }
+
+  /// Every rank loaded what it could of request i: agree on the prefix, move the
+  /// chunks owner -> all (modeled interconnect time on the step), verify every
+  /// byte, and queue what is left of the prompt for compute.
+  void finish_load(env_t& env, std::size_t i) {
+    ctl_state& c = env.ctl[i];
+    const std::size_t c0 = chunks(c.split), c1 = chunks(c.hit), n = c1 - c0;
+    kvtier::chunk_span_buffers bufs;
+    bufs.sources.resize(n);
+    bufs.destinations.resize(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      bufs.destinations[k] = slot(env, i, c0 + k);
+      bufs.sources[k] = bufs.destinations[k];  // in place: the owner's loaded chunk is its destination
+    }
+    // The split point is a multiple of W chunks, so chunk c0 + k has the owner of chunk k.
+    kvtier::broadcast_params p{.n_chunks = n,
+                               .chunk_tokens = tm_.chunk_tokens,
+                               .chunk_bytes = tm_.chunk_bytes(),
+                               .mode = opt_.broadcast,
+                               .request_id = kvtier::load_id{i}};
+    if (opt_.broadcast == kvtier::broadcast_mode::gathered) {
+      const std::size_t need = kvtier::gathered_staging_bytes(own_, n, tm_.chunk_bytes());
+      if (env.staging.size() < need) env.staging.resize(need);
+      p.staging = std::span<std::byte>(env.staging).first(need);
+    }
+    const std::uint64_t loaded = std::clamp(env.loc[i].load_answer, c.split, c.hit) - c.split;
+    const auto r = kvtier::chunk_broadcast(*env.comm, own_, loaded, bufs, p, coll_dl());
+    env.collectives += r.collectives;
+    const std::uint64_t agreed = c.split + (r.ec ? 0 : r.agreed_tokens);
+    // Modeled interconnect time: what the busiest receiver got, plus the collectives' latency.
+    const double bcast = env.io->broadcast_s(c0, chunks(agreed), r.collectives);
+    env.clock.now += bcast;
+    env.costs.broadcast_s += bcast;
+    ++env.costs.broadcasts;
+    // The agreed chunks go into the request's pages (scatter), where its KV lives from now on;
+    // every loaded byte is then checked there, in the paged layout, against what recompute
+    // would produce (each chunk gathered back from the pages). Real CPU work, not modeled time.
+    reserve_pages(env, i, agreed);
+    for (std::size_t k = c0; k < chunks(agreed); ++k) to_pages(env, i, k, slot(env, i, k));
+    if (i == opt_.corrupt_paged_request && env.comm->rank() == opt_.corrupt_paged_rank &&
+        chunks(agreed) > c0) {
+      auto v = std::span<std::byte>(env.paged_scratch);
+      from_pages(env, i, c0, v);
+      v[v.size() / 2] ^= std::byte{0x01};
+      to_pages(env, i, c0, v);
+    }
+    std::vector<std::byte>().swap(env.loc[i].buf);  // the chunk values are no longer needed
+    std::uint64_t first_bad = agreed;
+    std::uint64_t bad = 0;
+    for (std::size_t k = c0; k < chunks(agreed); ++k) {
+      from_pages(env, i, k, env.paged_scratch);
+      if (!verify_payload(env.paged_scratch, chunk_tokens_of(i, k), k * tm_.chunk_tokens, env.scratch)) {
+        ++bad;
+        first_bad = std::min<std::uint64_t>(first_bad, k * tm_.chunk_tokens);
+      }
+    }
+    if (bad) tally_.mismatches += bad;
+    std::vector<std::uint64_t> v{first_bad, bad ? 0u : 1u};
+    all_reduce_min(env, v);
+    c.cached = std::max(c.split, std::min(agreed, v[0]));
+    c.loading = false;
+    c.loaded = true;
+    if (v[1] == 0)
+      c.status = "mismatch";
+    else if (c.cached < c.hit)
+      c.status = "partial";
+    else
+      c.status = c.split > 0 ? "split" : "hit";
+    if (c.cached < c.hit && env.lead) ++tally_.result.failed_loads;
+    const std::uint64_t l2_from = std::max(c.split, c.l1_hit);
+    if (env.estimator && c.cached > l2_from &&
+        c.load_end > c.load_start)  // every rank records the same sample
+      env.estimator->record(kvtier::kv_gb(static_cast<double>(c.cached - l2_from), tm_.bytes_per_token),
+                            c.load_end - c.load_start);
+    if (env.lead) tally_.result.requests[i].load_s = c.load_end - c.io_start;
+    if (!c.front || c.front_done) {
+      c.front = false;
+      c.remaining = reqs_[i].src->tokens.size() - c.cached;
+      env.ready.push_back(i);
+    }
+  }
+
+  /// Sync mode: lookup and load request i inside the step (every rank waits).
+  void sync_lookup_and_load(env_t& env, std::size_t i) {
+    issue_lookups(env, {i});
+    env.clock.wait_until(env.ctl[i].lookup_end);
+    decide(env, {i});
+    if (!env.ctl[i].loaded && env.ctl[i].loading) {
+      env.clock.wait_until(env.ctl[i].load_end);
+      finish_load(env, i);
+    }
+  }
+
+  /// Request i finished computing: each rank stores the chunks it owns that it
+  /// computed (L1 and L2, write-through). Sync: the step waits for the write-back.
+  void store_computed(env_t& env, std::size_t i) {
+    const ctl_state& c = env.ctl[i];
+    // Chunks below the hit are in L2 already (a load cut short or a recompute by policy
+    // leaves them there), except a mismatched one, which is overwritten with good bytes.
+    const std::size_t from = chunks(c.status == "mismatch" ? c.cached : std::max(c.cached, c.hit));
+    const std::size_t to = reqs_[i].n_chunks();
+    std::vector<kvtier::chunk_key> keys;
+    std::vector<std::span<const std::byte>> src;
+    if (from < to) reserve_pages(env, i, static_cast<std::uint64_t>(to) * tm_.chunk_tokens);
+    for (std::size_t k = from; k < to; ++k) {
+      if (own_.owner(k) != env.comm->rank()) continue;
+      auto s = slot(env, i, k);
+      // Compute writes the chunk's KV into the pages; the value stored is gathered from them.
+      fill_payload(env.paged_scratch, chunk_tokens_of(i, k), k * tm_.chunk_tokens);
+      to_pages(env, i, k, env.paged_scratch);
+      from_pages(env, i, k, s);
+      keys.push_back(reqs_[i].keys[k]);
+      src.emplace_back(s);
+    }
+    const auto t = kvtier::clock::now();
+    if (!keys.empty()) {
+      std::vector<kvtier::chunk_status> st(keys.size());
+      // A write-back is not part of the request's load: its own deadline.
+      const auto dl =
+          kvtier::clock::now() + (modeled ? kvtier::clock::duration(std::chrono::seconds(60))
+                                          : std::chrono::duration_cast<kvtier::clock::duration>(
+                                                std::chrono::duration<double>(opt_.load_timeout_s)));
+      note_error(env, step_io(env, [&] { return env.tiers->put(keys, src, st, dl); }), "store");
+    }
+    if (from < to && opt_.timed) {
+      double end = env.clock.now;
+      if (modeled)
+        end = env.io->writeback_end(from, to, env.clock.now);
+      else if (opt_.mode == load_mode::sync)  // agreed by every rank, so only where it is waited for
+        end = env.clock.now +
+              agree_max_s(env, {std::chrono::duration<double>(kvtier::clock::now() - t).count()})[0];
+      env.costs.writeback_s += end - env.clock.now;
+      env.costs.writebacks += has_l2() || !modeled;
+      if (opt_.mode == load_mode::sync) env.clock.wait_until(end);
+    }
+    env.cache->release(env.loc[i].seq);
+    env.loc[i] = local_request{};
+  }
+
+ private:
+  static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
+
+  /// Starts the loads of `ids` (owned chunks in [split, hit)) at the current modeled
+  /// time and sets their modeled end (their real I/O has finished when this returns).
+  void start_loads(env_t& env, const std::vector<std::size_t>& ids) {
+    if (ids.empty()) return;
+    const kvtier::rank_t me = env.comm->rank();
+    std::vector<kvtier::fetch_handle> hs;
+    std::vector<kvtier::clock::time_point> began;
+    for (std::size_t i : ids) {
+      const ctl_state& c = env.ctl[i];
+      const std::size_t c0 = chunks(c.split), c1 = chunks(c.hit);
+      std::vector<kvtier::chunk_key> keys;
+      std::vector<std::span<std::byte>> dst;
+      for (std::size_t k = c0; k < c1; ++k)
+        if (own_.owner(k) == me) keys.push_back(reqs_[i].keys[k]), dst.push_back(slot(env, i, k));
+      began.push_back(kvtier::clock::now());
+      hs.push_back(env.queue->submit(
+          i, keys, dst, kvtier::chunk_layout::owned(owned_starts_in(me, c0, c1), c.hit), real_dl(env, i)));
+    }
+    std::vector<double> took;
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      const std::size_t i = ids[k];
+      const ctl_state& c = env.ctl[i];
+      const auto res = completed(env, hs[k], real_dl(env, i));
+      took.push_back(std::chrono::duration<double>(kvtier::clock::now() - began[k]).count());
+      note_error(env, res.ec, "load");
+      const bool ok = res.state == kvtier::fetch_state::done;
+      env.loc[i].load_answer = ok ? res.answer_tokens : first_start(me, chunks(c.split), chunks(c.hit));
+    }
+    if (!modeled) took = agree_max_s(env, took);
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      const std::size_t i = ids[k];
+      ctl_state& c = env.ctl[i];
+      c.load_start = env.clock.now;
+      double end = env.clock.now + (modeled ? 0.0 : took[k]);
+      if (modeled) {
+        const auto ends = env.io->load_ends(chunks(c.split), chunks(c.hit), chunks(c.l1_hit), env.clock.now);
+        end = *std::max_element(ends.begin(), ends.end());
+        if (ends[me] > c.deadline) env.loc[i].load_answer = first_start(me, chunks(c.split), chunks(c.hit));
+      } else if (end > c.deadline) {
+        env.loc[i].load_answer = first_start(me, chunks(c.split), chunks(c.hit));
+      }
+      c.load_end = std::min(end, c.deadline);  // past the deadline the engine stops waiting
+      env.costs.load_s += c.load_end - c.load_start;
+      ++env.costs.loads;
+      if (opt_.mode != load_mode::sync) env.loads.push_back(i);
+    }
+  }
+
+  /// The result of a submitted fetch. Its store calls end by `dl`; should the result still
+  /// be missing a while after that, the fetch is cancelled and waited for, because the
+  /// request's buffers may be reused only once it has completed (a running call is not stopped).
+  kvtier::fetch_result completed(env_t& env, const kvtier::fetch_handle& h, kvtier::deadline dl) {
+    if (auto r = env.queue->wait(h, dl + std::chrono::seconds(5))) return *std::move(r);
+    env.queue->cancel(h);
+    if (auto r = env.queue->wait(h, kvtier::clock::now() + std::chrono::seconds(60))) return *std::move(r);
+    throw std::runtime_error("fetch_queue: a cancelled fetch did not complete within 60 s");
+  }
+
+  /// A rank's answer when it found nothing in [c0, c1): its first owned start, or the end.
+  std::uint64_t first_start(kvtier::rank_t rank, std::size_t c0, std::size_t c1) const {
+    for (std::size_t c = c0; c < c1; ++c)
+      if (own_.owner(c) == rank) return static_cast<std::uint64_t>(c) * tm_.chunk_tokens;
+    return static_cast<std::uint64_t>(c1) * tm_.chunk_tokens;
+  }
+  /// This rank's L1 answer for request i (host memory; part of the lookup).
+  std::uint64_t l1_answer(env_t& env, std::size_t i) {
+    const kvtier::rank_t me = env.comm->rank();
+    std::vector<kvtier::chunk_key> keys;
+    for (std::size_t k = 0; k < reqs_[i].n_chunks(); ++k)
+      if (own_.owner(k) == me) keys.push_back(reqs_[i].keys[k]);
+    std::vector<kvtier::chunk_status> st(keys.size(), kvtier::chunk_status::error);
+    (void)step_io(env, [&] { return env.l1->exists(keys, st, kvtier::no_deadline); });
+    const auto starts = owned_starts_in(me, 0, reqs_[i].n_chunks());
+    return kvtier::rank_answer(std::span<const std::uint64_t>(starts), kvtier::detail::store_hit_view{st},
+                               reqs_[i].n_chunks() * tm_.chunk_tokens);
+  }
+
+  /// The real deadline of a request's I/O: modeled stores take no real time, so a
+  /// generous one; real servers get the request's own (load_timeout_s of wall time).
+  kvtier::deadline real_dl(const env_t& env, std::size_t i) const {
+    return modeled ? kvtier::clock::now() + std::chrono::seconds(60) : env.loc[i].real_dl;
+  }
+
+  void all_reduce_min(env_t& env, std::vector<std::uint64_t>& v) {
+    if (v.empty()) return;
+    ++env.collectives;
+    if (auto ec =
+            kvtier::comm::all_reduce(*env.comm, std::span<const std::uint64_t>(v),
+                                     std::span<std::uint64_t>(v), kvtier::comm::reduce_op::min, coll_dl()))
+      throw std::runtime_error("all_reduce failed: " + ec.message() + ": " + env.comm->last_error());
+  }
+  /// Real servers: the ranks' measured durations (seconds) -> the longest of each.
+  std::vector<double> agree_max_s(env_t& env, const std::vector<double>& mine) {
+    std::vector<std::uint64_t> v;
+    for (double d : mine) v.push_back(none - static_cast<std::uint64_t>(std::max(0.0, d) * 1e9));
+    all_reduce_min(env, v);
+    std::vector<double> out;
+    for (auto x : v) out.push_back(static_cast<double>(none - x) * 1e-9);
+    return out;
+  }
+
+  /// Runs a store call of the step thread, timing its real duration.
+  template <class F>
+  auto step_io(env_t& env, F&& f) {
+    const auto t = kvtier::clock::now();
+    auto r = f();
+    env.step_wall_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(kvtier::clock::now() - t).count();
+    return r;
+  }
+  void note_error(env_t& env, const std::error_code& ec, const char* what) {
+    if (!ec) return;
+    ++tally_.failed_calls;
+    std::lock_guard lock(tally_.mu);
+    std::string& e = tally_.result.l2_errors[env.comm->rank()];
+    if (!e.empty()) return;
+    e = std::string(what) + ": " + ec.message();
+    // A store that keeps its last failure in words (the server's or OpenSSL's) says why.
+    if constexpr (requires(const L2& s) {
+                    { s.last_error() } -> std::convertible_to<std::string>;
+                  }) {
+      const std::string why = l2s_[env.comm->rank()]->last_error();
+      if (!why.empty() && why != ec.message()) e += " (" + why + ")";
+    }
+  }
+
+  std::span<std::byte> slot(env_t& env, std::size_t i, std::size_t c) {
+    local_request& l = env.loc[i];
+    const std::size_t cb = tm_.chunk_bytes();
+    if (l.buf.size() != reqs_[i].n_chunks() * cb) l.buf.assign(reqs_[i].n_chunks() * cb, std::byte{0});
+    return std::span<std::byte>(l.buf).subspan(c * cb, cb);
+  }
+  /// Blocks for request i's first `tokens` positions in the paged cache. Every rank reserves
+  /// the same tokens for the same requests in the same order, so all ranks agree on failure.
+  void reserve_pages(env_t& env, std::size_t i, std::uint64_t tokens) {
+    if (!env.cache->reserve(env.loc[i].seq, tokens))
+      throw std::runtime_error("paged KV cache full (" + std::to_string(env.cache->layout().num_blocks) +
+                               " blocks of " + std::to_string(tm_.kv_block_tokens) +
+                               " tokens): raise --kv-cache-tokens");
+  }
+  /// Chunk value `v` (chunk c of request i) into the request's pages, or the pages back into `v`.
+  void to_pages(env_t& env, std::size_t i, std::size_t c, std::span<const std::byte> v) {
+    if (auto ec = env.cache->scatter(env.loc[i].seq, c * tm_.chunk_tokens, tm_.chunk_tokens, v))
+      throw std::runtime_error("paged KV scatter: " + ec.message());
+  }
+  void from_pages(env_t& env, std::size_t i, std::size_t c, std::span<std::byte> v) {
+    if (auto ec = env.cache->gather(env.loc[i].seq, c * tm_.chunk_tokens, tm_.chunk_tokens, v))
+      throw std::runtime_error("paged KV gather: " + ec.message());
+  }
+  std::span<const std::uint32_t> chunk_tokens_of(std::size_t i, std::size_t c) const {
+    return std::span<const std::uint32_t>(reqs_[i].src->tokens)
+        .subspan(c * tm_.chunk_tokens, tm_.chunk_tokens);
+  }
+  /// Start tokens of this rank's owned chunks in [c0, c1).
+  std::vector<std::uint64_t> owned_starts_in(kvtier::rank_t rank, std::size_t c0, std::size_t c1) const {
+    std::vector<std::uint64_t> s;
+    for (std::size_t c = c0; c < c1; ++c)
+      if (own_.owner(c) == rank) s.push_back(static_cast<std::uint64_t>(c) * tm_.chunk_tokens);
+    return s;
+  }
+  std::size_t chunks(std::uint64_t tokens) const {
+    return static_cast<std::size_t>(tokens / tm_.chunk_tokens);
+  }
+
+  const std::vector<prepared_request>& reqs_;
+  const timing_model& tm_;
+  const engine_options& opt_;
+  const kvtier::modulo_ownership& own_;
+  const std::vector<L2*>& l2s_;
+  run_tally& tally_;
+};
+
+}  // namespace pcp
