@@ -42,3 +42,21 @@ if(TARGET kvtier::tls AND TARGET kvtier::asio)
     target_compile_definitions(bench_l2_scaleout PRIVATE KVTIER_BENCH_URING_TLS=1)
   endif()
 endif()
+
+# kvtier's L2 path against the floors of the wire (raw pipelined, raw one-per-round-trip over
+# kvtier's connections, hiredis): GET and SET, 256 KiB .. 64 MB, batches 1, 8, 16.
+if(TARGET kvtier::asio)
+  add_executable(bench_l2_floor ${CMAKE_CURRENT_LIST_DIR}/resp_io/bench_l2_floor.cpp)
+  target_include_directories(bench_l2_floor PRIVATE ${CMAKE_CURRENT_LIST_DIR}/resp_io ${PROJECT_SOURCE_DIR}/tests
+                             ${CMAKE_CURRENT_LIST_DIR})
+  target_link_libraries(bench_l2_floor PRIVATE kvtier::asio)
+  if(TARGET kvtier::uring)
+    target_link_libraries(bench_l2_floor PRIVATE kvtier::uring)
+    target_compile_definitions(bench_l2_floor PRIVATE KVTIER_BENCH_HAS_URING=1)
+  endif()
+  if(KVTIER_HAS_HIREDIS)
+    target_compile_definitions(bench_l2_floor PRIVATE KVTIER_BENCH_HAS_HIREDIS=1)
+    target_include_directories(bench_l2_floor SYSTEM PRIVATE ${KVTIER_HIREDIS_INCLUDE_DIR})
+    target_link_libraries(bench_l2_floor PRIVATE ${KVTIER_HIREDIS_LIBRARY})
+  endif()
+endif()

@@ -1,4 +1,4 @@
-# Core components: chunker, ownership, lookup (with its proof), cost model, and
+# Core components: chunker, ownership, lookup (with its proof), deadlines, cost model, and
 # the two packaging consumers.
 kvtier_add_test(test_chunker SOURCES core/test_chunker.cpp LABELS unit)
 kvtier_add_test(test_chunker_material SOURCES core/test_chunker_material.cpp LABELS unit)
@@ -9,6 +9,7 @@ endif()
 kvtier_add_test(test_ownership SOURCES core/test_ownership.cpp LABELS unit)
 kvtier_add_test(test_lookup SOURCES core/test_lookup.cpp LABELS unit)
 kvtier_add_test(test_lookup_proof SOURCES core/test_lookup_proof.cpp LABELS property)
+kvtier_add_test(test_deadline SOURCES core/test_deadline.cpp LABELS unit)
 kvtier_add_test(test_cost_model SOURCES core/test_cost_model.cpp LABELS unit tsan)
 kvtier_add_test(test_cost_model_split SOURCES core/test_cost_model_split.cpp LABELS property)
 

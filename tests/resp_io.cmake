@@ -11,6 +11,10 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
                   LIBS kvtier::asio kvtier::uring TIMEOUT 120)
 endif()
 if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  kvtier_add_test(test_batch_spread SOURCES resp_io/test_batch_spread.cpp LABELS integration property
+                  LIBS kvtier::asio kvtier::uring TIMEOUT 120)
+endif()
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_remote_store_threads SOURCES resp_io/test_remote_store_threads.cpp LABELS integration tsan
                   LIBS kvtier::asio kvtier::uring TIMEOUT 120)
 endif()
@@ -21,6 +25,11 @@ if(TARGET kvtier::asio AND TARGET kvtier::uring)
                   LIBS kvtier::asio kvtier::uring ${CMAKE_DL_LIBS} TIMEOUT 60)
 endif()
 kvtier_add_test(test_pool SOURCES resp_io/test_pool.cpp LABELS unit tsan)
+# A down server fails fast (circuit breaker in connection and pool), against redis-server.
+if(TARGET kvtier::asio)
+  kvtier_add_test(test_tier_down SOURCES resp_io/test_tier_down.cpp LABELS integration LIBS kvtier::asio
+                  TIMEOUT 120)
+endif()
 kvtier_add_test(test_cluster SOURCES resp_io/test_cluster.cpp LABELS unit)
 if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_cluster_store SOURCES resp_io/test_cluster_store.cpp LABELS integration

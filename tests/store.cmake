@@ -1,6 +1,7 @@
 # Stores and the fetch queue (issue 4).
 kvtier_add_test(test_stores SOURCES store/test_stores.cpp LABELS unit tsan)
 kvtier_add_test(test_fetch_queue SOURCES store/test_fetch_queue.cpp LABELS unit tsan)
+kvtier_add_test(test_fetch_queue_put SOURCES store/test_fetch_queue_put.cpp LABELS unit tsan)
 kvtier_add_test(test_fetch_queue_model SOURCES store/test_fetch_queue_model.cpp LABELS property tsan)
 kvtier_add_test(test_fetch_queue_stress SOURCES store/test_fetch_queue_stress.cpp LABELS unit tsan TIMEOUT 120)
 # Against real redis-server processes (one per rank); needs the Asio transport.

@@ -43,6 +43,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "floor_clients.hpp"
 #include "measure.hpp"
 #include "support/redis_server.hpp"
 
@@ -73,78 +74,30 @@ class batch_client {
 using client_factory = std::function<std::unique_ptr<batch_client>(std::uint16_t port, std::string& err)>;
 
 /// The physical limit of one connection: pipelined GETs on a blocking socket, each payload
-/// received with MSG_WAITALL straight into its destination (one kernel copy, no parser).
-/// No deadlines, no reconnects, no checks beyond the length: a floor, not a client.
+/// received with MSG_WAITALL straight into its destination (one kernel copy, no parser; the
+/// raw_pipelined floor of bench_l2_floor, floor_clients.hpp). No deadlines, no reconnects, no
+/// checks beyond the length: a floor, not a client.
 class raw_socket_client final : public batch_client {
  public:
-  explicit raw_socket_client(int fd) : fd_(fd) {}
-  ~raw_socket_client() override { ::close(fd_); }
+  explicit raw_socket_client(std::uint16_t port) : floor_(port) {}
+  bool ok() const noexcept { return floor_.ok(); }
   bool get(const std::vector<std::string>& keys, std::span<const std::span<std::byte>> dst,
            std::string& err) override {
-    req_.clear();
-    for (const auto& k : keys)
-      req_ += "*2\r\n$3\r\nGET\r\n$" + std::to_string(k.size()) + "\r\n" + k + "\r\n";
-    try {
-      kvtier::test::detail::send_all(fd_, req_);
-    } catch (const std::exception& e) {
-      err = e.what();
-      return false;
-    }
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      std::size_t eol;
-      while ((eol = std::string_view(buf_, have_).find("\r\n")) == std::string_view::npos)
-        if (!fill(err)) return false;
-      if (buf_[0] != '$' || std::strtoull(buf_ + 1, nullptr, 10) != dst[i].size()) {
-        err = "raw: unexpected reply header for " + keys[i];
-        return false;
-      }
-      consume(eol + 2);
-      const std::size_t from_buf = std::min(have_, dst[i].size());
-      std::memcpy(dst[i].data(), buf_, from_buf);
-      consume(from_buf);
-      for (std::size_t got = from_buf; got < dst[i].size();) {
-        ssize_t n = ::recv(fd_, dst[i].data() + got, dst[i].size() - got, MSG_WAITALL);
-        if (n <= 0) {
-          err = "raw: connection lost";
-          return false;
-        }
-        got += static_cast<std::size_t>(n);
-      }
-      while (have_ < 2)
-        if (!fill(err)) return false;
-      consume(2);  // the payload's CRLF
-    }
-    return true;
+    return floor_.get(keys, dst, err);
   }
 
  private:
-  bool fill(std::string& err) {
-    ssize_t n = ::recv(fd_, buf_ + have_, sizeof buf_ - have_, 0);
-    if (n <= 0) {
-      err = "raw: connection lost";
-      return false;
-    }
-    have_ += static_cast<std::size_t>(n);
-    return true;
-  }
-  void consume(std::size_t n) {
-    std::memmove(buf_, buf_ + n, have_ - n);
-    have_ -= n;
-  }
-  int fd_;
-  std::string req_;
-  char buf_[64];  // small: header bytes only, payloads go straight to their destinations
-  std::size_t have_ = 0;
+  kb::raw_pipelined floor_;
 };
 
 client_factory raw_socket_factory() {
   return [](std::uint16_t port, std::string& err) -> std::unique_ptr<batch_client> {
-    int fd = kvtier::test::detail::connect_loopback(port, std::chrono::milliseconds(30000));
-    if (fd < 0) {
+    auto c = std::make_unique<raw_socket_client>(port);
+    if (!c->ok()) {
       err = "raw: connect failed";
       return nullptr;
     }
-    return std::make_unique<raw_socket_client>(fd);
+    return c;
   };
 }
 

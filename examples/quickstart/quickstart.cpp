@@ -10,14 +10,17 @@
 //      (agree on the loaded prefix so far, owner -> every rank), each agreed chunk into the pages
 //   -> "compute" the rest -> verify every byte -> store the owned new chunks.
 //
-// One deadline covers the whole request on every rank (see serve()).
+// One deadline covers the whole request on every rank; this rank's own I/O ends a margin
+// before it (kvtier::phase_deadlines, see serve()). The write-back runs off the request path
+// (fetch_queue::put). One key namespace (quickstart_ns) names the chunks and the servers' keys.
 //
 // The KV lives where an engine keeps it: a paged cache in the vLLM MLA layout (576 bf16 values
 // per token and layer; 2 layers here instead of a real model's 61, to fit memory), pages of 64
 // tokens, in host memory (kvtier::host_kv_cache). A chunk's value is gathered out of the pages
 // before it is stored and scattered into the pages after it is loaded, through staging slots of a
 // kvtier::pinned_arena; every loaded chunk is verified in the paged layout, entry by entry.
-// Against servers, values use format 2 with one checksum per layer.
+// Against servers (each rank's own, with or without --mpi), values use format 2 with one
+// checksum per layer.
 //
 //   quickstart                                     # L2 = one in-process store per rank
 //   quickstart resp://127.0.0.1:{rank+6400}        # L2 = one redis-server/valkey per rank
@@ -60,6 +63,15 @@ kvtier::kv_layout model_layout() {
 const std::size_t chunk_bytes = model_layout().bytes_per_token() * chunk_tokens;  // 589,824 bytes
 constexpr const char* kv_format = "vllm_mla-bf16-2l";
 
+/// The one key namespace of this deployment: the chunker's keys and the servers' key names come
+/// from it, so the two can never disagree (one store per rank is built from the same value).
+kvtier::key_namespace quickstart_ns(kvtier::rank_t world) {
+  return {.model = "quickstart-model",
+          .kv_format = kv_format,
+          .chunk_tokens = chunk_tokens,
+          .ownership = kvtier::modulo_ownership(world).geometry()};
+}
+
 /// What "the model" writes for chunk c of this prompt: a pure function of its tokens,
 /// so a loaded chunk can be checked byte for byte against a recomputed one.
 void compute_chunk(std::span<const kvtier::token_id> tokens, std::size_t c, std::span<std::byte> out) {
@@ -100,29 +112,33 @@ template <kvtier::comm::communicator Comm, kvtier::chunk_store L2>
 outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   const kvtier::rank_t r = comm.rank();
   const kvtier::modulo_ownership own(comm.size());
-  const kvtier::chunker<> chunk(kvtier::key_namespace{.model = "quickstart-model",
-                                                      .kv_format = kv_format,
-                                                      .chunk_tokens = chunk_tokens,
-                                                      .ownership = own.geometry()});
+  const kvtier::chunker<> chunk(quickstart_ns(comm.size()));
   const std::vector<kvtier::chunk_key> keys = chunk.keys(tokens);
   const std::size_t n_chunks = keys.size();
+  outcome out;
+  if constexpr (requires { l2.ns(); })  // a remote L2 names its keys by its own namespace
+    if (l2.ns().text() != chunk.ns().text()) {
+      out.error =
+          "the L2's key namespace (" + l2.ns().text() + ") is not the chunker's (" + chunk.ns().text() + ")";
+      return out;
+    }
   // One deadline for the whole request (lookup, agreement, load, broadcast), taken once when the
-  // request starts and used by every call on every rank: it covers the peers' I/O too, so a rank
-  // waiting in a collective for a peer still in its lookup gives up together with that peer,
-  // instead of each call starting its own timeout. (Across processes, derive it from the
-  // request's agreed arrival time.) The write-back after compute gets its own.
-  const kvtier::deadline request_dl = kvtier::deadline_after(5s);
+  // request starts and used on every rank: the collectives wait for the slowest peer until it.
+  // This rank's own I/O (lookup, load) ends 1 s before it, so a rank whose server is stuck still
+  // reaches the collectives in time: its failed I/O only shrinks its answer, instead of making
+  // every rank lose the prefix. (Across processes, derive it from the request's agreed arrival
+  // time.) The write-back after compute gets its own.
+  const kvtier::phase_deadlines dl = kvtier::phase_deadlines::split(kvtier::deadline_after(5s), 1s);
 
   kvtier::memory_store l1(64u << 20);
   kvtier::metrics m;
   kvtier::tiered_store tiers(l1, l2, {.metrics = &m});
-  kvtier::rank_view view(tiers, own, r);
+  kvtier::rank_view view(tiers, own, r, chunk.ns());
   // One key per store call, so the queue's progress advances chunk by chunk.
   kvtier::fetch_queue queue(tiers, {.workers = 1, .max_batch_chunks = 1, .metrics = &m});
 
   // Every rank ends with the whole prompt's KV in its paged cache (as after PCP's all-gather).
   // Chunk values travel through staging slots of one pinned arena (one registration).
-  outcome out;
   kvtier::host_kv_cache cache(model_layout());
   kvtier::host_kv_cache::sequence seq;
   std::error_code aec;
@@ -138,9 +154,10 @@ outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
     dst.push_back(slots.emplace_back(arena->try_acquire(aec)).bytes());
 
   // 1. Lookup: this rank's answer, then the scheduler's minimum over ranks.
-  // A failed lookup only shrinks the answer (recompute more); .ec says why.
-  std::uint64_t hit = view.lookup(keys, chunk_tokens, tokens.size(), request_dl).answer_tokens;
-  if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, request_dl)) {
+  // A failed lookup only shrinks the answer (recompute more); .ec says why. (This lookup blocks
+  // until dl.local_io; an engine that must not block uses queue.lookup() and polls.)
+  std::uint64_t hit = view.lookup(keys, tokens.size(), dl.local_io).answer_tokens;
+  if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, dl.collective)) {
     out.error = "lookup all-reduce: " + ec.message();
     return out;
   }
@@ -151,9 +168,8 @@ outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   std::vector<kvtier::chunk_key> my_keys;
   std::vector<std::span<std::byte>> my_dst;
   for (std::size_t c : view.owned_chunks(hit_chunks)) my_keys.push_back(keys[c]), my_dst.push_back(dst[c]);
-  auto h =
-      queue.submit(1, my_keys, my_dst,
-                   kvtier::chunk_layout::owned(view.owned_starts(hit_chunks, chunk_tokens), hit), request_dl);
+  auto h = queue.submit(1, my_keys, my_dst, kvtier::chunk_layout::owned(view.owned_starts(hit_chunks), hit),
+                        dl.local_io);
 
   // 3. While the owned chunks land: stage by stage, agree on the loaded prefix so far and move the
   //    newly agreed chunks from their owners to every rank (pipelined_broadcast, driven by the
@@ -174,9 +190,9 @@ outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   for (int stage = 0; stage < 100000 && !pb.done(); ++stage) {  // bounded
     // an engine steps its other requests here; this one waits a moment for its next chunk
     const kvtier::fetch_progress p =
-        queue.wait_progress(h, want, std::min(request_dl, kvtier::deadline_after(2ms)));
+        queue.wait_progress(h, want, std::min(dl.collective, kvtier::deadline_after(2ms)));
     want = p.answer_chunks + 1;
-    const kvtier::broadcast_result& b = pb.step(p.answer_tokens, p.complete, request_dl);
+    const kvtier::broadcast_result& b = pb.step(p.answer_tokens, p.complete, dl.collective);
     ++out.stages;
     if (b.ec) {
       out.error = "pipelined_broadcast: " + b.message;
@@ -192,9 +208,9 @@ outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   out.loaded = pb.result().agreed_tokens;  // 0 on error: recompute everything
   // The destinations belong to the queue until the load completes (this rank may have loaded
   // past the agreed prefix): wait for it, or cancel and wait for the store call to return.
-  if (!queue.wait(h, request_dl)) {
+  if (!queue.wait(h, dl.collective)) {
     queue.cancel(h);
-    queue.wait(h, kvtier::no_deadline);  // bounded: the store call ends by request_dl
+    queue.wait(h, kvtier::no_deadline);  // bounded: the store call ends by dl.local_io
   }
 
   // 4. The rest is "computed" into the pages (the model writes its KV there) and gathered into
@@ -207,14 +223,20 @@ outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   }
 
   // 5. Write back the computed chunks this rank owns (every rank stores its share; the
-  //    loaded ones are already there).
+  //    loaded ones are already there), off this thread: the queue holds the staging slots
+  //    (the sources) until the put completes. An engine would free them in on_complete and
+  //    go on; this one waits, since the slots go when serve() returns.
   std::vector<kvtier::chunk_key> new_keys;
   std::vector<std::span<const std::byte>> new_src;
   for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c)
     if (own.owner(c) == r) new_keys.push_back(keys[c]), new_src.push_back(dst[c]);
-  std::vector<kvtier::chunk_status> st(new_keys.size());
-  if (auto ec = tiers.put(new_keys, new_src, st, kvtier::deadline_after(5s)))
-    out.error = "put: " + ec.message();
+  const kvtier::fetch_handle saving = queue.put(2, new_keys, new_src, kvtier::deadline_after(5s));
+  const std::optional<kvtier::fetch_result> saved =
+      queue.wait(saving, kvtier::no_deadline);  // by its deadline
+  if (saved && saved->ec)
+    out.error = "put: " + saved->ec.message();
+  else if (saved && saved->answer_chunks != new_keys.size())
+    out.error = "put: a chunk was not stored";
   if (r == 0) out.metrics = kvtier::to_prometheus(m, "kvtier", "rank=\"0\"");
   return out;
 }
@@ -234,6 +256,18 @@ void print_summary(const char* engine, std::size_t prompt_len, const outcome& o,
       static_cast<unsigned long long>(o.loaded), static_cast<unsigned long long>(prompt_len - o.loaded),
       bad_bytes, static_cast<unsigned long long>(o.stages));
 }
+
+#ifdef KVTIER_QUICKSTART_ASIO
+using remote = kvtier::remote_store<kvtier::resp::asio_connection>;
+
+/// Rank r's L2 on its own server: the deployment's namespace, value format 2 (one checksum per
+/// layer of the chunk's layer-major value). The same for threads and for --mpi processes.
+std::unique_ptr<remote> make_remote(const kvtier::resp::endpoint& server, kvtier::rank_t world) {
+  return std::make_unique<remote>(
+      quickstart_ns(world), kvtier::resp::connection_options{.server = server},
+      kvtier::value_format::v2(kvtier::layer_group_bytes(model_layout(), chunk_tokens, 1)));
+}
+#endif
 
 template <kvtier::chunk_store L2>
 int run(std::vector<L2*> l2) {
@@ -300,7 +334,6 @@ int main_mpi(int argc, char** argv) {
   int rank = 0, size = 0, rc = 2;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  const kvtier::modulo_ownership own(static_cast<kvtier::rank_t>(size));
   if (argc == 2) {
     kvtier::memory_store l2(64u << 20);
     rc = run_mpi(l2);
@@ -310,13 +343,8 @@ int main_mpi(int argc, char** argv) {
     if (url.ec) {
       std::fprintf(stderr, "quickstart: %s\n", url.message.c_str());
     } else {
-      kvtier::remote_store<kvtier::resp::asio_connection> l2(
-          kvtier::key_namespace{.model = "quickstart-model",
-                                .kv_format = "demo",
-                                .chunk_tokens = chunk_tokens,
-                                .ownership = own.geometry()},
-          kvtier::resp::connection_options{.server = url.value});
-      rc = run_mpi(l2);
+      auto l2 = make_remote(url.value, static_cast<kvtier::rank_t>(size));
+      rc = run_mpi(*l2);
     }
 #else
     std::fprintf(stderr, "quickstart: built without Boost.Asio; only the in-process L2 is available\n");
@@ -352,7 +380,6 @@ int main(int argc, char** argv) {
     return run(l2);
   }
 #ifdef KVTIER_QUICKSTART_ASIO
-  using remote = kvtier::remote_store<kvtier::resp::asio_connection>;
   std::vector<std::unique_ptr<remote>> servers;
   std::vector<remote*> l2;
   for (kvtier::rank_t r = 0; r < W; ++r) {
@@ -361,14 +388,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "quickstart: %s\n", url.message.c_str());
       return 2;
     }
-    // Value format 2: one checksum per layer of the chunk's layer-major value.
-    servers.push_back(std::make_unique<remote>(
-        kvtier::key_namespace{.model = "quickstart-model",
-                              .kv_format = kv_format,
-                              .chunk_tokens = chunk_tokens,
-                              .ownership = kvtier::modulo_ownership(W).geometry()},
-        kvtier::resp::connection_options{.server = url.value},
-        kvtier::value_format::v2(kvtier::layer_group_bytes(model_layout(), chunk_tokens, 1))));
+    servers.push_back(make_remote(url.value, W));
     l2.push_back(servers.back().get());
   }
   return run(l2);

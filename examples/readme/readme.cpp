@@ -7,21 +7,26 @@
 // README-BEGIN
 #include <kvtier/kvtier.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <optional>
-#include <span>
 #include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
 
-constexpr kvtier::rank_t W = 4;                     // PCP ranks (threads here; processes with NCCL)
-constexpr std::size_t T = 256, chunk_bytes = 4096;  // tokens and KV bytes per chunk
+constexpr kvtier::rank_t W = 4;     // PCP ranks (threads here; processes with MPI)
+constexpr std::size_t T = 256;      // tokens per chunk
+constexpr std::uint32_t page = 64;  // tokens per page of the engine's paged KV cache
 
-// "The model": the KV of chunk c (the same on every rank after prefill).
-void compute(std::size_t c, std::span<std::byte> kv) {
-  for (std::size_t i = 0; i < kv.size(); ++i) kv[i] = std::byte(c * 31 + i);
+// "The model": the KV of positions [first, end) into the pages (the same on every rank).
+void compute(kvtier::host_kv_cache& cache, const kvtier::host_kv_cache::sequence& seq, std::size_t first,
+             std::size_t end) {
+  std::vector<std::byte> kv(cache.value_bytes(1));
+  for (std::size_t p = first; p < end; ++p) {
+    for (std::size_t i = 0; i < kv.size(); ++i) kv[i] = std::byte(p * 31 + i);
+    cache.scatter(seq, p, 1, kv);
+  }
 }
 
 int main() {
@@ -29,68 +34,40 @@ int main() {
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = kvtier::token_id(i * 7919 % 151552);
   const kvtier::modulo_ownership own(W);  // chunk c belongs to rank c % W
   const kvtier::chunker<> chunk(
-      {.model = "my-model", .kv_format = "fp8", .chunk_tokens = T, .ownership = own.geometry()});
-  const std::vector<kvtier::chunk_key> keys = chunk.keys(tokens);  // one per full chunk
+      {.model = "my-model", .kv_format = "mla-bf16", .chunk_tokens = T, .ownership = own.geometry()});
 
-  kvtier::comm::inproc_world world(W);  // in an engine: kvtier::comm::nccl_communicator
+  kvtier::comm::inproc_world world(W);  // in an engine: kvtier::comm::mpi_communicator
   kvtier::comm::run_ranks(world, [&](kvtier::comm::inproc_communicator& comm) {
-    const kvtier::rank_t r = comm.rank();
     kvtier::memory_store l1(64 << 20), l2(64 << 20);  // L2 in an engine: this rank's own server,
     // kvtier::remote_store<kvtier::resp::asio_connection> l2(chunk.ns(), {.server = url_of_rank_r});
     kvtier::tiered_store tiers(l1, l2);
-    kvtier::rank_view view(tiers, own, r);  // rank r stores and loads only the chunks it owns
-    kvtier::fetch_queue queue(tiers);
-    std::vector<std::byte> kv(keys.size() * chunk_bytes);  // where the engine keeps this prompt's KV
-    std::vector<std::span<std::byte>> chunk_kv;            // chunk c's part of it
-    for (std::size_t c = 0; c < keys.size(); ++c)
-      chunk_kv.push_back(std::span(kv).subspan(c * chunk_bytes, chunk_bytes));
+    kvtier::host_kv_cache cache(kvtier::kv_layout::vllm_mla(/*layers=*/4, /*blocks=*/256, page));
+    kvtier::connector conn(chunk, own, tiers, comm, cache.view());  // rank r loads and saves its chunks
+    // An engine calls step() once per engine step on every rank; here: until the agreed state holds.
+    const auto step_until = [&](auto agreed) {
+      while (!agreed()) conn.step(kvtier::deadline_after(1s));
+    };
 
     for (kvtier::request_id id : {1, 2}) {  // the same prompt twice: computed, then loaded
-      // ONE deadline per request, for every call below on every rank (see "Deadlines").
-      const kvtier::deadline dl = kvtier::deadline_after(2s);
-
-      // 1. The cached prefix: this rank's answer over its own chunks, then the minimum over ranks.
-      std::uint64_t hit = view.lookup(keys, T, tokens.size(), dl).answer_tokens;  // an error only shrinks it
-      if (kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, dl)) {
-        std::cerr << "rank " << r << ": all-reduce: " << comm.last_error() << "\n";
-        hit = 0;  // recompute everything (the broadcast below then fails on every rank too)
+      conn.begin_lookup(id, tokens);        // never blocks; the owners ask their stores
+      step_until([&] { return conn.lookup(id).has_value(); });  // the min over ranks, agreed
+      kvtier::host_kv_cache::sequence seq;
+      cache.reserve(seq, tokens.size());
+      const auto slots = kvtier::slots_from_block_table({seq.blocks, 0, tokens.size()}, page);
+      std::uint64_t loaded = 0;
+      if (conn.lookup(id)->tokens_to_load() > 0) {
+        conn.load(id, slots);  // owners fetch; each chunk moves to every rank and into its pages
+        step_until([&] { return conn.load_result(id).has_value(); });
+        loaded = conn.load_result(id)->loaded_end_token;  // a failure only shortens it, on every rank
       }
-
-      // 2. Load this rank's chunks below the prefix, asynchronously; poll() is empty while pending.
-      const std::size_t n = hit / T;
-      const std::span<const kvtier::chunk_key> prefix_keys = std::span(keys).first(n);
-      kvtier::fetch_handle h =
-          queue.submit(id, view.select(prefix_keys), view.select(std::span(chunk_kv).first(n)),
-                       kvtier::chunk_layout::owned(view.owned_starts(n, T), hit), dl);
-      std::optional<kvtier::fetch_result> loaded;
-      while (!(loaded = queue.poll(h))) std::this_thread::yield();  // an engine steps other requests here
-
-      // 3. Agree on the prefix every owner loaded; each owner broadcasts its chunks to every rank.
-      kvtier::chunk_span_buffers bufs;
-      for (std::size_t c = 0; c < n; ++c)
-        bufs.sources.push_back(chunk_kv[c]), bufs.destinations.push_back(chunk_kv[c]);
-      const kvtier::broadcast_params p{.n_chunks = n,
-                                       .chunk_tokens = T,
-                                       .chunk_bytes = chunk_bytes,
-                                       .mode = kvtier::broadcast_mode::grouped,
-                                       .request_id = id};
-      const kvtier::broadcast_result b =
-          kvtier::chunk_broadcast(comm, own, loaded->answer_tokens, bufs, p, dl);
-      if (b.ec) std::cerr << "rank " << r << ": chunk_broadcast: " << b.message << "\n";  // agreed 0
-
-      // 4. Compute the rest; store the new chunks this rank owns (own deadline: no peer waits on it).
-      std::vector<kvtier::chunk_key> new_keys;
-      std::vector<std::span<const std::byte>> new_kv;
-      for (std::size_t c = b.agreed_chunks; c < keys.size(); ++c) {
-        compute(c, chunk_kv[c]);
-        if (view.owns(c)) new_keys.push_back(keys[c]), new_kv.push_back(chunk_kv[c]);
-      }
-      std::vector<kvtier::chunk_status> st(new_keys.size());
-      if (std::error_code ec = tiers.put(new_keys, new_kv, st, kvtier::deadline_after(2s)))
-        std::cerr << "rank " << r << ": put: " << ec.message() << "\n";  // a later request recomputes
-      if (r == 0)
-        std::cout << "request " << id << ": " << tokens.size() << " tokens, " << b.agreed_tokens
-                  << " loaded, " << tokens.size() - b.agreed_tokens << " computed\n";
+      compute(cache, seq, loaded, tokens.size());
+      conn.save(id, slots, loaded, tokens.size());  // owners write their new chunks, off the step
+      if (!conn.finish(id).free_pages_now)          // the saves still read the pages
+        while (std::ranges::count(conn.finished().saves, id) == 0) std::this_thread::yield();
+      cache.release(seq);
+      if (comm.rank() == 0)
+        std::cout << "request " << id << ": " << tokens.size() << " tokens, " << loaded << " loaded, "
+                  << tokens.size() - loaded << " computed\n";
     }
   });
 }

@@ -100,8 +100,8 @@ struct xxh3_128 {
 
 /// Everything that must differ for two deployments' KV bytes to differ.
 struct key_namespace {
-  std::string model;                 ///< model fingerprint (name + weights revision)
-  std::string kv_format;             ///< KV dtype / layout, e.g. "mla-latent-fp8"
+  std::string model{};               ///< model fingerprint (name + weights revision)
+  std::string kv_format{};           ///< KV dtype / layout, e.g. "mla-latent-fp8"
   std::uint32_t chunk_tokens = 256;  ///< tokens per chunk
   std::uint32_t layout_version = 1;  ///< bumped when the stored byte layout changes
   std::string ownership = "mod:1";   ///< ownership geometry, e.g. "mod:8"

@@ -1,5 +1,6 @@
-// kvtier/fetch_queue.hpp: asynchronous loads, lookups and prefetches over a
-// chunk store, so a slow load delays only its own request, never the engine step.
+// kvtier/fetch_queue.hpp: asynchronous loads, lookups, prefetches and write-backs
+// (puts) over a chunk store, so a slow server delays only its own request, never
+// the engine step.
 //
 // Worker threads run the store's blocking batched calls with each request's
 // deadline. The caller polls (never blocks), waits with a deadline, or registers
@@ -32,10 +33,17 @@
 // The request types (request_id, chunk_layout, fetch_state, fetch_result,
 // fetch_progress, fetch_handle, fetch_queue_options) are in kvtier/fetch_types.hpp.
 //
-// Destinations must stay valid, and must not be reused, until the request has
-// completed (poll()/wait() return a value); after that the queue never touches
-// them. A cancelled running request completes only when its store call has
-// returned, so reusing buffers after cancel() means waiting for the completion.
+// A write-back runs the store's put off the caller's thread, with the same
+// completion, bounds and cancellation; its result has one status per key
+// (chunk_status::stored for each key written):
+//
+//   auto w = q.put(req_id, keys, sources, kvtier::deadline_after(2s));  // sources: the queue's now
+//   ... later: if (auto r = q.poll(w)) { release_sources(); count(r->answer_chunks); }
+//
+// Destinations (and a put's sources) must stay valid, and must not be reused
+// (sources: not changed), until the request has completed (poll()/wait() return
+// a value); after that the queue never touches them. A cancelled running request completes only when its
+// store call has returned, so reusing buffers after cancel() means waiting for the completion.
 //
 // Deadlines: kvtier::no_deadline means "no limit" here as everywhere (waits
 // without a timeout, never an overflowed one).
@@ -115,17 +123,33 @@ class fetch_queue {
     auto r = make(detail_kind::load, id, keys, std::move(layout), dl);
     if (dst.size() != keys.size()) return reject(r, errc::invalid_argument);
     r->dst.assign(dst.begin(), dst.end());
-    for (auto d : dst) {
-      // A sum past SIZE_MAX would wrap and slip under the bytes-in-flight bound.
-      if (d.size() > std::numeric_limits<std::size_t>::max() - r->bytes) return reject(r, errc::too_large);
-      r->bytes += d.size();
-    }
+    if (!count_bytes(*r, dst)) return reject(r, errc::too_large);
     return enqueue(std::move(r));
   }
 
   /// Asks the store which keys exist; answer_tokens is the rank answer.
   fetch_handle lookup(request_id id, std::span<const chunk_key> keys, chunk_layout layout, deadline dl) {
     return enqueue(make(detail_kind::lookup, id, keys, std::move(layout), dl));
+  }
+
+  /// Writes src[i] under keys[i] (a write-back), off the caller's thread. The sources
+  /// belong to the queue until the request completes: they must stay valid and
+  /// unchanged. They count against bytes in flight, so a put over the bound is
+  /// too_large and one that does not fit now is queue_full, like a load.
+  /// The result: status[i] per key (stored, or timeout/error: "unknown", a later get
+  /// verifies it; see chunk_store.hpp), answer_chunks the leading stored keys, and
+  /// answer_tokens 0 (a put has no layout). A put cancelled while running reports
+  /// every key cancelled, though keys of batches that ran may be stored.
+  ///
+  ///   auto w = q.put(id, new_keys, new_values, kvtier::deadline_after(2s));
+  ///   q.on_complete(w, [&](const kvtier::fetch_result&) { free_pages(id); });  // sources free now
+  fetch_handle put(request_id id, std::span<const chunk_key> keys,
+                   std::span<const std::span<const std::byte>> src, deadline dl) {
+    auto r = make(detail_kind::put, id, keys, chunk_layout{}, dl);
+    if (src.size() != keys.size()) return reject(r, errc::invalid_argument);
+    r->src.assign(src.begin(), src.end());
+    if (!count_bytes(*r, src)) return reject(r, errc::too_large);
+    return enqueue(std::move(r));
   }
 
   /// Reads the keys (chunk_bytes each) into queue-owned staging and keeps them
@@ -192,7 +216,7 @@ class fetch_queue {
     if (!h.valid()) return {};
     auto& r = *access::get(h);
     std::lock_guard lock(r.mu);
-    return progress_locked(r);
+    return detail::queue_progress_locked(r);
   }
 
   /// Blocks until the first `chunks` keys of the request have landed, the request has
@@ -202,9 +226,9 @@ class fetch_queue {
     auto& r = *access::get(h);
     std::unique_lock lock(r.mu);
     detail::wait_until(r.cv, lock, dl, [&] {
-      return r.completed.load(std::memory_order_acquire) || leading_landed(r.landed) >= chunks;
+      return r.completed.load(std::memory_order_acquire) || detail::queue_leading_landed(r.landed) >= chunks;
     });
-    return progress_locked(r);
+    return detail::queue_progress_locked(r);
   }
 
   /// Runs `cb(result)` once the request completes: at once, in this thread, if
@@ -308,6 +332,17 @@ class fetch_queue {
     return res;
   }
 
+  // Adds the spans' sizes to r.bytes; false if the sum would pass SIZE_MAX (it would wrap and
+  // slip under the bytes-in-flight bound).
+  template <class Span>
+  static bool count_bytes(detail::queue_request& r, std::span<const Span> spans) noexcept {
+    for (const Span& x : spans) {
+      if (x.size() > std::numeric_limits<std::size_t>::max() - r.bytes) return false;
+      r.bytes += x.size();
+    }
+    return true;
+  }
+
   void inject(fetch_queue_fault at) const {
     if (opt_.fault_injector) opt_.fault_injector(at);
   }
@@ -337,7 +372,8 @@ class fetch_queue {
   }
 
   fetch_handle enqueue(req_ptr r) {
-    if (r->layout.starts.size() != r->keys.size()) return reject(r, errc::invalid_argument);
+    if (r->kind != detail_kind::put && r->layout.starts.size() != r->keys.size())
+      return reject(r, errc::invalid_argument);
     if (r->bytes > opt_.max_bytes_in_flight) return reject(r, errc::too_large);
     errc refused{};  // decided under the lock; once queued, `r` belongs to the workers too
     {
@@ -455,7 +491,7 @@ class fetch_queue {
           todo = take_from_prefetch(*r, status);
           std::vector<std::size_t> all(r->keys.size());
           for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-          note_landed(*r, all, status);  // the reused hits have landed
+          detail::queue_note_landed(*r, all, status);  // the reused hits have landed
         } else {
           todo.resize(r->keys.size());
           for (std::size_t i = 0; i < todo.size(); ++i) todo[i] = i;
@@ -524,6 +560,7 @@ class fetch_queue {
     std::error_code first_ec;
     std::vector<chunk_key> keys;
     std::vector<std::span<std::byte>> dst;
+    std::vector<std::span<const std::byte>> src;
     std::vector<chunk_status> st;
     for (std::size_t begin = 0; begin < todo.size(); begin += batch) {
       if (begin > 0 && cancel_requested(r)) {
@@ -533,60 +570,23 @@ class fetch_queue {
       const std::size_t end = std::min(todo.size(), begin + batch);
       keys.clear();
       dst.clear();
+      src.clear();
       for (std::size_t k = begin; k < end; ++k) {
         keys.push_back(r.keys[todo[k]]);
-        if (r.kind != detail_kind::lookup) dst.push_back(r.dst[todo[k]]);
+        if (r.kind == detail_kind::put)
+          src.push_back(r.src[todo[k]]);
+        else if (r.kind != detail_kind::lookup)
+          dst.push_back(r.dst[todo[k]]);
       }
       st.assign(keys.size(), chunk_status::error);
-      std::error_code ec =
-          r.kind == detail_kind::lookup ? store_.exists(keys, st, r.dl) : store_.get(keys, dst, st, r.dl);
+      std::error_code ec = r.kind == detail_kind::lookup ? store_.exists(keys, st, r.dl)
+                           : r.kind == detail_kind::put  ? store_.put(keys, src, st, r.dl)
+                                                         : store_.get(keys, dst, st, r.dl);
       for (std::size_t k = begin; k < end; ++k) status[todo[k]] = st[k - begin];
-      note_landed(r, std::span<const std::size_t>(todo).subspan(begin, end - begin), status);
+      detail::queue_note_landed(r, std::span<const std::size_t>(todo).subspan(begin, end - begin), status);
       if (ec && !first_ec) first_ec = ec;
     }
     return first_ec;
-  }
-
-  // Publishes the hits among keys `which` as landed, and wakes wait_progress().
-  static void note_landed(detail::queue_request& r, std::span<const std::size_t> which,
-                          std::span<const chunk_status> status) {
-    {
-      std::lock_guard lock(r.mu);
-      if (r.landed.size() != r.keys.size()) r.landed.assign(r.keys.size(), chunk_status::miss);
-      for (std::size_t i : which)
-        if (status[i] == chunk_status::hit) r.landed[i] = chunk_status::hit;
-    }
-    r.cv.notify_all();
-  }
-
-  static std::size_t leading_landed(const std::vector<chunk_status>& landed) noexcept {
-    std::size_t n = 0;
-    while (n < landed.size() && landed[n] == chunk_status::hit) ++n;
-    return n;
-  }
-
-  // Under r.mu: the result's hits once completed, else what landed so far.
-  static fetch_progress progress_locked(const detail::queue_request& r) {
-    fetch_progress p;
-    const bool done = r.completed.load(std::memory_order_acquire);
-    const std::vector<chunk_status>& hits = done ? r.result.status : r.landed;
-    p.landed_keys.assign(r.keys.size(), false);
-    for (std::size_t i = 0; i < hits.size() && i < r.keys.size(); ++i)
-      if (hits[i] == chunk_status::hit) p.landed_keys[i] = true, ++p.landed;
-    p.complete = done;
-    if (done) {
-      p.answer_tokens = r.result.answer_tokens;
-      p.answer_chunks = r.result.answer_chunks;
-      return p;
-    }
-    p.answer_chunks = leading_landed(r.landed);
-    if (r.layout.starts.size() == r.keys.size()) {
-      p.answer_tokens = r.landed.empty()
-                            ? (r.layout.starts.empty() ? r.layout.end_tokens : r.layout.starts.front())
-                            : rank_answer(std::span<const std::uint64_t>(r.layout.starts),
-                                          detail::store_hit_view{r.landed}, r.layout.end_tokens);
-    }
-    return p;
   }
 
   // noexcept: it runs on the failure paths, where a throw would end the process.
@@ -625,13 +625,26 @@ class fetch_queue {
     res.state = fetch_state::done;
     res.ec = ec;
     res.status = std::move(status);
-    const detail::store_hit_view hits{res.status};
-    res.answer_tokens =
-        rank_answer(std::span<const std::uint64_t>(r->layout.starts), hits, r->layout.end_tokens);
-    res.answer_chunks = contiguous_hit_count(hits, res.status.size());
+    if (r->kind == detail_kind::put) {
+      while (res.answer_chunks < res.status.size() && res.status[res.answer_chunks] == chunk_status::stored)
+        ++res.answer_chunks;
+    } else {
+      const detail::store_hit_view hits{res.status};
+      res.answer_tokens =
+          rank_answer(std::span<const std::uint64_t>(r->layout.starts), hits, r->layout.end_tokens);
+      res.answer_chunks = contiguous_hit_count(hits, res.status.size());
+    }
     if (auto* m = opt_.metrics) {
       const auto latency = clock::now() - r->submitted;
-      if (r->kind == detail_kind::load) {
+      if (r->kind == detail_kind::put) {
+        m->puts.add();
+        m->put_latency.observe(latency);
+        std::uint64_t chunks = 0, b = 0;
+        for (std::size_t i = 0; i < res.status.size(); ++i)
+          if (res.status[i] == chunk_status::stored) ++chunks, b += r->src[i].size();
+        m->chunks_stored.add(chunks);
+        m->bytes_stored.add(b);
+      } else if (r->kind == detail_kind::load) {
         m->loads.add();
         m->load_latency.observe(latency);
         m->chunks_loaded.add(res.answer_chunks);
@@ -642,7 +655,7 @@ class fetch_queue {
         m->lookups.add();
         m->lookup_latency.observe(latency);
       }
-      m->chunks_requested.add(res.status.size());
+      if (r->kind != detail_kind::put) m->chunks_requested.add(res.status.size());
       std::uint64_t corrupt = 0;
       for (chunk_status s : res.status) corrupt += s == chunk_status::corrupt;
       if (corrupt) m->corrupt_values.add(corrupt);

@@ -16,6 +16,8 @@
 // a running store call is not interrupted, and the request completes (as failed,
 // errc::cancelled) only once that call has returned. From then on the queue
 // never writes the destinations again, so the caller may recompute into them.
+// The sources of a put (fetch_queue::put) belong to the queue the same way: valid
+// and unchanged until the put has completed.
 #pragma once
 
 #include <cstddef>
@@ -81,6 +83,8 @@ struct fetch_result {
   fetch_state state = fetch_state::failed;
   /// failed: why (cancelled, shutdown, queue_full, too_large, invalid_argument,
   /// backend_error). done: the store's whole-batch error (e.g. timeout), or empty.
+  /// A put: status holds chunk_status::stored per key written, answer_chunks the
+  /// leading stored keys, answer_tokens 0 (a put has no layout).
   std::error_code ec;
   /// The rank answer in tokens: kvtier::rank_answer(layout.starts, status == hit,
   /// layout.end_tokens). Load: loaded and usable; lookup: present; prefetch: staged.
@@ -93,7 +97,8 @@ struct fetch_result {
 };
 
 /// A request's progress while it runs (fetch_queue::progress / wait_progress): which keys have
-/// landed, i.e. whose value is in its destination and was verified by the store (a hit), and the
+/// landed, i.e. whose value is in its destination and was verified by the store (a hit; for a
+/// put: reported stored, and answer_tokens stays 0), and the
 /// rank answer over them: the loaded prefix so far. Landed keys stay landed, so answer_tokens
 /// only grows, and it never exceeds the completed result's answer_tokens. Keys land one store
 /// call at a time (fetch_queue_options::max_batch_chunks keys per call), each with all its layer
@@ -117,7 +122,7 @@ enum class fetch_queue_fault : std::uint8_t {
 struct fetch_queue_options {
   std::size_t workers = 2;                                 ///< threads calling the store
   std::size_t max_requests = 256;                          ///< submitted and not completed
-  std::size_t max_bytes_in_flight = std::size_t{4} << 30;  ///< destinations + prefetch staging
+  std::size_t max_bytes_in_flight = std::size_t{4} << 30;  ///< destinations + prefetch staging + put sources
   std::size_t max_batch_chunks = 0;    ///< split a request into store calls of this many keys (0: one call);
                                        ///< cancellation is noticed between calls
   kvtier::metrics* metrics = nullptr;  ///< optional
@@ -125,7 +130,7 @@ struct fetch_queue_options {
   /// the queue allocates or starts a thread; throwing from it (std::bad_alloc,
   /// std::system_error) simulates that failure there. Lets tests prove that such a
   /// failure neither leaks a slot nor terminates the process.
-  std::function<void(fetch_queue_fault)> fault_injector;
+  std::function<void(fetch_queue_fault)> fault_injector{};
 };
 
 /// Counts at one instant.

@@ -43,6 +43,7 @@
 
 // collectives and the load protocol
 #include "kvtier/chunk_broadcast.hpp"
+#include "kvtier/connector.hpp"
 #include "kvtier/comm/checked.hpp"
 #include "kvtier/comm/communicator.hpp"
 #include "kvtier/comm/inproc.hpp"

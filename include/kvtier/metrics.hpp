@@ -118,6 +118,9 @@ struct metrics {
   counter cancelled;         ///< requests completed as cancelled
   counter rejected;          ///< submissions refused (queue_full, shutdown, invalid_argument)
   counter prefetch_reused;   ///< chunks a load took from a prefetch instead of the store
+  counter puts;              ///< write-back (put) requests completed
+  counter chunks_stored;     ///< chunks a completed put reported stored
+  counter bytes_stored;      ///< bytes of those chunks
 
   gauge queue_depth;         ///< requests submitted and not yet picked up by a worker
   gauge requests_in_flight;  ///< requests submitted and not yet completed
@@ -126,6 +129,7 @@ struct metrics {
   histogram lookup_latency;  ///< submit to completion, lookups and prefetches
   histogram load_latency;    ///< submit to completion, loads
   histogram queue_wait;      ///< submit to a worker picking the request up
+  histogram put_latency;     ///< submit to completion, puts
 };
 
 namespace detail {
@@ -219,12 +223,17 @@ inline void write_prometheus(std::string& out, const metrics& m, std::string_vie
          c(m.rejected));
   simple("prefetch_reused_chunks_total", "counter", "Chunks a load took from an earlier prefetch.",
          c(m.prefetch_reused));
+  simple("puts_total", "counter", "Write-back (put) requests completed.", c(m.puts));
+  simple("chunks_stored_total", "counter", "Chunks completed puts reported stored.", c(m.chunks_stored));
+  simple("stored_bytes_total", "counter", "Bytes of the chunks completed puts reported stored.",
+         c(m.bytes_stored));
   simple("queue_depth", "gauge", "Requests waiting for a worker.", g(m.queue_depth));
   simple("requests_in_flight", "gauge", "Requests submitted and not completed.", g(m.requests_in_flight));
   simple("bytes_in_flight", "gauge", "Destination and staging bytes held by unfinished work.",
          g(m.bytes_in_flight));
   hist("lookup_latency_seconds", "Lookup and prefetch latency, submit to completion.", m.lookup_latency);
   hist("load_latency_seconds", "Load latency, submit to completion.", m.load_latency);
+  hist("put_latency_seconds", "Put (write-back) latency, submit to completion.", m.put_latency);
   hist("queue_wait_seconds", "Time from submit until a worker picks the request up.", m.queue_wait);
 }
 

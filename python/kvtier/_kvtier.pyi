@@ -305,3 +305,139 @@ class TieredStore(Store):
     """tiers = kvtier.TieredStore(kvtier.MemoryStore(1 << 30), l2)"""
     def __init__(self, l1: Store, l2: Store, *, writes: str = "write_through", promote: bool = True) -> None: ...
     def stats(self) -> dict[str, int]: ...
+
+# ---- the connector (python/src/bind_pages.cpp, bind_mpi.cpp, bind_connector.cpp) -----------
+
+Ints = Union[Sequence[int], Buffer, Tensor]
+
+class KvLayout:
+    """lay = kvtier.KvLayout.vllm_mla(4, num_blocks=1024, block_size=64); lay.bytes_per_token  # 4 * 1152"""
+    name: str
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    planes: int
+    heads: int
+    head_bytes: int
+    elem_bytes: int
+    block_stride: int
+    token_stride: int
+    head_stride: int
+    plane_stride: int
+    layer_stride: int
+    bytes_per_token: int
+    layer_bytes_per_token: int
+    num_slots: int
+    layer_extent: int
+    plane_extent: int
+    cache_extent: int
+    def __init__(self, *, num_layers: int, num_blocks: int, block_size: int, planes: int, heads: int,
+                 head_bytes: int, elem_bytes: int, block_stride: int, token_stride: int, head_stride: int,
+                 plane_stride: int = 0, layer_stride: int = 0, name: str = "custom") -> None: ...
+    @staticmethod
+    def vllm_mla(layers: int, num_blocks: int, block_size: int, elem_bytes: int = 2,
+                 latent: int = 576) -> KvLayout: ...
+    @staticmethod
+    def vllm_mla_fp8(layers: int, num_blocks: int, block_size: int) -> KvLayout: ...
+    @staticmethod
+    def vllm_flash_attn(layers: int, num_blocks: int, block_size: int, heads: int, head_size: int,
+                        elem_bytes: int = 2, order: str = "nhd") -> KvLayout: ...
+    @staticmethod
+    def cross_layer(layers: int, num_blocks: int, block_size: int, planes: int, heads: int, head_size: int,
+                    elem_bytes: int = 2) -> KvLayout: ...
+
+class KvCacheView:
+    """view = kvtier.KvCacheView.per_layer(lay, [torch.zeros(1024, 64, 576, dtype=torch.bfloat16)] * 4)"""
+    layout: KvLayout
+    num_planes: int
+    @staticmethod
+    def per_layer(layout: KvLayout, pages: Sequence[Bytes]) -> KvCacheView: ...
+    @staticmethod
+    def per_plane(layout: KvLayout, pages: Sequence[Bytes]) -> KvCacheView: ...
+    @staticmethod
+    def one_base(layout: KvLayout, page: Bytes) -> KvCacheView: ...
+
+class InprocWorld:
+    """comms = [kvtier.InprocWorld(2).communicator(r) for r in range(2)]  # one per rank thread"""
+    size: int
+    def __init__(self, size: int) -> None: ...
+    def communicator(self, rank: int) -> InprocCommunicator: ...
+
+class InprocCommunicator:
+    """comm = kvtier.InprocWorld(2).communicator(0)"""
+    rank: int
+    size: int
+    def last_error(self) -> str: ...
+
+class MpiCommunicator:
+    """comm = kvtier.MpiCommunicator(MPI.COMM_WORLD, 10.0)  # only where built with mpi4py's headers"""
+    rank: int
+    size: int
+    def __init__(self, comm: Any, deadline: DeadlineLike = 10.0) -> None: ...
+    def last_error(self) -> str: ...
+
+class LoadPlan:
+    """plan = conn.lookup(7)  # None until every rank's answer is agreed"""
+    cached_tokens: int
+    load_first_token: int
+    load_end_token: int
+    tokens_to_load: int
+
+class LoadOutcome:
+    """out = conn.load_result(7); compute_from(out.loaded_end_token)"""
+    load_first_token: int
+    loaded_end_token: int
+    requested_end_token: int
+    complete: bool
+
+class FinishedRequests:
+    """done = conn.finished(); free_pages(done.saves)"""
+    loads: list[int]
+    saves: list[int]
+
+class KvEvent:
+    """for e in conn.drain_events(): router.update(e.kind, e.rank, e.keys)"""
+    kind: str
+    rank: int
+    keys: list[ChunkKey]
+
+class Connector:
+    """One rank's kvtier::connector; every rank makes the same calls in the same order.
+
+        conn = kvtier.Connector(kvtier.Chunker(ns), store, comm, view)
+        conn.check_deployment(5.0)
+        conn.begin_lookup(7, tokens)
+        while (plan := conn.lookup(7)) is None: conn.step(0.05)
+        if plan.tokens_to_load: conn.load(7, block_table=table)
+        while (out := conn.load_result(7)) is None: conn.step(0.05)
+        for l in range(layers): conn.wait_for_layer(l, 1.0)   # in the forward
+        conn.save(7, slots, out.loaded_end_token, len(tokens))
+        if not conn.finish(7): ...                             # free once finished().saves has 7
+    """
+    rank: int
+    chunk_bytes: int
+    closed: bool
+    def __init__(self, chunker: Chunker, store: Store, comm: Union[InprocCommunicator, MpiCommunicator],
+                 pages: KvCacheView, *, data: Optional[Union[InprocCommunicator, MpiCommunicator]] = None,
+                 policy: str = "always", node: Optional[PrefillNode] = None, prior: Optional[LoadPath] = None,
+                 lookup_timeout: float = 0.05, save_timeout: float = 2.0,
+                 load_timeout: Tuple[float, float, float] = (0.2, 0.02, 5.0), saves: str = "write_through",
+                 save_after_lookups: int = 2, layers_per_group: int = 0, max_bytes_in_flight: int = 1 << 30,
+                 fetch_workers: int = 2, fetch_batch_chunks: int = 1) -> None: ...
+    def check_deployment(self, deadline: DeadlineLike) -> None: ...
+    def begin_lookup(self, id: int, tokens: TokenIds, *, adapter: str = "", tenant_salt: str = "") -> None: ...
+    def step(self, deadline: DeadlineLike) -> None: ...
+    def lookup(self, id: int) -> Optional[LoadPlan]: ...
+    def load(self, id: int, slots: Optional[Ints] = None, *, block_table: Optional[Ints] = None) -> None: ...
+    def wait_for_layer(self, layer: int, deadline: DeadlineLike) -> None: ...
+    def load_result(self, id: int) -> Optional[LoadOutcome]: ...
+    def load_errors(self, id: int) -> list[int]: ...
+    def save(self, id: int, slots: Ints, first_token: int, end_token: int) -> None: ...
+    def finish(self, id: int) -> bool: ...
+    def finished(self) -> FinishedRequests: ...
+    def drain_events(self) -> list[KvEvent]: ...
+    def counters(self) -> dict[str, int]: ...
+    def prometheus(self, prefix: str = "kvtier_connector", labels: str = "") -> str: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Connector: ...
+    def __exit__(self, *args: Any) -> None: ...

@@ -5,35 +5,14 @@
 #include <memory>
 #include <variant>
 
+#include "chunker_impl.hpp"
 #include "common.hpp"
 #include "kvtier/chunker.hpp"
 #include "kvtier/detail/xxhash.hpp"
-#if defined(KVTIER_PY_HAS_SHA256)
-#include "kvtier/chunk_hash_openssl.hpp"
-#endif
 
 namespace kvtier_py {
 
 namespace {
-
-using xxh_chunker = kvtier::chunker<>;
-#if defined(KVTIER_PY_HAS_SHA256)
-using sha_chunker = kvtier::chunker<kvtier::sha256_128>;
-using any_chunker = std::variant<xxh_chunker, sha_chunker>;
-#else
-using any_chunker = std::variant<xxh_chunker>;
-#endif
-
-// A chunker of either hash; the key material's strings live here for the duration of a call.
-struct py_chunker {
-  any_chunker impl;
-  std::string hash;
-
-  template <class F>
-  decltype(auto) visit(F&& f) const {
-    return std::visit(std::forward<F>(f), impl);
-  }
-};
 
 kvtier::tail_policy tail_of(const std::string& s) {
   if (s == "drop") return kvtier::tail_policy::drop;

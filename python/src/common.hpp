@@ -95,5 +95,10 @@ void bind_keys(py::module_& m);
 void bind_cost(py::module_& m);
 void bind_url(py::module_& m);
 void bind_stores(py::module_& m);
+void bind_pages(py::module_& m);
+void bind_connector(py::module_& m);
+#if defined(KVTIER_PY_HAS_MPI)
+void bind_mpi(py::module_& m);
+#endif
 
 }  // namespace kvtier_py

@@ -461,4 +461,9 @@ PYBIND11_MODULE(_kvtier, m) {
   kp::bind_cost(m);
   kp::bind_url(m);
   kp::bind_stores(m);
+  kp::bind_pages(m);
+#if defined(KVTIER_PY_HAS_MPI)
+  kp::bind_mpi(m);
+#endif
+  kp::bind_connector(m);
 }

@@ -2,6 +2,8 @@
 #       -DBUILD_DIR=<kvtier build tree> -DWORK_DIR=<scratch> -DGENERATOR=<gen>
 #       -DCXX=<compiler> -DBUILD_TYPE=<type> [-DPARTS=asio,uring,...] -P run_consumer.cmake
 #
+# Both consumers build with -Wall -Wextra -Werror (GCC, Clang), consumer_parts with the docs'
+# designated initializers (parts/doc_initializers.cpp).
 # Both modes also build consumer_parts, which links kvtier::<part> for every optional part
 # in PARTS (the parts the tested build has) and uses it; find_package requests each part as a
 # component, and a second configure checks that requesting a part that does not exist fails.
@@ -73,6 +75,9 @@ endif()
 find_program(consumer_parts consumer_parts PATHS ${WORK_DIR}/build ${WORK_DIR}/build/${BUILD_TYPE} NO_DEFAULT_PATH REQUIRED)
 run("consumer_parts" ${consumer_parts})
 message(STATUS "${last_output}")
+if(NOT last_output MATCHES "doc initializers: ")
+  message(FATAL_ERROR "consumer_parts did not build the docs' designated initializers: ${last_output}")
+endif()
 string(REPLACE "," ";" parts "${PARTS}")
 foreach(part IN LISTS parts)
   if(NOT last_output MATCHES "part ${part}: ok")

@@ -4,8 +4,6 @@
 // verifies every loaded byte in each rank's paged cache; the summary JSON (stdout's last line,
 // printed by rank 0) counts mismatched chunks summed over the processes in "errors". Both forms
 // must report 0 errors, the same hit fraction, and summary JSON with the same keys.
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -15,28 +13,14 @@
 #include <vector>
 
 #include "json_line.hpp"
-#include "support/redis_server.hpp"
+#include "support/run_command.hpp"
 
 namespace {
 
-struct ran {
-  int rc = -1;
-  std::string out;  // stdout; stderr goes to the test's log
-};
+using ran = kvtier::test::command_result;
+using kvtier::test::four_servers;
 
-/// Runs `cmd` through the shell, bounded by `timeout` (killed 5 s after it if need be).
-ran run(const std::string& cmd) {
-  const std::string full = "timeout -k 5 120 " + cmd;
-  INFO(full);
-  FILE* p = ::popen(full.c_str(), "r");
-  REQUIRE(p != nullptr);
-  ran r;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+ran run(const std::string& cmd) { return kvtier::test::run_command(cmd); }
 
 /// The summary JSON: the last non-empty line of stdout.
 pcp::json_value summary_of(const ran& r) {
@@ -99,27 +83,6 @@ void compare(
   CHECK(num(sp, "hit_token_fraction") > 0.9);
   CHECK(num(sp, "hit_token_fraction") == num(st, "hit_token_fraction"));
 }
-
-/// Four redis-servers on consecutive free loopback ports (base + rank), stopped by PID.
-struct four_servers {
-  std::vector<std::unique_ptr<kvtier::test::redis_server>> s;
-  std::uint16_t base = 0;
-  four_servers() {
-    for (int attempt = 0; attempt < 20 && s.size() < 4; ++attempt) {
-      s.clear();
-      base = kvtier::test::detail::pick_free_port();
-      if (base > 65000) continue;
-      try {
-        for (std::uint16_t r = 0; r < 4; ++r)
-          s.push_back(std::make_unique<kvtier::test::redis_server>(
-              kvtier::test::redis_server::options{.port = static_cast<std::uint16_t>(base + r)}));
-      } catch (const std::runtime_error&) {  // a port was taken: another base
-      }
-    }
-    REQUIRE(s.size() == 4);
-  }
-  std::string url() const { return "'resp://127.0.0.1:{rank+" + std::to_string(base) + "}'"; }
-};
 
 }  // namespace
 

@@ -683,3 +683,78 @@ TEST_CASE("parser: a gate is not consulted for a reply of another length, a null
   CHECK(hdr == "####");
   CHECK(body == "###");
 }
+
+namespace {
+
+// Records what a destination's `landed` observer saw: the bytes, in order, and where they were.
+struct landed_probe {
+  gate_probe gate;
+  std::string bytes;
+  std::size_t calls = 0, largest = 0;
+  const std::byte* next_at = nullptr;  // where the next piece must start (contiguous within a part)
+  bool in_place = true;                // every piece was the destination's own memory, in order
+  std::vector<std::span<std::byte>> parts;
+};
+
+bool landed_gate(void* context, std::span<const std::byte> first) noexcept {
+  return good_gate(&static_cast<landed_probe*>(context)->gate, first);
+}
+
+void landed_piece(void* context, std::span<const std::byte> piece) noexcept {
+  auto& l = *static_cast<landed_probe*>(context);
+  ++l.calls;
+  l.largest = std::max(l.largest, piece.size());
+  bool inside = false;
+  for (std::size_t k = 1; k < l.parts.size(); ++k)
+    inside |= piece.data() >= l.parts[k].data() &&
+              piece.data() + piece.size() <= l.parts[k].data() + l.parts[k].size();
+  // A piece starts where the last one ended, or at the start of a later part.
+  bool starts_right = piece.data() == l.next_at;
+  for (std::size_t k = 1; k < l.parts.size(); ++k) starts_right |= piece.data() == l.parts[k].data();
+  l.in_place &= inside && starts_right;
+  l.next_at = piece.data() + piece.size();
+  l.bytes.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+}
+
+}  // namespace
+
+TEST_CASE("parser: a destination's landed observer sees every later byte once, in order, in bounded pieces",
+          "[unit]") {
+  // A body larger than landed_slice_bytes (direct reads are capped to it) and a small one.
+  for (std::size_t body_size : {std::size_t{9}, parser::landed_slice_bytes * 2 + 1234}) {
+    std::string body(body_size, '\0');
+    for (std::size_t i = 0; i < body_size; ++i) body[i] = static_cast<char>('a' + (i * 7) % 26);
+    const std::string len = std::to_string(4 + body_size);
+    const std::string input =
+        "$" + len + "\r\nGOOD" + body + "\r\n$" + len + "\r\nEVIL" + body + "\r\n+after\r\n";
+    for (std::size_t piece : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{300000}}) {
+      if (piece == 1 && body_size > 100) continue;  // byte by byte over 512 KiB: slow, adds nothing
+      INFO("body " << body_size << " piece " << piece);
+      std::string hdr1(4, '#'), a1(body_size / 3, '#'), b1(body_size - body_size / 3, '#');
+      std::string hdr2(4, '#'), a2(body_size, '#');
+      auto bytes = [](std::string& s) {
+        return std::span<std::byte>(reinterpret_cast<std::byte*>(s.data()), s.size());
+      };
+      landed_probe l1, l2;
+      l1.parts = {bytes(hdr1), bytes(a1), bytes(b1)};
+      l2.parts = {bytes(hdr2), bytes(a2)};
+      parser p(parser_limits{.buffer_bytes = 64});
+      p.expect_destination(l1.parts, destination_gate{&landed_gate, &l1, &landed_piece});
+      p.expect_destination(l2.parts, destination_gate{&landed_gate, &l2, &landed_piece});
+      p.expect_no_destination();
+      const std::size_t pieces[] = {piece};
+      parsed r =
+          feed(p, input, piece == 0 ? std::span<const std::size_t>() : std::span<const std::size_t>(pieces));
+      REQUIRE_FALSE(r.ec);
+      REQUIRE(r.values.size() == 3);
+      CHECK(r.values[0].into_destination);
+      CHECK(l1.bytes == body);  // every payload byte after the header, once, in order
+      CHECK(a1 + b1 == body);
+      CHECK(l1.in_place);
+      CHECK(l1.largest <= parser::landed_slice_bytes);
+      CHECK(r.values[1].refused_by_gate);  // refused: the observer never sees its bytes
+      CHECK(l2.calls == 0);
+      CHECK(a2 == std::string(body_size, '#'));
+    }
+  }
+}

@@ -124,8 +124,8 @@ TEST_CASE("connection_base: an empty command is refused before anything is sent"
 
 TEST_CASE("connection_base: bytes after the handshake's replies fail that connect attempt", "[unit]") {
   connection_options opt;
-  opt.server.db = 1;  // SELECT 1: a handshake round trip
-  opt.reconnect_backoff_min = 1ms;
+  opt.server.db = 1;                // SELECT 1: a handshake round trip
+  opt.reconnect_backoff_min = 0ms;  // no backoff: the next call tries again at once (else it fails fast)
   // The handshake gets one stray reply more than it asked for: the stream is closed, so the
   // attempt failed (it used to count as connected and send the batch into a closed socket).
   scripted_connection conn({"+OK\r\n+OK\r\n", "+OK\r\n", "+PONG\r\n"}, 1 << 20, opt);
@@ -135,8 +135,31 @@ TEST_CASE("connection_base: bytes after the handshake's replies fail that connec
   REQUIRE(conn.stats().connects == 0);
   REQUIRE(conn.stats().connect_failures == 1);
   REQUIRE_FALSE(conn.connected());
-  REQUIRE_FALSE(conn.execute(b, deadline_after(1s)));  // after the backoff: a clean handshake
+  REQUIRE_FALSE(conn.execute(b, deadline_after(1s)));  // the next attempt: a clean handshake
   REQUIRE(b.reply(0).str == "PONG");
   REQUIRE(conn.connected());
   REQUIRE(conn.stats().connects == 1);
+}
+
+TEST_CASE(
+    "connection_base: in reconnect backoff a call fails at once, even when its deadline covers the wait",
+    "[unit]") {
+  connection_options opt;
+  opt.server.db = 99;  // SELECT 99: the scripted server refuses it once, then would accept
+  opt.reconnect_backoff_min = 1000ms;
+  scripted_connection conn({"-ERR DB index is out of range\r\n", "+OK\r\n", "+PONG\r\n"}, 1 << 20, opt);
+  batch b;
+  b.add({"PING"});
+  REQUIRE(conn.execute(b, deadline_after(5s)) == errc::server_error);
+  REQUIRE(conn.down_until().has_value());
+  REQUIRE(conn.last_connect_error() == errc::server_error);
+  // The next attempt is 1 s away and this deadline 5 s: it used to sleep 1 s and try again (and
+  // succeed here); now it fails at once with the last attempt's error and does not try.
+  REQUIRE(conn.execute(b, deadline_after(5s)) == errc::server_error);
+  REQUIRE(conn.stats().connect_failures == 1);
+  REQUIRE(conn.stats().down_refusals == 1);
+  REQUIRE(conn.exchanges == 1);
+  INFO(conn.last_error());
+  REQUIRE(conn.last_error().find("SELECT: ERR DB index is out of range") != std::string::npos);
+  REQUIRE(conn.last_error().find("server down") != std::string::npos);
 }

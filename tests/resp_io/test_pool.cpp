@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -116,4 +118,99 @@ TEST_CASE("pool: a waiter is woken by a release and each connection has one hold
   for (auto& t : ts) t.join();
   REQUIRE(violations == 0);
   REQUIRE(acquired == 6 * 300);
+}
+
+namespace {
+
+// A connection whose connects fail until told otherwise: in backoff for `backoff` after each
+// failed attempt (like connection_base), so the pool's breaker can be driven without a server.
+class flaky_connection {
+ public:
+  explicit flaky_connection(connection_options opt) : opt_(std::move(opt)) {}
+  static inline std::atomic<bool> server_up{false};
+  static inline kvtier::clock::duration backoff = std::chrono::hours(1);
+  std::error_code execute(batch&, kvtier::deadline) {
+    ++stats_.batches;
+    if (server_up) return connected_ = true, std::error_code{};
+    ++stats_.connect_failures;
+    connected_ = false;
+    next_attempt_ = kvtier::clock::now() + backoff;
+    last_error_ = "127.0.0.1:1: connect (connection refused)";
+    return make_error_code(errc::connection_refused);
+  }
+  std::error_code connect(kvtier::deadline) { return {}; }
+  std::error_code ping(kvtier::deadline) { return {}; }
+  void close() {}
+  bool connected() const { return connected_; }
+  const connection_options& options() const { return opt_; }
+  connection_stats stats() const { return stats_; }
+  std::optional<kvtier::clock::time_point> down_until() const {
+    if (connected_ || next_attempt_ <= kvtier::clock::now()) return std::nullopt;
+    return next_attempt_;
+  }
+  std::error_code last_connect_error() const { return make_error_code(errc::connection_refused); }
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  connection_options opt_;
+  connection_stats stats_{};
+  bool connected_ = false;
+  kvtier::clock::time_point next_attempt_{};
+  std::string last_error_;
+};
+
+}  // namespace
+
+TEST_CASE("pool: a connection back in reconnect backoff trips the pool; a success closes it", "[unit]") {
+  using flaky_pool = kvtier::resp::connection_pool<flaky_connection>;
+  flaky_connection::server_up = false;
+  flaky_connection::backoff = std::chrono::hours(1);
+  flaky_pool pool(connection_options{}, {.connections = 3, .reserved_small = 1});
+  batch b;
+  b.add({"PING"});
+  {
+    flaky_pool::lease l;
+    REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), l));
+    REQUIRE(l.conn().execute(b, deadline_after(1s)) == errc::connection_refused);
+  }
+  REQUIRE(pool.down());
+  // Every later call fails at once with the connect error, whatever its size or deadline, and no
+  // other connection is lent to try again.
+  for (auto kind : {request_size::small, request_size::large}) {
+    flaky_pool::lease l;
+    std::string why;
+    REQUIRE(pool.acquire(kind, kvtier::no_deadline, l, &why) == errc::connection_refused);
+    REQUIRE_FALSE(l);
+    REQUIRE(why.find("server down") != std::string::npos);
+    REQUIRE(why.find("connection refused") != std::string::npos);
+  }
+  REQUIRE(pool.stats().connect_failures == 1);
+  REQUIRE(pool.stats().down_refusals == 2);
+
+  // Once the backoff has ended a call may try again; a success closes the breaker.
+  flaky_connection::backoff = std::chrono::nanoseconds(0);
+  flaky_connection::server_up = true;
+  flaky_pool fresh(connection_options{}, {.connections = 2});
+  flaky_connection::server_up = false;
+  {
+    flaky_pool::lease l;
+    REQUIRE_FALSE(fresh.acquire(request_size::small, deadline_after(1s), l));
+    REQUIRE(l.conn().execute(b, deadline_after(1s)) == errc::connection_refused);
+  }
+  REQUIRE_FALSE(fresh.down());  // a backoff that has already ended does not trip it
+  flaky_connection::server_up = true;
+  flaky_pool::lease l;
+  REQUIRE_FALSE(fresh.acquire(request_size::large, deadline_after(1s), l));
+  REQUIRE_FALSE(l.conn().execute(b, deadline_after(1s)));
+}
+
+TEST_CASE("pool: why a call got no connection: deadline already past, or none free in time", "[unit]") {
+  pool_t pool(connection_options{}, {.connections = 1});
+  pool_t::lease a, b;
+  std::string why;
+  REQUIRE(pool.acquire(request_size::small, kvtier::clock::now() - 1ms, a, &why) == errc::timeout);
+  REQUIRE(why.find("deadline had passed") != std::string::npos);
+  REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), a));
+  REQUIRE(pool.acquire(request_size::small, deadline_after(20ms), b, &why) == errc::timeout);
+  REQUIRE(why.find("no pooled connection came free") != std::string::npos);
 }

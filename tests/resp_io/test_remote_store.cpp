@@ -138,6 +138,23 @@ TEMPLATE_TEST_CASE("remote_store: wrong-length, corrupted and foreign values are
   CHECK(s.wrong_length == 2);  // 0 (raw) and 5 (caller length)
   CHECK(s.bad_checksum == 1);
   CHECK(s.bad_header == 3);
+  // Each corrupt value is named with its chunk and why (one at a time: the last one is kept).
+  const std::string why[] = {"stored length 18, expected 10056 (header + payload)",
+                             "payload checksum mismatch",
+                             "header: bad magic",
+                             "header: wrong chunk key",
+                             "header: wrong namespace",
+                             "stored length 10056, expected 10055 (header + payload)"};
+  for (std::size_t i = 0; i < 6; ++i) {
+    INFO("key " << i);
+    std::vector<std::byte> one(dst[i].size());
+    std::span<std::byte> od[] = {one};
+    REQUIRE_FALSE(store.get(std::span(&keys[i], 1), od, std::span(&st[i], 1), deadline_after(2s)));
+    char hex[32];
+    keys[i].to_hex(hex);
+    CHECK_THAT(store.last_error(), Catch::Contains(name(i)) && Catch::Contains(std::string(hex, 32)) &&
+                                       Catch::Contains("corrupt: " + why[i]));
+  }
   CHECK(s.hits == 0);
 
   // The connection stayed in sync: a good value still reads back.
@@ -298,7 +315,9 @@ TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the s
       REQUIRE(got[i] == (st[i] == chunk_status::hit ? chunk_status::hit : chunk_status::miss));
       if (got[i] == chunk_status::hit) REQUIRE(dst[i] == src[i]);
     }
-    REQUIRE(store.pool().stats().connects == 1);
+    // The batch was spread over the pool's large connections; none had to reconnect.
+    REQUIRE(store.pool().stats().connects <= store.pool().size() - store.pool().reserved_small());
+    REQUIRE(store.pool().stats().failures == 0);
   }
 
   SECTION("NOAUTH: a server that wants a password the URL does not give") {
@@ -313,7 +332,10 @@ TEMPLATE_TEST_CASE("remote_store: server error replies are per-key errors; the s
     for (auto s : st) REQUIRE(s == chunk_status::error);
     std::vector<std::vector<std::byte>> dst(keys.size(), std::vector<std::byte>(1 << 20));
     auto d = spans(dst);
-    REQUIRE_FALSE(store.get(keys, d, st, deadline_after(2s)));
+    // The put was spread over several connections, each closed by the server just after its
+    // refusal: a connection whose close had not arrived yet when the get went out is lost now.
+    const std::error_code get_ec = store.get(keys, d, st, deadline_after(2s));
+    REQUIRE((!get_ec || get_ec == errc::connection_lost));
     for (auto s : st) REQUIRE(s == chunk_status::error);
     REQUIRE(store.stats().errors >= 2 * keys.size());
     REQUIRE(store.stats().hits == 0);

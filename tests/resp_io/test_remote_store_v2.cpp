@@ -59,6 +59,9 @@ TEST_CASE("remote_store v2: groups round trip; an altered byte and a v1 value ar
   REQUIRE_FALSE(v2.get(std::span(&keys[0], 1), d, st, deadline_after(5s)));
   CHECK(st[0] == chunk_status::corrupt);
   CHECK(v2.stats().bad_checksum == 1);
+  // The message names the key, its chunk and the group that failed (checked as the bytes landed).
+  CHECK_THAT(v2.last_error(),
+             Catch::Contains(name0) && Catch::Contains("checksum mismatch in group 37 of 75"));
 
   // A version-1 value: the v1 store reads it, the v2 store refuses it as the other format.
   std::span<const std::byte> sb[] = {b};
@@ -72,6 +75,7 @@ TEST_CASE("remote_store v2: groups round trip; an altered byte and a v1 value ar
   CHECK(st[0] == chunk_status::corrupt);
   CHECK(v2.stats().other_format == 1);
   CHECK(v2.stats().corrupt == 2);
+  CHECK_THAT(v2.last_error(), Catch::Contains("a version-1 value (this store reads version 2)"));
   CHECK(out == std::vector<std::byte>(out.size()));  // refused before a byte reached the span
 
   // Too many groups for the format: refused up front.

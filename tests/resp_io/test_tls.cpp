@@ -105,9 +105,10 @@ TEMPLATE_TEST_CASE("tls: 12.4 MB values round-trip bit-exact over rediss://", "[
   std::vector<std::vector<std::byte>> src = {pattern(12'400'000, 1), pattern(12'400'000, 2), pattern(100, 3)};
   require_round_trip(store, keys, src);
   std::vector<chunk_status> st(keys.size());
-  // The idle connection is reused (a waiting session ticket is not taken for junk).
+  // The idle connections are reused (a waiting session ticket is not taken for junk): each
+  // pooled connection connected once (the 12.4 MB batch is spread over the large ones).
   REQUIRE_FALSE(store.exists(keys, st, deadline_after(5s)));
-  REQUIRE(store.pool().stats().connects <= 2);
+  REQUIRE(store.pool().stats().connects <= store.pool().size());
   // Many small commands in one pipeline (gathered into few TLS records), replies in order.
   TestType conn(tls_options_for(srv));
   batch b;

@@ -140,3 +140,43 @@ TEST_CASE("value_header v2: a flipped payload byte fails exactly its own group",
       },
       10000);
 }
+
+TEST_CASE("value_check: the checksum while the bytes land equals the one-pass check, any split",
+          "[property]") {
+  kvtier::test::prop(
+      "streamed verdict == first_bad_group",
+      [](std::uint16_t len_seed, std::uint16_t group_seed, std::uint32_t pos_seed, std::uint8_t bit, bool v2,
+         bool flip, std::uint16_t piece_seed) {
+        const std::size_t len = len_seed % 6000;  // 0 included: no byte lands at all
+        const auto f = v2 ? kvtier::value_format::v2(1 + group_seed % 900) : kvtier::value_format::v1();
+        RC_PRE(f.valid_for(len));
+        auto payload = bytes_of(len, len_seed);
+        std::vector<std::byte> h(f.header_size(len));
+        RC_ASSERT(kvtier::encode_value_header(f, 7, chunk_key{1, 2}, payload, h) == h.size());
+        if (flip && len > 0) payload[pos_seed % len] ^= static_cast<std::byte>(1u << (bit % 8));
+        kvtier::value_check c;
+        c.expect(f, 7, chunk_key{1, 2}, len);
+        RC_ASSERT(c.header(h) == header_check::ok);
+        const std::size_t step = 1 + piece_seed % 2000;  // pieces as the parser hands them over
+        for (std::size_t at = 0; at < len; at += step)
+          c.payload(std::span<const std::byte>(payload).subspan(at, std::min(step, len - at)));
+        const std::size_t bad = kvtier::first_bad_group(f, h, payload);
+        RC_ASSERT(c.seen() == len);
+        RC_ASSERT(c.bad_group() == bad);
+        RC_ASSERT(c.payload_ok() == (bad == f.groups(len)));
+        RC_ASSERT(c.payload_ok() == !(flip && len > 0));
+      },
+      2000);
+  // Not every byte seen: never ok. A header of another chunk: refused, never ok.
+  const auto payload = bytes_of(1000, 1);
+  const auto h = encode_value_header(9, chunk_key{3, 4}, payload);
+  kvtier::value_check c;
+  c.expect(kvtier::value_format::v1(), 9, chunk_key{3, 4}, payload.size());
+  REQUIRE(c.header(h) == header_check::ok);
+  c.payload(std::span<const std::byte>(payload).first(999));
+  CHECK_FALSE(c.payload_ok());
+  c.expect(kvtier::value_format::v1(), 9, chunk_key{3, 5}, payload.size());
+  CHECK(c.header(h) == header_check::wrong_key);
+  c.payload(payload);
+  CHECK_FALSE(c.payload_ok());
+}

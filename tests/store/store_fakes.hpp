@@ -2,7 +2,8 @@
 //
 // gated_store: every call blocks until the test releases the call's tag (the
 //   `hi` half of its first key) or the call's deadline passes; contents are a
-//   pure function of the key, so results can be predicted.
+//   pure function of the key, so results can be predicted (a put reports every
+//   key stored and keeps nothing).
 // jitter_store<S>: forwards to S after a random short sleep (stress tests).
 // throwing_store: every call throws (exactly-once completion on exceptions).
 #pragma once
@@ -96,7 +97,9 @@ class gated_store {
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
-    detail::store_fill(status, chunk_status::error);  // read-only fake
+    if (!gate(keys, dl)) return timed_out(status);
+    // Contents stay a function of the key: a put reports each key stored and keeps nothing.
+    detail::store_fill(status, chunk_status::stored);
     return {};
   }
 

@@ -1,9 +1,9 @@
 // fetch_queue properties:
-//  - a rapidcheck stateful test against a simple model: submit (load, lookup or
-//    prefetch), a load that reuses a prefetch, release_prefetch, release a store
+//  - a rapidcheck stateful test against a simple model: submit (load, lookup,
+//    prefetch or put), a load that reuses a prefetch, release_prefetch, release a store
 //    call, cancel, poll and close in random orders, with random worker counts and
 //    bounds; every submission completes exactly once, and bytes in flight (load
-//    destinations plus held prefetch staging) match the model at every poll.
+//    destinations, put sources and held prefetch staging) match the model at every poll.
 //  - the asynchronous per-rank lookup equals the synchronous rank_answer over
 //    random presence patterns, world sizes and ranks.
 #include <atomic>
@@ -39,7 +39,7 @@ constexpr std::size_t B = 8;   // bytes per chunk
 // ---- the model ----------------------------------------------------------------
 
 enum class mstate { queued, running, done, failed };
-enum class mkind { load, lookup, prefetch };
+enum class mkind { load, lookup, prefetch, put };
 constexpr std::size_t none = static_cast<std::size_t>(-1);
 
 struct mreq {
@@ -175,18 +175,25 @@ void sync_and_check(const qmodel& m, qsut& s) {
     }
     RC_ASSERT(completed.has_value());
     const fetch_result& got = *completed;
-    const std::uint64_t first_start = static_cast<std::uint64_t>(r.first) * T;
+    // A put has no layout: it answers 0 tokens, done or failed.
+    const std::uint64_t first_start = r.kind == mkind::put ? 0 : static_cast<std::uint64_t>(r.first) * T;
     if (r.st == mstate::failed) {
       RC_ASSERT(got.state == fetch_state::failed);
       RC_ASSERT(got.ec == make_error_code(r.why));
       RC_ASSERT(got.answer_tokens == first_start);
       RC_ASSERT(got.status.size() == r.n);
-      for (auto st : got.status) RC_ASSERT(st != chunk_status::hit);
+      for (auto st : got.status) RC_ASSERT(st != chunk_status::hit && st != chunk_status::stored);
       continue;
     }
     RC_ASSERT(got.state == fetch_state::done);
     RC_ASSERT(!got.ec);
     RC_ASSERT(got.status.size() == r.n);
+    if (r.kind == mkind::put) {  // the gated store stores every key it is given
+      RC_ASSERT(got.answer_chunks == r.n);
+      RC_ASSERT(got.answer_tokens == 0u);
+      for (auto st : got.status) RC_ASSERT(st == chunk_status::stored);
+      continue;
+    }
     std::uint32_t lead = 0;
     while (lead < r.n && ((r.mask >> lead) & 1u)) ++lead;
     RC_ASSERT(got.answer_chunks == lead);
@@ -245,6 +252,11 @@ void run_submit(const qmodel& m, qsut& s, const mreq& r) {
     case mkind::prefetch:
       h = s.q->prefetch(r.id, keys, B, layout, deadline_after(60s));
       break;
+    case mkind::put: {
+      const std::vector<std::span<const std::byte>> src(sp.begin(), sp.end());
+      h = s.q->put(r.id, keys, src, deadline_after(60s));
+      break;
+    }
   }
   auto& counter = s.completions.emplace_back(0);
   s.q->on_complete(h, [&counter](const fetch_result&) { counter++; });
@@ -260,7 +272,7 @@ struct submit_cmd : cmd {
     r.n = *rc::gen::inRange<std::uint32_t>(1, 5);
     r.mask = *rc::gen::inRange<std::uint32_t>(0, 1u << r.n);
     r.first = *rc::gen::inRange<std::uint32_t>(0, 4);
-    r.kind = *rc::gen::element(mkind::load, mkind::lookup, mkind::prefetch);
+    r.kind = *rc::gen::element(mkind::load, mkind::lookup, mkind::prefetch, mkind::put);
   }
   // Index, gate and id follow from the model (shrinking may drop earlier commands).
   mreq at(const qmodel& m) const {
@@ -274,6 +286,7 @@ struct submit_cmd : cmd {
   void show(std::ostream& os) const override {
     os << (r.kind == mkind::load     ? "submit"
            : r.kind == mkind::lookup ? "lookup"
+           : r.kind == mkind::put    ? "put"
                                      : "prefetch")
        << "(n=" << r.n << ", mask=" << r.mask << ", first=" << r.first << ")";
   }
@@ -423,7 +436,8 @@ struct close_cmd : cmd {
 
 }  // namespace
 
-TEST_CASE("fetch_queue: stateful model of submit/prefetch/reuse/release/cancel/poll/close", "[property]") {
+TEST_CASE("fetch_queue: stateful model of submit/prefetch/put/reuse/release/cancel/poll/close",
+          "[property]") {
   kvtier::test::prop(
       "fetch_queue matches its model; one completion per submission",
       [] {

@@ -54,7 +54,7 @@ struct engine_rank {
   engine_rank(const std::string& url, rank_t r)
       : l2(test_ns(), resp::connection_options{.server = resp::parse_url(url).value}),
         tiers(l1, l2, {.metrics = &m}),
-        view(tiers, modulo_ownership(W), r),
+        view(tiers, modulo_ownership(W), r, T),
         queue(tiers, {.workers = 1, .metrics = &m}) {}
 };
 
@@ -87,7 +87,7 @@ rank_load load_owned(engine_rank& er, const std::vector<chunk_key>& keys, std::u
   rank_load out;
   out.bufs.assign(owned.size(), std::vector<std::byte>(B));
   std::vector<std::span<std::byte>> dst(out.bufs.begin(), out.bufs.end());
-  auto h = er.queue.submit(id, owned, dst, chunk_layout::owned(er.view.owned_starts(below, T), hit),
+  auto h = er.queue.submit(id, owned, dst, chunk_layout::owned(er.view.owned_starts(below), hit),
                            deadline_after(5s));
   out.result = er.queue.wait(h, deadline_after(10s)).value();
   return out;
@@ -151,9 +151,9 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
   std::vector<std::uint64_t> answers;
   for (rank_t r = 0; r < W; ++r) {
     auto& er = *b.ranks[r];
-    const std::uint64_t sync = er.view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens;
-    auto h = er.queue.lookup(1, er.view.owned_keys(keys),
-                             chunk_layout::owned(er.view.owned_starts(C, T), C * T), deadline_after(5s));
+    const std::uint64_t sync = er.view.lookup(keys, keys.size() * T, deadline_after(5s)).answer_tokens;
+    auto h = er.queue.lookup(1, er.view.owned_keys(keys), chunk_layout::owned(er.view.owned_starts(C), C * T),
+                             deadline_after(5s));
     const auto async = er.queue.wait(h, deadline_after(10s)).value();
     REQUIRE(async.state == fetch_state::done);
     REQUIRE(async.answer_tokens == sync);
@@ -184,10 +184,10 @@ TEST_CASE("integration: two engines share one sharded L2; the second hits what t
     auto& er = *c.ranks[r];
     const auto mine = er.view.owned_chunks(C);
     auto h = er.queue.prefetch(7, er.view.owned_keys(keys), B,
-                               chunk_layout::owned(er.view.owned_starts(C, T), C * T), deadline_after(5s));
+                               chunk_layout::owned(er.view.owned_starts(C), C * T), deadline_after(5s));
     const auto pre = er.queue.wait(h, deadline_after(10s)).value();
     REQUIRE(pre.state == fetch_state::done);
-    REQUIRE(pre.answer_tokens == er.view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens);
+    REQUIRE(pre.answer_tokens == er.view.lookup(keys, keys.size() * T, deadline_after(5s)).answer_tokens);
     const auto l2_gets = er.l2.stats().hits;
     auto ld = load_owned(er, keys, hit, 7);
     REQUIRE(ld.result.answer_tokens == hit);
@@ -211,12 +211,12 @@ TEST_CASE("integration: keys deleted on the server between lookup and load trunc
   for (rank_t r = 0; r < W; ++r) {
     auto& er = *e.ranks[r];
     std::vector<chunk_status> st(er.view.owned_chunks(C).size());
-    rank_view l2_view(er.l2, modulo_ownership(W), r);
+    rank_view l2_view(er.l2, modulo_ownership(W), r, T);
     REQUIRE_FALSE(l2_view.put_owned(keys, src, st, deadline_after(5s)));
   }
   std::vector<std::uint64_t> answers;
   for (rank_t r = 0; r < W; ++r)
-    answers.push_back(e.ranks[r]->view.lookup(keys, T, keys.size() * T, deadline_after(5s)).answer_tokens);
+    answers.push_back(e.ranks[r]->view.lookup(keys, keys.size() * T, deadline_after(5s)).answer_tokens);
   const std::uint64_t hit = min_over_ranks(answers);
   REQUIRE(hit == C * T);
 

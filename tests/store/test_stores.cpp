@@ -289,13 +289,13 @@ TEST_CASE("rank_view: rank r touches only the chunks it owns", "[unit]") {
   std::vector<std::span<const std::byte>> src(payload.begin(), payload.end());
 
   for (rank_t r = 0; r < W; ++r) {
-    rank_view view(backends[r], modulo_ownership(W), r);
+    rank_view view(backends[r], modulo_ownership(W), r, T);
     auto mine = view.owned_chunks(C);
     std::vector<chunk_status> st(mine.size());
     REQUIRE_FALSE(view.put_owned(keys, src, st, deadline_after(1s)));
     REQUIRE(backends[r].entry_count() == mine.size());
     for (std::size_t c = 0; c < C; ++c) REQUIRE(backends[r].contains(keys[c]) == (c % W == r));
-    REQUIRE(view.owned_starts(C, T) == owned_starts(modulo_ownership(W), r, C, T));
+    REQUIRE(view.owned_starts(C) == owned_starts(modulo_ownership(W), r, C, T));
   }
 
   // Drop chunk 4 (rank 1's) and chunk 8 (rank 2's): the minimum of the rank answers is 4*T.
@@ -303,20 +303,25 @@ TEST_CASE("rank_view: rank r touches only the chunks it owns", "[unit]") {
   backends[2].erase(keys[8]);
   std::vector<std::uint64_t> answers;
   for (rank_t r = 0; r < W; ++r) {
-    rank_view view(backends[r], modulo_ownership(W), r);
-    answers.push_back(view.lookup(keys, T, C * T, deadline_after(1s)).answer_tokens);
+    rank_view view(backends[r], modulo_ownership(W), r, T);
+    answers.push_back(view.lookup(keys, C * T, deadline_after(1s)).answer_tokens);
   }
   REQUIRE(answers == std::vector<std::uint64_t>{C * T, 4 * T, 8 * T});
   REQUIRE(min_over_ranks(answers) == 4 * T);
 
   // get_owned fills only owned destinations.
-  rank_view view(backends[0], modulo_ownership(W), 0);
+  rank_view view(backends[0], modulo_ownership(W), 0, T);
   std::vector<std::vector<std::byte>> out(C, std::vector<std::byte>(8));
   std::vector<std::span<std::byte>> dst(out.begin(), out.end());
   std::vector<chunk_status> st(view.owned_chunks(C).size());
   REQUIRE_FALSE(view.get_owned(keys, dst, st, deadline_after(1s)));
   for (std::size_t c = 0; c < C; ++c) REQUIRE((out[c] == payload[c]) == (c % W == 0));
-  REQUIRE_THROWS_AS(rank_view(backends[0], modulo_ownership(W), 3), std::invalid_argument);
+  REQUIRE_THROWS_AS(rank_view(backends[0], modulo_ownership(W), 3, T), std::invalid_argument);
+  REQUIRE_THROWS_AS(rank_view(backends[0], modulo_ownership(W), 0, 0),
+                    std::invalid_argument);  // no chunk size
+  // From the chunker's namespace: the chunk size is the chunker's.
+  const key_namespace ns{.model = "m", .kv_format = "f", .chunk_tokens = 48, .ownership = "mod:3"};
+  REQUIRE(rank_view(backends[0], modulo_ownership(W), 0, ns).chunk_tokens() == 48);
 }
 
 // Demonstration (issue 13): with tail_policy::hash_partial a 300-token prompt with
@@ -329,11 +334,11 @@ TEST_CASE("rank_view: a hashed partial tail never yields an answer past the prom
   const std::vector<chunk_key> keys{key(0), key(1)};  // chunk 0 full, chunk 1 the 44-token tail
   std::vector<std::vector<std::byte>> payload{bytes(8, 0), bytes(8, 1)};
   std::vector<std::span<const std::byte>> src(payload.begin(), payload.end());
-  rank_view view(backend, modulo_ownership(1), 0);
+  rank_view view(backend, modulo_ownership(1), 0, T);
   std::vector<chunk_status> st(2);
   REQUIRE_FALSE(view.put_owned(keys, src, st, deadline_after(1s)));
 
-  const rank_lookup a = view.lookup(keys, T, prompt, deadline_after(1s));
+  const rank_lookup a = view.lookup(keys, prompt, deadline_after(1s));
   REQUIRE_FALSE(a.ec);
   REQUIRE(a.answer_tokens == prompt);  // not 512
   REQUIRE(prompt - a.answer_tokens == 0);
@@ -344,10 +349,10 @@ TEST_CASE("rank_view: a hashed partial tail never yields an answer past the prom
   b2.emplace_back(1 << 20), b2.emplace_back(1 << 20);
   std::vector<std::uint64_t> answers;
   for (rank_t r = 0; r < 2; ++r) {
-    rank_view v2(b2[r], modulo_ownership(2), r);
+    rank_view v2(b2[r], modulo_ownership(2), r, T);
     std::vector<chunk_status> s1(1);
     REQUIRE_FALSE(v2.put_owned(keys, src, s1, deadline_after(1s)));
-    const rank_lookup ar = v2.lookup(keys, T, prompt, deadline_after(1s));
+    const rank_lookup ar = v2.lookup(keys, prompt, deadline_after(1s));
     REQUIRE_FALSE(ar.ec);
     REQUIRE(ar.answer_tokens <= prompt);
     answers.push_back(ar.answer_tokens);
@@ -355,20 +360,18 @@ TEST_CASE("rank_view: a hashed partial tail never yields an answer past the prom
   REQUIRE(min_over_ranks(answers) == prompt);
 
   // The drop policy (no tail key) still works: 300 tokens, 1 key, answer 256.
-  REQUIRE(
-      view.lookup(std::span<const chunk_key>(keys).first(1), T, prompt, deadline_after(1s)).answer_tokens ==
-      256);
+  REQUIRE(view.lookup(std::span<const chunk_key>(keys).first(1), prompt, deadline_after(1s)).answer_tokens ==
+          256);
   // A token count that does not match the keys is refused by name, with no store call.
-  const rank_lookup bad = view.lookup(keys, T, 768, deadline_after(1s));  // 3 keys long
+  const rank_lookup bad = view.lookup(keys, 768, deadline_after(1s));  // 3 keys long
   REQUIRE(bad.ec == errc::invalid_argument);
   REQUIRE(bad.answer_tokens == 0);
-  REQUIRE(view.lookup(keys, T, 256, deadline_after(1s)).ec == errc::invalid_argument);
-  REQUIRE(view.lookup(keys, 0, 300, deadline_after(1s)).ec == errc::invalid_argument);
+  REQUIRE(view.lookup(keys, 256, deadline_after(1s)).ec == errc::invalid_argument);
 }
 
 TEST_CASE("rank_view: select deduces the element type from a vector", "[unit]") {
   memory_store backend(1 << 20);
-  rank_view view(backend, modulo_ownership(3), 1);
+  rank_view view(backend, modulo_ownership(3), 1, 16);
   const std::vector<int> items{10, 11, 12, 13, 14};
   REQUIRE(view.select(items) == std::vector<int>{11, 14});
   REQUIRE(view.select(std::span<const int>(items)) == std::vector<int>{11, 14});
@@ -377,9 +380,9 @@ TEST_CASE("rank_view: select deduces the element type from a vector", "[unit]") 
 TEST_CASE("rank_view: a failed lookup reports the rank's first owned start, not 0", "[unit]") {
   constexpr std::size_t T = 16;
   memory_store backend(1 << 20);
-  rank_view view(backend, modulo_ownership(2), 1);
+  rank_view view(backend, modulo_ownership(2), 1, T);
   std::vector<chunk_key> keys{key(0), key(1), key(2), key(3)};
-  const rank_lookup a = view.lookup(keys, T, 4 * T, clock::now() - 1ms);  // deadline already passed
+  const rank_lookup a = view.lookup(keys, 4 * T, clock::now() - 1ms);  // deadline already passed
   REQUIRE(a.ec == errc::timeout);
   REQUIRE(a.answer_tokens == 1 * T);  // rank 1's first owned chunk is chunk 1
 }
@@ -494,7 +497,7 @@ TEST_CASE("store contract: size mismatch touches no key; a passed deadline times
   }
   SECTION("rank_view") {
     constexpr std::size_t W = 2, C = 4;
-    rank_view view(l1, modulo_ownership(W), 1);  // owns chunks 1 and 3
+    rank_view view(l1, modulo_ownership(W), 1, 16);  // owns chunks 1 and 3
     std::vector<chunk_key> keys;
     for (std::size_t c = 0; c < C; ++c) keys.push_back(key(c));
     auto v = bytes(8, 2);

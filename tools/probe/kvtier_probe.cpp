@@ -431,16 +431,20 @@ int main(int argc, char** argv) {
                p99_ms = percentile(all_main_latency, 0.99) * 1e3;
   const std::optional<kp::fit_report> fit = kp::fit_batches(samples);
 
+  const std::size_t lanes_per_instance =
+      inst.empty() || !inst.front().client ? 0 : inst.front().client->connections();
   std::ostringstream out, js;
   if (cluster)
     out << "kvtier-probe: cluster: all " << slots_served << " slots served by " << opt.instances
         << " masters\n";
   out << "kvtier-probe: " << opt.instances << " " << unit << "(s), " << k_main << " x " << opt.chunk_bytes
       << "-byte values per batch, " << opt.rounds << " rounds, every byte verified, transport "
-      << opt.transport << "\n";
+      << opt.transport << ", GET batches spread as the stores spread them over " << lanes_per_instance
+      << " connection(s) per instance\n";
   js << "{\"tool\":\"kvtier-probe\",\"ok\":true,\"url\":\"" << json_escape(kvtier::resp::redact_url(opt.url))
      << "\",\"instances\":" << opt.instances << ",\"chunk_bytes\":" << opt.chunk_bytes
-     << ",\"batch\":" << k_main << ",\"rounds\":" << opt.rounds << ",\"transport\":\"" << opt.transport
+     << ",\"batch\":" << k_main << ",\"rounds\":" << opt.rounds
+     << ",\"connections_per_instance\":" << lanes_per_instance << ",\"transport\":\"" << opt.transport
      << "\"";
   if (cluster)
     js << ",\"cluster\":{\"slots_served\":" << slots_served << ",\"masters\":" << opt.instances << "}";

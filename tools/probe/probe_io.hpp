@@ -3,12 +3,17 @@
 //
 //   auto c = kvtier_probe::make_instance_client("asio", endpoint, std::chrono::seconds(2));
 //   std::error_code ec = c->connect(dl);                   // connect + PING
-//   ec = c->get(keys, destinations, outcomes, dl);          // one pipelined batch of GETs
+//   ec = c->get(keys, destinations, outcomes, dl);          // a batch of GETs, spread as the stores do
 //   if (ec) std::cerr << ec.message() << ": " << c->detail();
 //
-// Every call is one pipelined batch and returns by its deadline (the connection's guarantee).
+// A GET batch is batched the way remote_store batches it (kvtier/store/batch_spread.hpp): cut
+// into pieces of at most batch_spread{}.max_reply_bytes, spread over as many connections as a
+// store's pool uses for a large batch (connections(); 3 by default), one piece per connection at
+// a time; so the probe's B is the B the stores get. Every other call is one pipelined batch on
+// the first connection. Every call returns by its deadline (the connection's guarantee).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -23,7 +28,9 @@
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/resp/cluster.hpp"
 #include "kvtier/resp/connection.hpp"
+#include "kvtier/resp/pool.hpp"
 #include "kvtier/resp/url.hpp"
+#include "kvtier/store/batch_spread.hpp"
 #if KVTIER_PROBE_HAS_URING
 #include "kvtier/resp/uring_connection.hpp"
 #endif
@@ -73,6 +80,8 @@ class instance_client {
                               std::span<get_outcome> outcome, kvtier::deadline dl) = 0;
   /// UNLINK every key (one command).
   virtual std::error_code del(std::span<const std::string> keys, kvtier::deadline dl) = 0;
+  /// Connections a GET batch is spread over (the stores' large connections).
+  virtual std::size_t connections() const noexcept = 0;
   /// The server's words when a call failed on a reply (error text, unexpected reply), else "".
   const std::string& detail() const noexcept { return detail_; }
 
@@ -87,21 +96,31 @@ class connection_client final : public instance_client {
                     const kvtier::resp::tls_options& tls = {})
       // No CLIENT SETNAME: on a server that wants a password it would fail inside the handshake,
       // where the server's words are lost; PING then says NOAUTH itself.
-      : ep_(ep),
-        conn_(
-            kvtier::resp::connection_options{.server = ep, .connect_timeout = connect_timeout, .tls = tls}) {}
+      : ep_(ep), crew_(lanes()) {
+    const kvtier::resp::connection_options o{.server = ep, .connect_timeout = connect_timeout, .tls = tls};
+    for (std::size_t k = 0; k < lanes(); ++k) conns_.push_back(std::make_unique<Connection>(o));
+    lane_batches_.resize(lanes());
+  }
 
   std::error_code connect(kvtier::deadline dl) override {
     b_.clear();
     b_.add({"PING"});
     if (std::error_code ec = run(dl)) {
-      detail_ = conn_.last_error();  // with the server's or OpenSSL's words
+      detail_ = conn_().last_error();  // with the server's or OpenSSL's words
       return ec;
     }
     const auto& r = b_.reply(0);
     if (r.kind != kvtier::resp::type::simple_string || r.str != "PONG") return bad_reply("PING", r);
+    for (std::size_t k = 1; k < conns_.size(); ++k) {  // the GET lanes, connected up front too
+      if (std::error_code ec = conns_[k]->connect(dl)) {
+        detail_ = conns_[k]->last_error();
+        return ec;
+      }
+    }
     return {};
   }
+
+  std::size_t connections() const noexcept override { return conns_.size(); }
 
   std::error_code exists(std::span<const std::string> keys, std::size_t& present,
                          kvtier::deadline dl) override {
@@ -135,23 +154,42 @@ class connection_client final : public instance_client {
 
   std::error_code get(std::span<const std::string> keys, std::span<const std::span<std::byte>> dst,
                       std::span<get_outcome> outcome, kvtier::deadline dl) override {
-    b_.clear();
-    for (std::size_t i = 0; i < keys.size(); ++i) b_.add_into({"GET", keys[i]}, dst[i]);
-    if (std::error_code ec = run(dl)) return ec;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      const auto& r = b_.reply(i);
-      using kvtier::resp::type;
-      if (r.is_null())
-        outcome[i] = get_outcome::missing;
-      else if (r.is_error())
-        outcome[i] = get_outcome::server_error, detail_ = r.str;
-      else if (r.kind != type::bulk_string)
-        outcome[i] = get_outcome::unexpected_reply;
-      else if (!r.into_destination || r.length != dst[i].size())
-        outcome[i] = get_outcome::wrong_length;
-      else
-        outcome[i] = get_outcome::ok;
-    }
+    detail_.clear();
+    std::vector<std::size_t> bytes(dst.size());
+    for (std::size_t i = 0; i < dst.size(); ++i) bytes[i] = dst[i].size();
+    const kvtier::detail::batch_pieces pieces =
+        kvtier::detail::cut_batch(bytes, kvtier::batch_spread{}.max_reply_bytes);
+    const std::size_t lanes_used = std::min(pieces.count(), conns_.size());
+    std::atomic<std::size_t> next{0};
+    std::vector<std::error_code> failed(lanes_used);
+    std::vector<std::string> details(lanes_used);
+    auto lane = [&](std::size_t k) noexcept {
+      kvtier::resp::batch& b = lane_batches_[k];
+      for (std::size_t p; (p = next.fetch_add(1)) < pieces.count();) {
+        const std::size_t first = pieces.starts[p], last = pieces.starts[p + 1];
+        try {
+          b.clear();
+          for (std::size_t i = first; i < last; ++i) b.add_into({"GET", keys[i]}, dst[i]);
+        } catch (const std::bad_alloc&) {
+          failed[k] = std::make_error_code(std::errc::not_enough_memory);
+          return;
+        }
+        if (std::error_code ec = conns_[k]->execute(b, dl)) {
+          failed[k] = ec;
+          details[k] = conns_[k]->last_error();
+          return;
+        }
+        for (std::size_t i = first; i < last; ++i)
+          outcome[i] = judge(b.reply(i - first), dst[i].size(), details[k]);
+      }
+    };
+    std::vector<std::size_t> ids(lanes_used);
+    for (std::size_t k = 0; k < lanes_used; ++k) ids[k] = k;
+    crew_.run(ids, lane);
+    for (std::size_t k = 0; k < lanes_used; ++k)
+      if (!details[k].empty()) detail_ = details[k];
+    for (const auto& e : failed)
+      if (e) return e;
     return {};
   }
 
@@ -166,9 +204,23 @@ class connection_client final : public instance_client {
   }
 
  private:
+  // The stores' large connections: a pool's default size less the one kept for small calls.
+  static std::size_t lanes() noexcept {
+    const kvtier::resp::pool_options p{};
+    return p.connections > p.reserved_small ? p.connections - p.reserved_small : 1;
+  }
+  Connection& conn_() noexcept { return *conns_.front(); }
   std::error_code run(kvtier::deadline dl) {
     detail_.clear();
-    return conn_.execute(b_, dl);
+    return conn_().execute(b_, dl);
+  }
+  static get_outcome judge(const kvtier::resp::value& r, std::size_t want, std::string& detail) {
+    using kvtier::resp::type;
+    if (r.is_null()) return get_outcome::missing;
+    if (r.is_error()) return detail = r.str, get_outcome::server_error;
+    if (r.kind != type::bulk_string) return get_outcome::unexpected_reply;
+    if (!r.into_destination || r.length != want) return get_outcome::wrong_length;
+    return get_outcome::ok;
   }
   std::error_code bad_reply(std::string_view command, const kvtier::resp::value& r) {
     detail_ = std::string(command) + " answered " + (r.is_error() ? "'" + r.str + "'" : describe(r));
@@ -191,7 +243,9 @@ class connection_client final : public instance_client {
   }
 
   kvtier::resp::endpoint ep_;
-  Connection conn_;
+  std::vector<std::unique_ptr<Connection>> conns_;  // [0]: every call; all: GET lanes
+  std::vector<kvtier::resp::batch> lane_batches_;
+  kvtier::detail::lane_crew crew_;
   kvtier::resp::batch b_;
   std::vector<std::string_view> args_;
 };

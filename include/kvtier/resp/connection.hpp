@@ -27,9 +27,13 @@
 //    round trip checks it first.
 //  - Connecting: resolve, connect (TCP_NODELAY), then HELLO 3 (protocol 3) or AUTH, CLIENT
 //    SETNAME, SELECT, all pipelined in one round trip. Failed connects back off exponentially
-//    (capped); a call whose deadline falls before the next allowed attempt fails at once with
-//    the last attempt's error (e.g. errc::connection_refused, errc::auth_failed) instead of
-//    waiting.
+//    (reconnect_backoff_min doubling up to reconnect_backoff_max). While in backoff the
+//    connection is a tripped circuit breaker: every call fails at once with the last attempt's
+//    error (e.g. errc::connection_refused, errc::auth_failed, errc::tls_failed), whatever its
+//    deadline, instead of sleeping until the next attempt; down_until() says until when, and
+//    stats().down_refusals counts those calls. The first call after the backoff tries again.
+//    So a down server (or a wrong password or CA) costs a call one connect attempt per backoff
+//    period, not the backoff itself.
 //  - last_error() says in words what failed last, with the server's own error text where it
 //    sent one ("SELECT 99: ERR DB index is out of range") and the server's address.
 //  - Server error replies are replies, not failures: check reply(i).is_error().
@@ -43,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -94,6 +99,7 @@ struct connection_stats {
   std::uint64_t timeouts = 0;          ///< batches that hit their deadline
   std::uint64_t failures = 0;          ///< batches lost to connection or protocol errors
   std::uint64_t health_checks = 0;     ///< idle PINGs sent
+  std::uint64_t down_refusals = 0;     ///< calls failed at once while in reconnect backoff
   std::uint64_t bytes_written = 0;
   std::uint64_t bytes_read = 0;
 };
@@ -228,6 +234,14 @@ class connection_base {
   /// error text when it sent one. Kept until the next failure.
   const std::string& last_error() const noexcept { return last_error_; }
   bool connected() const noexcept { return connected_; }
+  /// While in reconnect backoff after a failed connect: when the next attempt is allowed (calls
+  /// before it fail at once with last_connect_error()); empty when connected or free to try.
+  std::optional<clock::time_point> down_until() const noexcept {
+    if (connected_ || next_attempt_ <= clock::now()) return std::nullopt;
+    return next_attempt_;
+  }
+  /// The last failed connect attempt's error (empty before any); kept after a later success.
+  std::error_code last_connect_error() const noexcept { return last_connect_error_; }
 
   /// Connects now (otherwise the first execute() does). No-op when connected.
   std::error_code connect(deadline dl) {
@@ -382,9 +396,15 @@ class connection_base {
   std::error_code establish(deadline dl) {
     const auto now = clock::now();
     if (now < next_attempt_) {
-      // Too early for another attempt: the caller learns why the last one failed.
-      if (next_attempt_ >= dl) return last_connect_error_;
-      std::this_thread::sleep_until(next_attempt_);
+      // In backoff: fail at once with why the last attempt failed (never sleep the caller's
+      // deadline away waiting for the next one).
+      ++stats_.down_refusals;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_attempt_ - now).count();
+      last_error_ = last_connect_text_;
+      last_error_ += " [server down: next connect attempt in ";
+      last_error_ += std::to_string(left);
+      last_error_ += " ms]";
+      return last_connect_error_;
     }
     const deadline cdl =
         std::min(dl, clock::now() + std::chrono::duration_cast<clock::duration>(opt_.connect_timeout));
@@ -409,6 +429,7 @@ class connection_base {
         ec = make_error_code(errc::connection_refused);  // connect_timeout, not the caller's
       last_connect_error_ = ec;
       note_error(ec, server_text.empty() ? "connect" : server_text);
+      last_connect_text_ = last_error_;
       next_attempt_ = clock::now() + std::chrono::duration_cast<clock::duration>(backoff_);
       backoff_ = std::min(backoff_ * 2, opt_.reconnect_backoff_max);
       return ec;
@@ -495,6 +516,7 @@ class connection_base {
   clock::time_point next_attempt_{};
   std::chrono::milliseconds backoff_;
   std::error_code last_connect_error_;
+  std::string last_connect_text_;  // last_error_ of the last failed connect attempt
   std::string last_error_;
   std::string transport_text_;
   batch ping_;   // ping()

@@ -125,6 +125,9 @@ class parser {
 
   /// Smallest internal buffer the parser accepts (a length header must fit).
   static constexpr std::size_t min_buffer_bytes = 32;
+  /// Largest piece a destination's `landed` observer sees at once, and so the largest direct
+  /// read into such a destination: small enough to stay in a core's L2 cache until observed.
+  static constexpr std::size_t landed_slice_bytes = 256u << 10;
 
   const parser_limits& limits() const noexcept { return limits_; }
 
@@ -146,6 +149,8 @@ class parser {
   /// is read through the internal buffer and discarded (later parts untouched, stream in sync)
   /// and the reply comes back with into_destination = false, refused_by_gate = true,
   /// length = its real length, str empty. The first part then holds the bytes the gate saw.
+  /// With gate.landed set, every byte of the later parts is handed to it as it lands, in order,
+  /// in pieces of at most landed_slice_bytes (a refused payload is never shown to it).
   void expect_destination(std::span<const std::span<std::byte>> parts, destination_gate gate = {}) {
     destination d;
     d.parts.assign(parts.begin(), parts.end());
@@ -264,9 +269,11 @@ class parser {
       return {reinterpret_cast<std::byte*>(cur_.str.data()) + filled_, cur_.str.size() - filled_};
     }
     if (sink_ == sink::dest) {
-      auto& parts = dests_.front().parts;
+      const destination& d = dests_.front();
       // advance_sink() skips exhausted and empty parts, so parts[part_] has room.
-      return {parts[part_].data() + part_off_, std::min(parts[part_].size() - part_off_, remaining_)};
+      std::size_t n = std::min(d.parts[part_].size() - part_off_, remaining_);
+      if (d.gate.landed != nullptr && gated_) n = std::min(n, landed_slice_bytes);
+      return {d.parts[part_].data() + part_off_, n};
     }
     return {};
   }
@@ -275,6 +282,10 @@ class parser {
     filled_ += n;
     remaining_ -= n;
     if (sink_ != sink::dest) return;
+    // Past the gate, every byte belongs to a later part; the observer sees it now, hot.
+    const destination& d = dests_.front();
+    if (gated_ && d.gate.landed != nullptr && n > 0)
+      d.gate.landed(d.gate.context, std::span<const std::byte>(d.parts[part_].data() + part_off_, n));
     part_off_ += n;
     skip_full_parts();
     run_gate();

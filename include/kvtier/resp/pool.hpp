@@ -12,9 +12,18 @@
 //   kvtier::resp::connection_pool<kvtier::resp::asio_connection>::lease l;
 //   if (std::error_code ec = pool.acquire(kvtier::resp::request_size::small, dl, l)) return ec;  // timeout
 //   ec = l.conn().execute(b, dl);     // the lease gives the connection back when it goes
+//   std::vector<decltype(l)> ls;       // or several at once, for a batch spread over them:
+//   ec = pool.acquire_up_to(kvtier::resp::request_size::large, 3, dl, ls);   // 1..3 leases
 //
 // Thread-safe. acquire() waits for a free connection until its deadline (errc::timeout), never
 // longer. stats() sums the counters of the connections as of their last release.
+//
+// A down server trips the pool: when a connection comes back in reconnect backoff (its connect
+// failed: refused, wrong password, wrong CA...), acquire() fails at once with that connect error
+// until the backoff ends, so no call waits for a server known to be down and the other
+// connections do not each pay a connect attempt. down() / down_until() let an engine check:
+//
+//   if (l2.pool().down()) skip_the_tier();   // e.g. treat every chunk as a miss, no I/O at all
 #pragma once
 
 #include <algorithm>
@@ -22,6 +31,9 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -89,16 +101,55 @@ class connection_pool {
   connection_pool& operator=(const connection_pool&) = delete;
 
   /// Lends a free connection of the request's size class, waiting for one until `dl`.
-  /// errc::timeout when none came free in time (`out` stays empty).
-  std::error_code acquire(request_size kind, deadline dl, lease& out) {
+  /// Fails at once (`out` stays empty) with errc::timeout when `dl` had already passed, and with
+  /// the last connect error while the server is down (see down_until()); errc::timeout when no
+  /// connection came free in time. `why`, when given, gets the reason in words on failure.
+  std::error_code acquire(request_size kind, deadline dl, lease& out, std::string* why = nullptr) {
     out.release();
     std::unique_lock<std::mutex> lock(mu_);
+    if (const std::error_code ec = refuse(dl, why)) return ec;
     std::size_t index = npos;
     auto pick = [&] { return (index = find_free(kind)) != npos; };
-    if (!kvtier::detail::wait_until(cv_, lock, dl, pick)) return make_error_code(errc::timeout);
+    if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
+      return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
     busy_[index] = true;
     out.pool_ = this;
     out.index_ = index;
+    return {};
+  }
+
+  /// While the server is down (a connection's connect failed and its reconnect backoff has not
+  /// ended): when calls may try again. Empty once a call may try, and after any call succeeded.
+  std::optional<clock::time_point> down_until() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (clock::now() >= down_until_) return std::nullopt;
+    return down_until_;
+  }
+  bool down() const { return down_until().has_value(); }
+
+  /// Lends up to `n` connections of the request's size class at once (a batch spread over
+  /// them): waits until `dl` for the first, then takes whichever others are free now, without
+  /// waiting. Fails as acquire() does (`out` empty): the deadline had passed, the server is
+  /// down, or none came free in time. `out` is cleared first.
+  std::error_code acquire_up_to(request_size kind, std::size_t n, deadline dl, std::vector<lease>& out,
+                                std::string* why = nullptr) {
+    out.clear();
+    if (n == 0) return {};
+    std::vector<std::size_t> got;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (const std::error_code ec = refuse(dl, why)) return ec;
+      std::size_t index = npos;
+      auto pick = [&] { return (index = find_free(kind)) != npos; };
+      if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
+        return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
+      do {
+        busy_[index] = true;
+        got.push_back(index);
+      } while (got.size() < n && (index = find_free(kind)) != npos);
+    }
+    out.resize(got.size());
+    for (std::size_t k = 0; k < got.size(); ++k) out[k].pool_ = this, out[k].index_ = got[k];
     return {};
   }
 
@@ -114,7 +165,9 @@ class connection_pool {
       s.batches += x.batches, s.commands += x.commands, s.connects += x.connects;
       s.connect_failures += x.connect_failures, s.timeouts += x.timeouts, s.failures += x.failures;
       s.health_checks += x.health_checks, s.bytes_written += x.bytes_written, s.bytes_read += x.bytes_read;
+      s.down_refusals += x.down_refusals;
     }
+    s.down_refusals += down_refusals_;  // acquire() refusals (no connection was lent)
     return s;
   }
 
@@ -130,11 +183,46 @@ class connection_pool {
     return npos;
   }
 
+  // Under mu_: why a call is refused before it waits for a connection (none: it may wait).
+  std::error_code refuse(deadline dl, std::string* why) {
+    const auto now = clock::now();
+    if (now >= dl)
+      return failed(why, make_error_code(errc::timeout), "the deadline had passed before the call started");
+    if (now < down_until_) {
+      ++down_refusals_;
+      if (why != nullptr) *why = "server down (in reconnect backoff) after: " + down_text_;
+      return down_error_;
+    }
+    return {};
+  }
+
+  static std::error_code failed(std::string* why, std::error_code ec, std::string_view text) {
+    if (why != nullptr) *why = text;
+    return ec;
+  }
+
   void give_back(std::size_t index) noexcept {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      snapshots_[index] = conns_[index]->stats();
+      const Connection& c = *conns_[index];
+      snapshots_[index] = c.stats();
       busy_[index] = false;
+      if constexpr (requires {
+                      c.down_until();
+                      c.last_connect_error();
+                      c.last_error();
+                    }) {
+        if (const std::optional<clock::time_point> until = c.down_until()) {  // its connect failed
+          down_until_ = std::max(down_until_, *until);
+          down_error_ = c.last_connect_error();
+          try {
+            down_text_ = c.last_error();
+          } catch (...) {  // out of memory: keep the older text
+          }
+        } else if (c.connected()) {
+          down_until_ = {};  // the server answered
+        }
+      }
     }
     cv_.notify_all();  // waiters of both sizes: a freed connection may suit only some of them
   }
@@ -146,6 +234,10 @@ class connection_pool {
   std::condition_variable cv_;
   std::vector<bool> busy_;
   std::vector<connection_stats> snapshots_;
+  clock::time_point down_until_{};  // calls before it fail at once with down_error_
+  std::error_code down_error_;
+  std::string down_text_;
+  std::uint64_t down_refusals_ = 0;
 };
 
 }  // namespace kvtier::resp

@@ -37,11 +37,20 @@ struct parser_limits {
 /// Must not throw (noexcept: a captureless lambda declared noexcept converts to it).
 using destination_gate_fn = bool (*)(void* context, std::span<const std::byte> first_part) noexcept;
 
-/// An optional gate for one destination: a plain function pointer plus a caller-owned context,
-/// so registering one allocates nothing. fn == nullptr: no gate.
+/// Sees each piece of a gated destination's later parts as it lands there, in order (after the
+/// gate said yes), while the bytes are still hot in cache: e.g. a running checksum, so that no
+/// second pass over the payload is needed. Must not throw.
+using destination_landed_fn = void (*)(void* context, std::span<const std::byte> piece) noexcept;
+
+/// An optional gate for one destination: plain function pointers plus a caller-owned context,
+/// so registering one allocates nothing. fn == nullptr: no gate. landed != nullptr: the parser
+/// hands it every payload byte after the first part, in pieces of at most
+/// parser::landed_slice_bytes (a transport's direct read is capped to that, so each piece is
+/// still in cache when the observer runs).
 struct destination_gate {
   destination_gate_fn fn = nullptr;
   void* context = nullptr;
+  destination_landed_fn landed = nullptr;
   explicit operator bool() const noexcept { return fn != nullptr; }
 };
 

@@ -40,11 +40,11 @@ namespace kvtier::resp {
 struct endpoint {
   enum class transport : std::uint8_t { tcp, unix_socket };
   transport kind = transport::tcp;
-  std::string host;           ///< TCP: name or address (IPv6 without brackets)
+  std::string host{};         ///< TCP: name or address (IPv6 without brackets)
   std::uint16_t port = 6379;  ///< TCP only
-  std::string path;           ///< Unix socket path
-  std::string user;           ///< empty: AUTH with password only (the "default" user)
-  std::string password;       ///< empty: no AUTH
+  std::string path{};         ///< Unix socket path
+  std::string user{};         ///< empty: AUTH with password only (the "default" user)
+  std::string password{};     ///< empty: no AUTH
   int db = 0;                 ///< SELECT db after connecting when non-zero
   bool tls = false;           ///< TCP with TLS (rediss://, resp+tls://)
 
@@ -343,7 +343,7 @@ inline url_result parse_url(std::string_view url, std::optional<int> rank = std:
 /// Where a password kept out of the URL comes from, so it need not appear in argv (where `ps`
 /// shows it) or in a config that is logged.
 struct password_source {
-  std::string file;                     ///< non-empty: the password is this file's first line
+  std::string file{};                   ///< non-empty: the password is this file's first line
   const char* env = "KVTIER_PASSWORD";  ///< else this environment variable, when set and non-empty
 };
 

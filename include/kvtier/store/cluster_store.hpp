@@ -26,12 +26,14 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <shared_mutex>
 #include <span>
@@ -47,6 +49,7 @@
 #include "kvtier/resp/cluster.hpp"
 #include "kvtier/resp/connection.hpp"
 #include "kvtier/resp/pool.hpp"
+#include "kvtier/store/batch_spread.hpp"
 #include "kvtier/store/chunk_store.hpp"
 #include "kvtier/store/detail/remote_codec.hpp"
 #include "kvtier/store/remote_stats.hpp"
@@ -65,6 +68,7 @@ struct cluster_options {
   std::chrono::milliseconds retry_backoff_max{200};  ///< cap of the doubling wait
   std::size_t small_request_bytes = 64 << 10;        ///< calls moving more are `large` (see pool.hpp)
   value_format format = value_format::v1();          ///< value format written and expected (remote_store's)
+  batch_spread spread{};  ///< a master's share of a batch over its pool (remote_store's)
 };
 
 /// cluster_options for rank `rank` from a parsed resp+cluster:// URL (its seeds, its placement):
@@ -93,7 +97,7 @@ class cluster_store {
   std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
     if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
     return run(
-        keys, status, dl, resp::request_size::small,
+        keys, status, dl, resp::request_size::small, {},
         [&](detail::remote_scratch& s, std::size_t, std::size_t, const std::string& name) {
           codec_.add_exists(s.batch, name);
         },
@@ -106,7 +110,7 @@ class cluster_store {
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
     return run(
-        keys, status, dl, size_class(dst),
+        keys, status, dl, size_class(dst), value_bytes(dst),
         [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
           codec_.add_get(s, j, keys[i], name, dst[i]);
         },
@@ -120,7 +124,7 @@ class cluster_store {
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = codec_.check_batch(keys, src, status)) return ec;
     return run(
-        keys, status, dl, size_class(src),
+        keys, status, dl, size_class(src), value_bytes(src),
         [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
           codec_.add_put(s, j, keys[i], name, src[i]);
         },
@@ -159,7 +163,8 @@ class cluster_store {
         : addr(std::move(a)),
           where(addr.describe()),
           pool(options_for(addr, o), o.pool),
-          scratch(pool.size()) {}
+          scratch(pool.size()),
+          crew(pool.size()) {}
     static resp::connection_options options_for(const resp::cluster_node& a, const cluster_options& o) {
       resp::connection_options c = o.connection;
       c.server.kind = resp::endpoint::transport::tcp;
@@ -177,6 +182,7 @@ class cluster_store {
     std::string where;
     resp::connection_pool<Connection> pool;
     std::vector<detail::remote_scratch> scratch;
+    detail::lane_crew crew;  // runs a batch's pieces on the pool's connections in parallel
   };
 
   // One key of a call.
@@ -201,6 +207,15 @@ class cluster_store {
     std::size_t bytes = 0;
     for (const auto& x : spans) bytes += x.size();
     return bytes > opt_.small_request_bytes ? resp::request_size::large : resp::request_size::small;
+  }
+
+  // Bytes each value puts in flight (header + payload): what a master's piece is cut by.
+  template <class Span>
+  std::vector<std::size_t> value_bytes(Span spans) const {
+    std::vector<std::size_t> b(spans.size());
+    for (std::size_t i = 0; i < spans.size(); ++i)
+      b[i] = spans[i].size() + opt_.format.header_size(spans[i].size());
+    return b;
   }
 
   std::uint64_t map_generation() const {
@@ -277,7 +292,11 @@ class cluster_store {
   // CLUSTER SLOTS from one node (CLUSTER SHARDS when the server does not know SLOTS).
   std::error_code load_map(node& n, deadline dl, resp::slot_map& out) {
     typename resp::connection_pool<Connection>::lease lease;
-    if (n.pool.acquire(resp::request_size::small, dl, lease)) return make_error_code(errc::timeout);
+    std::string why;
+    if (const std::error_code aec = n.pool.acquire(resp::request_size::small, dl, lease, &why)) {
+      codec_.note(n.where + ": " + why);
+      return aec;
+    }
     resp::batch& b = n.scratch[lease.index()].batch;
     for (const bool shards : {false, true}) {
       b.clear();
@@ -312,7 +331,8 @@ class cluster_store {
   // Runs the per-key commands with redirects; see the header comment.
   template <class Add, class Judge>
   std::error_code run(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl,
-                      resp::request_size kind, Add&& add, Judge&& judge) {
+                      resp::request_size kind, const std::vector<std::size_t>& bytes, Add&& add,
+                      Judge&& judge) {
     if (keys.empty()) return {};
     std::vector<entry> es(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -340,7 +360,7 @@ class cluster_store {
           std::remove_if(groups.begin(), groups.end(),
                          [&](const round_result& g) { return g.target == nullptr && (unowned = true); }),
           groups.end());
-      run_groups(groups, kind, dl, es, status, add, judge);
+      run_groups(groups, kind, dl, bytes, es, status, add, judge);
       bool need_refresh = unowned, wait = unowned;
       for (const round_result& g : groups) {
         if (!g.moved.empty()) need_refresh = true;
@@ -405,55 +425,109 @@ class cluster_store {
   // Every group's pipeline, in parallel when the call moves payloads and spans several nodes.
   template <class Add, class Judge>
   void run_groups(std::vector<round_result>& groups, resp::request_size kind, deadline dl,
-                  std::vector<entry>& es, std::span<chunk_status> status, Add& add, Judge& judge) {
+                  const std::vector<std::size_t>& bytes, std::vector<entry>& es,
+                  std::span<chunk_status> status, Add& add, Judge& judge) {
     std::vector<std::thread> helpers;
     if (kind == resp::request_size::large && groups.size() > 1) {
       for (std::size_t g = 1; g < groups.size(); ++g) {
         try {
-          helpers.emplace_back([&, g] { run_group(groups[g], kind, dl, es, status, add, judge); });
+          helpers.emplace_back([&, g] { run_group(groups[g], kind, dl, bytes, es, status, add, judge); });
         } catch (const std::system_error&) {
-          run_group(groups[g], kind, dl, es, status, add, judge);  // no thread: run it here
+          run_group(groups[g], kind, dl, bytes, es, status, add, judge);  // no thread: run it here
         }
       }
-      run_group(groups[0], kind, dl, es, status, add, judge);
+      run_group(groups[0], kind, dl, bytes, es, status, add, judge);
     } else {
-      for (auto& g : groups) run_group(g, kind, dl, es, status, add, judge);
+      for (auto& g : groups) run_group(g, kind, dl, bytes, es, status, add, judge);
     }
     for (auto& t : helpers) t.join();
   }
 
-  // One node's pipeline: ASKING before each asked key, the key's command, then the verdicts.
-  // Touches only its own entries (es[i], status[i] for i in g.entries) and g.
+  // One node's share of the round, cut into pieces (batch_spread.hpp) over up to as many of
+  // its pooled connections: per piece one pipeline, ASKING before each asked key, the key's
+  // command, then the verdicts. Touches only its own entries (es[i], status[i] for i in
+  // g.entries) and g (under a lock: the lanes run in parallel).
   template <class Add, class Judge>
-  void run_group(round_result& g, resp::request_size kind, deadline dl, std::vector<entry>& es,
-                 std::span<chunk_status> status, Add& add, Judge& judge) {
+  void run_group(round_result& g, resp::request_size kind, deadline dl, const std::vector<std::size_t>& bytes,
+                 std::vector<entry>& es, std::span<chunk_status> status, Add& add, Judge& judge) {
     node& n = *g.target;
-    typename resp::connection_pool<Connection>::lease lease;
-    if (n.pool.acquire(kind, dl, lease) || expired(dl)) {
-      g.ec = make_error_code(errc::timeout);
-      codec_.note(n.where + ": no pooled connection came free by the deadline");
+    detail::batch_pieces pieces;
+    if (bytes.empty() || opt_.spread.max_reply_bytes == 0) {
+      pieces.starts = {0, g.entries.size()};
+    } else {
+      std::vector<std::size_t> own(g.entries.size());
+      for (std::size_t j = 0; j < own.size(); ++j) own[j] = bytes[g.entries[j]];
+      pieces = detail::cut_batch(own, opt_.spread.max_reply_bytes);
+    }
+    const std::size_t usable =
+        kind == resp::request_size::large ? n.pool.size() - n.pool.reserved_small() : n.pool.size();
+    const std::size_t cap =
+        opt_.spread.max_connections == 0 ? usable : std::min(usable, opt_.spread.max_connections);
+    std::vector<typename resp::connection_pool<Connection>::lease> leases;
+    std::string why;  // a deadline already passed, a node down, or no connection free in time
+    std::error_code aec =
+        n.pool.acquire_up_to(kind, std::min(pieces.count(), std::max<std::size_t>(cap, 1)), dl, leases, &why);
+    if (!aec && expired(dl))
+      aec = make_error_code(errc::timeout), why = "the deadline passed while waiting for a pooled connection";
+    if (aec) {
+      g.ec = aec;
+      codec_.note(n.where + ": " + why);
       return;
     }
-    detail::remote_scratch& s = n.scratch[lease.index()];
-    s.size_for(g.entries.size());
-    std::vector<std::size_t> reply_of(g.entries.size());  // reply index of entry j's command
-    for (std::size_t j = 0; j < g.entries.size(); ++j) {
-      entry& e = es[g.entries[j]];
+    std::atomic<std::size_t> next{0};
+    std::mutex g_mu;  // g.moved, g.retry_later, g.ec
+    auto lane = [&](std::size_t k) noexcept {
+      detail::remote_scratch& s = n.scratch[leases[k].index()];
+      Connection& conn = leases[k].conn();
+      for (std::size_t p; (p = next.fetch_add(1)) < pieces.count();) {
+        std::error_code ec;
+        try {
+          ec = run_piece(g, n, s, conn, pieces.starts[p], pieces.starts[p + 1], dl, es, status, add, judge,
+                         g_mu);
+        } catch (const std::bad_alloc&) {
+          ec = std::make_error_code(std::errc::not_enough_memory);
+          codec_.note(n.where + ": out of memory preparing a batch");
+        }
+        if (!ec) continue;
+        if (ec != std::errc::not_enough_memory) codec_.note(conn.last_error());
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (!g.ec || ec == errc::timeout) g.ec = ec;
+        if (ec != errc::timeout)
+          g.retry_later = true;  // unreachable or lost: retried after a refresh and a wait
+        return;                  // this connection stops: the other lanes take the pieces left
+      }
+    };
+    std::vector<std::size_t> ids(leases.size());
+    for (std::size_t k = 0; k < leases.size(); ++k) ids[k] = leases[k].index();
+    n.crew.run(ids, lane);
+    // Pieces no lane took stay without a verdict: the next round (or the deadline) decides.
+  }
+
+  // Entries [first, last) of g on one connection; the entries' verdicts, redirects noted in g.
+  template <class Add, class Judge>
+  std::error_code run_piece(round_result& g, node& n, detail::remote_scratch& s, Connection& conn,
+                            std::size_t first, std::size_t last, deadline dl, std::vector<entry>& es,
+                            std::span<chunk_status> status, Add& add, Judge& judge, std::mutex& g_mu) {
+    s.size_for(last - first);
+    std::vector<std::size_t> reply_of(last - first);  // reply index of piece entry j's command
+    for (std::size_t j = 0; j < last - first; ++j) {
+      entry& e = es[g.entries[first + j]];
       if (e.ask != nullptr) s.batch.add({"ASKING"});
       reply_of[j] = s.batch.size();
-      add(s, j, g.entries[j], e.name);
+      add(s, j, g.entries[first + j], e.name);
     }
-    const std::error_code ec = lease.conn().execute(s.batch, dl);
-    for (std::size_t j = 0; j < g.entries.size(); ++j) {
-      const std::size_t i = g.entries[j];
+    const std::error_code ec = conn.execute(s.batch, dl);
+    for (std::size_t j = 0; j < last - first; ++j) {
+      const std::size_t i = g.entries[first + j];
       entry& e = es[i];
-      if (reply_of[j] >= s.batch.completed()) continue;  // left for the failure below
+      if (reply_of[j] >= s.batch.completed()) continue;  // left for the failure (next round)
       const resp::value& r = s.batch.reply(reply_of[j]);
       if (r.is_error()) {
         const resp::redirect rd = resp::parse_redirect(r.str, n.addr);
         if (rd.kind != resp::redirect_kind::none) {
           codec_.note(n.where + ": " + e.name + ": " + r.str);
           e.ask = nullptr;
+          std::lock_guard<std::mutex> lock(g_mu);
           if (rd.kind == resp::redirect_kind::moved) {
             codec_.count_redirect();
             g.moved.push_back(rd);
@@ -470,12 +544,7 @@ class cluster_store {
       e.done = true;
       status[i] = judge(s, j, i, r, n, e.name);
     }
-    if (ec) {
-      codec_.note(lease.conn().last_error());
-      g.ec = ec;
-      if (ec == errc::timeout) return;
-      g.retry_later = true;  // unreachable or lost: retried after a refresh and a wait
-    }
+    return ec;
   }
 
   // MOVED: the slot's master is the named node from now on.

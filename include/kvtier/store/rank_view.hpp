@@ -6,12 +6,12 @@
 // own server instance (resp://valkey-{rank}:6379). Calls take the whole prompt's
 // keys (prompt_keys[c] is chunk c) and pick the owned ones themselves:
 //
-//   kvtier::remote_store<conn> l2_r(...);                 // this rank's instance
-//   kvtier::rank_view view(l2_r, kvtier::modulo_ownership(8), rank);
-//   kvtier::rank_lookup a = view.lookup(keys, 256, prompt_tokens, dl);  // rank answer, in tokens
+//   kvtier::remote_store<conn> l2_r(chunk.ns(), ...);     // this rank's instance
+//   kvtier::rank_view view(l2_r, kvtier::modulo_ownership(8), rank, chunk.ns());  // chunk_tokens from ns
+//   kvtier::rank_lookup a = view.lookup(keys, prompt_tokens, dl);  // rank answer, in tokens
 //   std::uint64_t hit = a.answer_tokens;
 //   all_reduce_value(comm, hit, reduce_op::min, dl);      // longest cached prefix
-//   auto mine = view.owned_chunks(hit / 256);             // chunks this rank loads
+//   auto mine = view.owned_chunks(hit / view.chunk_tokens());  // chunks this rank loads
 //   std::vector<kvtier::chunk_status> st(mine.size());
 //   view.get_owned(keys, chunk_buffers, st, dl);          // chunk_buffers: one per prompt chunk
 //   view.put_owned(keys, chunk_buffers, st, dl);          // writes back only owned chunks
@@ -52,14 +52,21 @@ struct rank_lookup {
 template <chunk_store Store, ownership_policy Ownership>
 class rank_view {
  public:
-  /// Throws std::invalid_argument if rank >= policy.world_size().
-  rank_view(Store& backend, Ownership policy, rank_t rank)
-      : backend_(backend), policy_(std::move(policy)), rank_(rank) {
+  /// chunk_tokens: tokens per chunk, the chunker's (chunker::chunk_tokens()); the form
+  /// below takes it from the chunker's namespace. Throws std::invalid_argument if
+  /// rank >= policy.world_size() or chunk_tokens == 0.
+  rank_view(Store& backend, Ownership policy, rank_t rank, std::size_t chunk_tokens)
+      : backend_(backend), policy_(std::move(policy)), rank_(rank), chunk_tokens_(chunk_tokens) {
     if (rank >= static_cast<rank_t>(policy_.world_size()))
       throw std::invalid_argument("kvtier::rank_view: rank out of range");
+    if (chunk_tokens == 0) throw std::invalid_argument("kvtier::rank_view: chunk_tokens must be > 0");
   }
+  /// The same with ns.chunk_tokens: `rank_view view(store, own, r, chunk.ns())`.
+  rank_view(Store& backend, Ownership policy, rank_t rank, const key_namespace& ns)
+      : rank_view(backend, std::move(policy), rank, std::size_t{ns.chunk_tokens}) {}
 
   rank_t rank() const noexcept { return rank_; }
+  std::size_t chunk_tokens() const noexcept { return chunk_tokens_; }
   const Ownership& policy() const noexcept { return policy_; }
   Store& backend() noexcept { return backend_; }
 
@@ -70,8 +77,8 @@ class rank_view {
     return kvtier::owned_chunks(policy_, rank_, n_chunks);
   }
   /// Start tokens of the owned chunks among the first n: the rank's owned-start vector.
-  std::vector<std::uint64_t> owned_starts(std::size_t n_chunks, std::size_t chunk_tokens) const {
-    return kvtier::owned_starts(policy_, rank_, n_chunks, chunk_tokens);
+  std::vector<std::uint64_t> owned_starts(std::size_t n_chunks) const {
+    return kvtier::owned_starts(policy_, rank_, n_chunks, chunk_tokens_);
   }
   /// The owned entries of a prompt-indexed sequence (a std::vector, std::span,
   /// std::array of keys, buffers, ...), in order.
@@ -126,17 +133,17 @@ class rank_view {
   /// owned start, not 0.
   ///
   /// prompt_tokens must match the keys (either tail policy): more than
-  /// (keys - 1) * chunk_tokens and less than (keys + 1) * chunk_tokens, and
-  /// chunk_tokens > 0; else {0, errc::invalid_argument} and no store call.
+  /// (keys - 1) * chunk_tokens and less than (keys + 1) * chunk_tokens; else
+  /// {0, errc::invalid_argument} and no store call. This call blocks until `dl`;
+  /// fetch_queue::lookup is the non-blocking form (see phase_deadlines in deadline.hpp).
   ///
   /// Example: 300 tokens, 256-token chunks, hash_partial (2 keys), all present:
   /// answer_tokens == 300 (not 512), so prompt_tokens - answer_tokens never wraps.
-  rank_lookup lookup(std::span<const chunk_key> prompt_keys, std::size_t chunk_tokens,
-                     std::uint64_t prompt_tokens, deadline dl) {
-    const std::uint64_t n = prompt_keys.size(), t = chunk_tokens;
-    if (t == 0 || (n > 0 && prompt_tokens <= (n - 1) * t) || prompt_tokens >= (n + 1) * t)
+  rank_lookup lookup(std::span<const chunk_key> prompt_keys, std::uint64_t prompt_tokens, deadline dl) {
+    const std::uint64_t n = prompt_keys.size(), t = chunk_tokens_;
+    if ((n > 0 && prompt_tokens <= (n - 1) * t) || prompt_tokens >= (n + 1) * t)
       return {0, make_error_code(errc::invalid_argument)};
-    const std::vector<std::uint64_t> starts = owned_starts(prompt_keys.size(), chunk_tokens);
+    const std::vector<std::uint64_t> starts = owned_starts(prompt_keys.size());
     std::vector<chunk_status> status(starts.size(), chunk_status::error);
     const std::error_code ec = exists_owned(prompt_keys, status, dl);
     const std::uint64_t end = std::min(n * t, prompt_tokens);
@@ -147,6 +154,7 @@ class rank_view {
   Store& backend_;
   Ownership policy_;
   rank_t rank_;
+  std::size_t chunk_tokens_;
 };
 
 }  // namespace kvtier

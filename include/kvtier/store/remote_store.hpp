@@ -1,9 +1,14 @@
 // kvtier/store/remote_store.hpp: the remote (L2) chunk store on one Redis-protocol server.
 //
 // remote_store<Connection> satisfies kvtier::chunk_store over any kvtier::resp::connection
-// (asio_connection or uring_connection). Each call is one pipelined round trip:
+// (asio_connection or uring_connection). A call is pipelined:
 //   exists: EXISTS per key;  get: GET per key, each value read straight into the caller's span;
 //   put: SET per key, header + caller payload written scatter-gather without a copy.
+// A get/put batch is cut, in order, into pieces of at most batch_spread::max_reply_bytes (1 MiB
+// unless given; a larger value goes alone) that run on up to all of the pool's large
+// connections at once, one piece per connection at a time (kvtier/store/batch_spread.hpp): small
+// values still pipeline, large ones never queue a whole batch in one server-side reply buffer.
+// Results keep the caller's order; a connection that fails fails only its own piece's keys.
 // Every value is framed by a value_header (kvtier/store/value_header.hpp). A get reads the
 // header into a small buffer and the payload into the caller's span, and checks the header
 // before a single payload byte reaches that span:
@@ -12,11 +17,13 @@
 //    or header checksum, another namespace, another chunk key, another payload length) is
 //    refused by a parser gate that runs as soon as the 56 header bytes are in, before the
 //    payload is copied or read into the span; the payload is discarded (span untouched);
-//  - only the payload checksum needs the payload itself: a value with a valid header whose
-//    payload bytes were altered (a bit flip inside the payload) is detected after its bytes
-//    were read into the span. The span then holds those bytes, but the key's status is
-//    chunk_status::corrupt, never hit: a caller must not use a span whose status is not hit.
-// All are chunk_status::corrupt and counted (stats()).
+//  - only the payload checksum needs the payload itself: it runs while the bytes land (each
+//    piece folded into XXH3-64 as the parser writes it to the span, value_check), so a value
+//    with a valid header whose payload bytes were altered (a bit flip inside the payload) is
+//    detected once its bytes were read into the span, with no second pass over them. The span then holds
+//    those bytes, but the key's status is chunk_status::corrupt, never hit: a caller must not use a span
+//    whose status is not hit.
+// All are chunk_status::corrupt, counted (stats()) and named in last_error() (key, chunk, why).
 //
 // Value format (value_header.hpp): version 1 (one payload checksum) by default, or version 2
 // (one checksum per group of payload bytes, e.g. a few layers of a layer-major chunk) when the
@@ -40,7 +47,10 @@
 // connection gives up at its own deadline (every key timeout).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <new>
 #include <span>
 #include <string>
 #include <system_error>
@@ -51,6 +61,7 @@
 #include "kvtier/errc.hpp"
 #include "kvtier/resp/connection.hpp"
 #include "kvtier/resp/pool.hpp"
+#include "kvtier/store/batch_spread.hpp"
 #include "kvtier/store/chunk_store.hpp"
 #include "kvtier/store/detail/remote_codec.hpp"
 #include "kvtier/store/remote_stats.hpp"
@@ -64,16 +75,19 @@ class remote_store {
  public:
   /// `pool` sizes the connection pool (resp/pool.hpp): calls run in parallel, one per
   /// connection; a call that moves more than `small_request_bytes` of payload is `large`.
-  /// `format`: the value format written and expected (version 1 unless given).
+  /// `format`: the value format written and expected (version 1 unless given). `spread`: how a
+  /// get/put batch is cut over the pool's connections (kvtier/store/batch_spread.hpp).
   remote_store(key_namespace ns, resp::connection_options opt, resp::pool_options pool = {},
-               value_format format = value_format::v1())
+               value_format format = value_format::v1(), batch_spread spread = {})
       : codec_(std::move(ns), {}, format),
         where_(opt.server.describe()),
         pool_(std::move(opt), pool),
-        scratch_(pool_.size()) {}
+        scratch_(pool_.size()),
+        spread_(spread),
+        crew_(pool_.size()) {}
   remote_store(key_namespace ns, resp::connection_options opt, value_format format,
-               resp::pool_options pool = {})
-      : remote_store(std::move(ns), std::move(opt), pool, format) {}
+               resp::pool_options pool = {}, batch_spread spread = {})
+      : remote_store(std::move(ns), std::move(opt), pool, format, spread) {}
 
   remote_store(const remote_store&) = delete;
   remote_store& operator=(const remote_store&) = delete;
@@ -85,13 +99,12 @@ class remote_store {
   std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
     if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
     return run(
-        keys, status, dl, resp::request_size::small,
-        [&](detail::remote_scratch& s, std::size_t, const chunk_key&, const std::string& name) {
+        keys, status, dl, resp::request_size::small, {},
+        [&](detail::remote_scratch& s, std::size_t, std::size_t, const std::string& name) {
           codec_.add_exists(s.batch, name);
         },
-        [&](detail::remote_scratch&, std::size_t, const resp::value& r, const std::string& name) {
-          return codec_.exists_status(r, where_, name);
-        });
+        [&](detail::remote_scratch&, std::size_t, std::size_t, const resp::value& r,
+            const std::string& name) { return codec_.exists_status(r, where_, name); });
   }
 
   /// Reads each key's payload into dst[i] (its size is the expected length) and verifies it.
@@ -99,13 +112,12 @@ class remote_store {
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
     return run(
-        keys, status, dl, size_class(dst),
-        [&](detail::remote_scratch& s, std::size_t i, const chunk_key& k, const std::string& name) {
-          codec_.add_get(s, i, k, name, dst[i]);
+        keys, status, dl, size_class(dst), value_bytes(dst),
+        [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
+          codec_.add_get(s, j, keys[i], name, dst[i]);
         },
-        [&](detail::remote_scratch& s, std::size_t i, const resp::value& r, const std::string& name) {
-          return codec_.get_status(r, s, i, keys[i], dst[i], where_, name);
-        });
+        [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const resp::value& r,
+            const std::string& name) { return codec_.get_status(r, s, j, keys[i], dst[i], where_, name); });
   }
 
   /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.
@@ -113,13 +125,12 @@ class remote_store {
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = codec_.check_batch(keys, src, status)) return ec;
     return run(
-        keys, status, dl, size_class(src),
-        [&](detail::remote_scratch& s, std::size_t i, const chunk_key& k, const std::string& name) {
-          codec_.add_put(s, i, k, name, src[i]);
+        keys, status, dl, size_class(src), value_bytes(src),
+        [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
+          codec_.add_put(s, j, keys[i], name, src[i]);
         },
-        [&](detail::remote_scratch&, std::size_t i, const resp::value& r, const std::string& name) {
-          return codec_.put_status(r, src[i].size(), where_, name);
-        });
+        [&](detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r,
+            const std::string& name) { return codec_.put_status(r, src[i].size(), where_, name); });
   }
 
   /// A snapshot of the counters.
@@ -127,45 +138,107 @@ class remote_store {
 
   const key_namespace& ns() const noexcept { return codec_.ns(); }
   const value_format& format() const noexcept { return codec_.format(); }
+  const batch_spread& spread() const noexcept { return spread_; }
   /// The last failure in words (empty before any): a failed call's connection error with the
   /// server's address and text ("127.0.0.1:6379: SELECT: ERR DB index is out of range (server
-  /// replied with an error)"), or a key's error reply ("127.0.0.1:6379: GET kv:...: WRONGTYPE ...").
+  /// replied with an error)"), a key's error reply ("127.0.0.1:6379: GET kv:...: WRONGTYPE ..."),
+  /// or a corrupt value with its chunk and why ("...: GET kvtier:...: (chunk 00..2a): corrupt:
+  /// checksum mismatch in group 3 of 8").
   std::string last_error() const { return codec_.last_error(); }
   /// The connection pool (e.g. for its stats()).
   resp::connection_pool<Connection>& pool() noexcept { return pool_; }
 
  private:
+  using lease = typename resp::connection_pool<Connection>::lease;
+
   template <class Span>
   static resp::request_size size_class(Span spans) noexcept {
     std::size_t bytes = 0;
     for (const auto& x : spans) bytes += x.size();
     return bytes > small_request_bytes ? resp::request_size::large : resp::request_size::small;
   }
+  // Bytes each value puts in flight (header + payload): what a piece of the batch is cut by.
+  template <class Span>
+  std::vector<std::size_t> value_bytes(Span spans) const {
+    std::vector<std::size_t> b(spans.size());
+    for (std::size_t i = 0; i < spans.size(); ++i)
+      b[i] = spans[i].size() + codec_.format().header_size(spans[i].size());
+    return b;
+  }
 
-  // One pipelined round trip on a pooled connection: add(s, i, key, name) per key, then
-  // status[i] = judge(s, i, reply, name) for each reply that came back.
+  // The batch in pieces (batch_spread.hpp) over up to as many pooled connections, each piece one
+  // pipelined round trip: add(s, j, i, name) per key (j: its slot in the piece, i: the caller's
+  // index), then status[i] = judge(s, j, i, reply, name) for each reply that came back. With
+  // `bytes` empty (or no spread) the whole batch is one piece on one connection.
   template <class Add, class Judge>
   std::error_code run(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl,
-                      resp::request_size kind, Add&& add, Judge&& judge) {
-    typename resp::connection_pool<Connection>::lease lease;
-    if (pool_.acquire(kind, dl, lease) || expired(dl)) {
-      std::fill(status.begin(), status.end(), chunk_status::timeout);
-      codec_.count_call(make_error_code(errc::timeout),
-                        where_ + ": no pooled connection came free by the deadline");
-      return make_error_code(errc::timeout);
+                      resp::request_size kind, const std::vector<std::size_t>& bytes, Add&& add,
+                      Judge&& judge) {
+    if (keys.empty()) return {};
+    detail::batch_pieces pieces;
+    if (bytes.empty() || spread_.max_reply_bytes == 0)
+      pieces.starts = {0, keys.size()};
+    else
+      pieces = detail::cut_batch(bytes, spread_.max_reply_bytes);
+    const std::size_t usable =
+        kind == resp::request_size::large ? pool_.size() - pool_.reserved_small() : pool_.size();
+    const std::size_t cap = spread_.max_connections == 0 ? usable : std::min(usable, spread_.max_connections);
+    std::vector<lease> leases;
+    std::string why;  // a deadline already passed, a server down, or no connection free in time
+    std::error_code aec =
+        pool_.acquire_up_to(kind, std::min(pieces.count(), std::max<std::size_t>(cap, 1)), dl, leases, &why);
+    if (!aec && expired(dl))
+      aec = make_error_code(errc::timeout), why = "the deadline passed while waiting for a pooled connection";
+    if (aec) {
+      std::fill(status.begin(), status.end(), detail::remote_codec::unfinished(aec));
+      codec_.count_call(aec, where_ + ": " + why);
+      return aec;
     }
-    detail::remote_scratch& s = scratch_[lease.index()];
-    s.size_for(keys.size());
-    std::vector<std::string>& names = s.names;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      names[i] = codec_.key_text(keys[i]);
-      add(s, i, keys[i], names[i]);
+    std::atomic<std::size_t> next{0};
+    std::vector<std::error_code> failed(leases.size());
+    auto lane = [&](std::size_t k) noexcept {
+      detail::remote_scratch& s = scratch_[leases[k].index()];
+      Connection& conn = leases[k].conn();
+      for (std::size_t p; (p = next.fetch_add(1)) < pieces.count();) {
+        const std::size_t first = pieces.starts[p], last = pieces.starts[p + 1];
+        std::error_code ec;
+        try {
+          s.size_for(last - first);
+          for (std::size_t i = first; i < last; ++i) {
+            s.names[i - first] = codec_.key_text(keys[i]);
+            add(s, i - first, i, s.names[i - first]);
+          }
+          ec = conn.execute(s.batch, dl);
+          for (std::size_t i = first; i < last; ++i) {
+            const std::size_t j = i - first;
+            status[i] = j < s.batch.completed() ? judge(s, j, i, s.batch.reply(j), s.names[j])
+                                                : detail::remote_codec::unfinished(ec);
+          }
+          if (ec) codec_.count_call(ec, conn.last_error());
+        } catch (const std::bad_alloc&) {
+          ec = std::make_error_code(std::errc::not_enough_memory);
+          for (std::size_t i = first; i < last; ++i) status[i] = chunk_status::error;
+          codec_.count_call(ec, where_ + ": out of memory preparing a batch");
+        }
+        if (ec) {  // this connection stops here: the other lanes take the pieces left
+          failed[k] = ec;
+          return;
+        }
+      }
+    };
+    std::vector<std::size_t> ids(leases.size());
+    for (std::size_t k = 0; k < leases.size(); ++k) ids[k] = leases[k].index();
+    crew_.run(ids, lane);
+    std::error_code ec;
+    for (const auto& e : failed)
+      if (e && (!ec || e == errc::timeout)) ec = e;
+    // Pieces no lane took: every lane failed (or the deadline passed) before them.
+    const std::size_t taken = std::min(next.load(), pieces.count());
+    if (taken < pieces.count()) {
+      if (!ec || expired(dl)) ec = make_error_code(errc::timeout);
+      std::fill(status.begin() + static_cast<std::ptrdiff_t>(pieces.starts[taken]), status.end(),
+                detail::remote_codec::unfinished(ec));
     }
-    const std::error_code ec = lease.conn().execute(s.batch, dl);
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      status[i] = i < s.batch.completed() ? judge(s, i, s.batch.reply(i), names[i])
-                                          : detail::remote_codec::unfinished(ec);
-    codec_.count_call(ec, lease.conn().last_error());
     return ec;
   }
 
@@ -173,6 +246,8 @@ class remote_store {
   std::string where_;
   resp::connection_pool<Connection> pool_;
   std::vector<detail::remote_scratch> scratch_;
+  batch_spread spread_;
+  detail::lane_crew crew_;
 };
 
 }  // namespace kvtier

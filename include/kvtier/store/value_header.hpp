@@ -279,6 +279,98 @@ inline bool group_matches(std::span<const std::byte> b, std::size_t i,
          detail::vh_get(b, at, 8) == detail::vh_xxh3(group_payload.data(), group_payload.size());
 }
 
+/// One value checked while its bytes arrive, so the payload is read once: header() once the
+/// header bytes are in (before any payload byte is accepted), then payload() over each piece
+/// as it lands (in order, any split), each group's XXH3-64 updated on bytes still hot in cache
+/// and compared when the group ends. bad_group() after the last byte: the first failing group,
+/// or groups() when every group matched.
+///
+///   kvtier::value_check c;
+///   c.expect(format, ns.fingerprint(), key, dst.size());
+///   if (c.header(hdr) != kvtier::header_check::ok) return corrupt;  // dst untouched
+///   while (/* piece lands in dst */) c.payload(piece);
+///   if (!c.payload_ok()) return corrupt;                               // group c.bad_group()
+class value_check {
+ public:
+  /// What the value must be: its format, namespace, chunk and payload length.
+  void expect(const value_format& f, std::uint64_t ns_fingerprint, const chunk_key& key,
+              std::size_t length) noexcept {
+    format_ = f;
+    fingerprint_ = ns_fingerprint;
+    key_ = key;
+    length_ = length;
+    header_ = {};
+    verdict_ = header_check::bad_magic;
+    seen_ = in_group_ = 0;
+    group_ = 0;
+    groups_ = f.groups(length);
+    group_size_ = f.version == 1 ? (length == 0 ? 1 : length) : f.group_size(length);
+    bad_ = groups_;
+  }
+
+  /// Checks the header (kept: its checksums are compared as the groups end). Returns the verdict.
+  header_check header(std::span<const std::byte> h) noexcept {
+    header_ = h;
+    verdict_ = check_value_header(format_, h, fingerprint_, key_, length_);
+    if (verdict_ == header_check::ok) {
+      XXH3_64bits_reset(&state_);
+      if (length_ == 0 && format_.version == 1 && !payload_matches(h.first<value_header::size>(), {}))
+        bad_ = 0;  // an empty payload's checksum is checked here: no byte will land
+    }
+    return verdict_;
+  }
+  /// The header's verdict (bad_magic before header()).
+  header_check header_verdict() const noexcept { return verdict_; }
+
+  /// The next `piece` of the payload, as it landed (after header() said ok).
+  void payload(std::span<const std::byte> piece) noexcept {
+    if (verdict_ != header_check::ok) {  // never after a refused header; counted, never checked
+      seen_ += piece.size();
+      return;
+    }
+    while (!piece.empty() && group_ < groups_) {
+      const std::size_t group_len = std::min<std::uint64_t>(group_size_, length_ - group_ * group_size_);
+      const std::size_t k = std::min(piece.size(), group_len - in_group_);
+      XXH3_64bits_update(&state_, piece.data(), k);
+      piece = piece.subspan(k);
+      in_group_ += k;
+      seen_ += k;
+      if (in_group_ == group_len) {
+        if (bad_ == groups_ && XXH3_64bits_digest(&state_) != expected(group_)) bad_ = group_;
+        XXH3_64bits_reset(&state_);
+        ++group_;
+        in_group_ = 0;
+      }
+    }
+    seen_ += piece.size();  // bytes past the length: never a whole value (payload_ok() says no)
+  }
+
+  /// Every payload byte arrived, the header was ok and every group's checksum matched.
+  bool payload_ok() const noexcept {
+    return verdict_ == header_check::ok && seen_ == length_ && bad_ == groups_;
+  }
+  /// Payload bytes seen so far.
+  std::size_t seen() const noexcept { return seen_; }
+  /// The first group whose checksum failed, or groups() when none did (so far).
+  std::size_t bad_group() const noexcept { return bad_; }
+  std::size_t groups() const noexcept { return groups_; }
+
+ private:
+  std::uint64_t expected(std::size_t i) const noexcept {
+    return header_.size() == value_header::size ? detail::vh_get(header_, 40, 8)
+                                                : detail::vh_get(header_, value_format::v2_fixed + 8 * i, 8);
+  }
+
+  XXH3_state_t state_{};
+  value_format format_{};
+  std::uint64_t fingerprint_ = 0;
+  chunk_key key_{};
+  std::size_t length_ = 0, seen_ = 0, in_group_ = 0, group_ = 0, groups_ = 0, bad_ = 0;
+  std::uint64_t group_size_ = 1;
+  std::span<const std::byte> header_{};
+  header_check verdict_ = header_check::bad_magic;
+};
+
 /// The first group of `payload` whose checksum fails, or f.groups(payload.size()) when all match.
 inline std::size_t first_bad_group(const value_format& f, std::span<const std::byte> b,
                                    std::span<const std::byte> payload) noexcept {

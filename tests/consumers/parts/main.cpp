@@ -11,9 +11,11 @@ std::string use_nccl();
 std::string use_openssl();
 std::string use_cuda();
 std::string use_mpi();
+std::string use_doc_initializers();
 
 int main() {
   std::printf("consumer_parts: start\n");
+  std::printf("doc initializers: %s\n", use_doc_initializers().c_str());
 #ifdef KVTIER_CONSUMER_HAS_ASIO
   std::printf("part asio: %s\n", use_asio().c_str());
 #endif

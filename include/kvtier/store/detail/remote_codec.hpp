@@ -5,7 +5,7 @@
 //
 //   kvtier::detail::remote_codec codec(ns);
 //   kvtier::detail::remote_scratch s;
-//   s.size_for(n);                              // before any add_get: the gate pointers stay valid
+//   s.size_for(n);                              // before any add_get: the checks stay in place
 //   codec.add_get(s, j, key, name, dst[i]);      // the j-th entry of this batch
 //   ... execute s.batch ...
 //   status[i] = codec.get_status(s.batch.reply(k), s, j, key, dst[i], where, name);
@@ -32,20 +32,12 @@ namespace kvtier {
 
 namespace detail {
 
-/// What the parser's gate checks for one GET: the header, before the payload reaches dst.
-struct remote_gate_context {
-  const value_format* format = nullptr;
-  std::uint64_t fingerprint = 0;
-  chunk_key key{};
-  std::size_t length = 0;
-};
-
 /// A batch and the per-entry buffers of one call on one connection (keep one per connection).
 struct remote_scratch {
   resp::batch batch;
   std::vector<std::vector<std::byte>> headers;  ///< entry j's value header (size from the format)
   std::vector<std::span<std::byte>> parts;
-  std::vector<remote_gate_context> gates;
+  std::vector<value_check> checks;  ///< entry j's framing: header gate and running checksum
   std::vector<std::span<const std::byte>> out_parts;
   std::vector<std::string> names;  ///< the entries' key names
 
@@ -54,7 +46,7 @@ struct remote_scratch {
     batch.clear();
     headers.resize(n);
     parts.resize(2 * n);
-    gates.resize(n);
+    checks.resize(n);
     out_parts.resize(2 * n);
     names.resize(n);
   }
@@ -90,15 +82,17 @@ class remote_codec {
 
   void add_exists(resp::batch& b, std::string_view name) const { b.add({"EXISTS", name}); }
 
-  /// GET `name` as entry j of `s`: header into s.headers[j], payload into dst, gated.
+  /// GET `name` as entry j of `s`: header into s.headers[j], payload into dst. The value's
+  /// framing (s.checks[j]) rides on the parser's destination: it checks the header before any
+  /// payload byte reaches dst, then folds each piece into the checksum as it lands there.
   void add_get(remote_scratch& s, std::size_t j, const chunk_key& key, std::string_view name,
                std::span<std::byte> dst) const {
     s.headers[j].resize(format_.header_size(dst.size()));
     s.parts[2 * j] = std::span<std::byte>(s.headers[j]);
     s.parts[2 * j + 1] = dst;
-    s.gates[j] = remote_gate_context{&format_, fingerprint_, key, dst.size()};
+    s.checks[j].expect(format_, fingerprint_, key, dst.size());
     s.batch.add_into({"GET", name}, std::span<const std::span<std::byte>>(s.parts).subspan(2 * j, 2),
-                     resp::destination_gate{&header_gate, &s.gates[j]});
+                     resp::destination_gate{&header_gate, &s.checks[j], &payload_landed});
   }
 
   /// SET `name` to header + src as entry j of `s` (written from the caller's memory).
@@ -128,7 +122,8 @@ class remote_codec {
     return key_error("SET", r, where, name);  // e.g. OOM with maxmemory and noeviction
   }
 
-  /// Verdict on a GET reply whose bytes went to s.headers[j] + dst (or did not).
+  /// Verdict on a GET reply whose bytes went to s.headers[j] + dst (or did not). A corrupt
+  /// value is counted and named in last_error(): the key, its chunk and why.
   chunk_status get_status(const resp::value& r, const remote_scratch& s, std::size_t j, const chunk_key& key,
                           std::span<std::byte> dst, std::string_view where, std::string_view name) {
     const std::span<const std::byte> header(s.headers[j]);
@@ -137,26 +132,32 @@ class remote_codec {
       return chunk_status::miss;
     }
     if (r.kind != resp::type::bulk_string) return key_error("GET", r, where, name);  // WRONGTYPE and the like
-    if (r.refused_by_gate) {  // the header failed: nothing was written to dst
-      const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
-      bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
-      return chunk_status::corrupt;
-    }
-    if (!r.into_destination) {  // stored length != header + dst: nothing was written to dst
+    if (!r.into_destination && !r.refused_by_gate) {  // stored length != header + dst: dst untouched
       // A version-1 value read by a version-2 store: another length, so refused here.
       const bool v1_value = format_.version != 1 && r.length == value_header::size + dst.size();
       bump(v1_value ? stats_.other_format : stats_.wrong_length);
-      return chunk_status::corrupt;
+      return corrupt(where, name, key,
+                     v1_value ? std::string("a version-1 value (this store reads version 2)")
+                              : "stored length " + std::to_string(r.length) + ", expected " +
+                                    std::to_string(header.size() + dst.size()) + " (header + payload)");
     }
-    // The gate passed this header already; checked again so a hit never rests on the parser alone.
+    // The gate passed this header already (or refused it); checked again here so a hit never
+    // rests on the parser alone.
     const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
-    if (hc != header_check::ok) {
+    if (r.refused_by_gate || hc != header_check::ok) {  // refused: nothing was written to dst
       bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
-      return chunk_status::corrupt;
+      return corrupt(where, name, key, "header: " + std::string(to_string(hc)));
     }
-    if (first_bad_group(format_, header, dst) != format_.groups(dst.size())) {  // needs the bytes in dst
+    // The checksum ran while the payload landed in dst (s.checks[j]): no second pass.
+    const value_check& c = s.checks[j];
+    if (!c.payload_ok()) {
       bump(stats_.bad_checksum);
-      return chunk_status::corrupt;
+      return corrupt(where, name, key,
+                     c.seen() != dst.size() ? "payload incomplete (" + std::to_string(c.seen()) + " of " +
+                                                  std::to_string(dst.size()) + " bytes checked)"
+                     : c.groups() == 1 ? std::string("payload checksum mismatch")
+                                       : "checksum mismatch in group " + std::to_string(c.bad_group()) +
+                                             " of " + std::to_string(c.groups()));
     }
     bump(stats_.hits);
     bump(stats_.bytes_fetched, dst.size());
@@ -235,9 +236,26 @@ class remote_codec {
     return chunk_status::error;
   }
 
+  // A corrupt value: "<where>: GET <name> (chunk <32 hex digits>): corrupt: <why>" as the last error.
+  chunk_status corrupt(std::string_view where, std::string_view name, const chunk_key& key,
+                       const std::string& why) {
+    std::string text(where);
+    text += ": GET ";
+    text += name;
+    char hex[32];
+    key.to_hex(hex);
+    text += " (chunk ";
+    text.append(hex, sizeof hex);
+    text += "): corrupt: " + why;
+    note(std::move(text));
+    return chunk_status::corrupt;
+  }
+
   static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
-    const auto& g = *static_cast<const remote_gate_context*>(context);
-    return check_value_header(*g.format, header, g.fingerprint, g.key, g.length) == header_check::ok;
+    return static_cast<value_check*>(context)->header(header) == header_check::ok;
+  }
+  static void payload_landed(void* context, std::span<const std::byte> piece) noexcept {
+    static_cast<value_check*>(context)->payload(piece);
   }
 
   // "kvtier:<ns>:", or "kvtier:{<tag>}:<ns>:" with a hash tag; built once.

@@ -1,0 +1,194 @@
+// bench_connector: the connector's load path against the same request composed by hand, and
+// against the fetch alone, over the same stores and data, interleaved, medians of each.
+//
+// One prompt of 64 chunks x 2 MiB (vLLM MLA pages: 8 layers x 512 latent bf16 x 256 tokens) on
+// W = 2 rank threads (in-process communicators: control, and data for the connector's mover),
+// each rank with its own store holding the chunks it owns:
+//   fetch     this rank's owned chunks through a fetch_queue into staging (the floor);
+//   by hand   lookup + all-reduce, fetch, wait, chunk_broadcast (grouped), kv_scatter into pages;
+//   connector begin_lookup .. step .. load .. step until load_result (moves overlapped with the
+//             fetch: each step agrees the fetched prefix and the mover broadcasts and scatters it).
+// Stores: memory_store, and (when redis-server is installed) one redis-server per rank.
+//
+//   build/release/bench/bench_connector [reps]      (default 7)
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvtier/kvtier.hpp"
+#if KVTIER_BENCH_HAS_REDIS
+#include "kvtier/resp/asio_connection.hpp"
+#include "support/redis_server.hpp"
+#endif
+#include "support/stats.hpp"
+
+using namespace kvtier;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+constexpr rank_t W = 2;
+constexpr std::size_t T = 256, C = 64;
+constexpr std::uint32_t page = 64;
+
+kv_layout layout() {
+  return kv_layout::vllm_mla(8, /*num_blocks=*/C * T / page + 8, page, 2, /*latent=*/512);
+}
+key_namespace ns() { return {.model = "bench", .kv_format = "mla", .chunk_tokens = T, .ownership = "mod:2"}; }
+
+struct figures {
+  std::vector<double> fetch, hand, conn;
+};
+
+void barrier(comm::inproc_communicator& c) {
+  std::uint64_t v = 0;
+  comm::all_reduce_value(c, v, comm::reduce_op::min, deadline_after(std::chrono::seconds(30)));
+}
+
+template <class Store>
+void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int reps, figures& fig) {
+  const std::vector<token_id> prompt = [] {
+    std::vector<token_id> t(C * T);
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = token_id(i * 7919 % 151552);
+    return t;
+  }();
+  const chunker<> chunk(ns());
+  const std::vector<chunk_key> keys = chunk.keys(prompt);
+  const modulo_ownership own(W);
+  const std::size_t bytes = layout().bytes_per_token() * T;
+  comm::inproc_world ctrl_world(W), data_world(W);
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
+    const rank_t r = c.rank();
+    comm::inproc_communicator d = data_world.communicator_for(r);
+    Store& store = *stores[r];
+    {  // this rank's chunks in its store
+      std::vector<std::byte> v(bytes);
+      for (std::size_t k = r; k < C; k += W) {
+        for (std::size_t i = 0; i < bytes; ++i) v[i] = std::byte(k * 131 + i);
+        chunk_status st{};
+        const std::span<const std::byte> src(v);
+        store.put(std::span(&keys[k], 1), std::span(&src, 1), std::span(&st, 1),
+                  deadline_after(std::chrono::seconds(10)));
+      }
+    }
+    host_kv_cache cache(layout());
+    host_kv_cache::sequence seq;
+    cache.reserve(seq, prompt.size());
+    const auto slots = slots_from_block_table({seq.blocks, 0, prompt.size()}, page);
+    std::vector<std::byte> staging(C * bytes);
+    std::vector<std::span<std::byte>> chunk_kv;
+    for (std::size_t k = 0; k < C; ++k) chunk_kv.push_back(std::span(staging).subspan(k * bytes, bytes));
+    fetch_queue<Store> queue(store, {.workers = 2, .max_batch_chunks = 1});
+    rank_view view(store, own, r, chunk.ns());
+    connector_options opt;
+    opt.layers_per_group = 2;
+    opt.max_bytes_in_flight = std::size_t{2} * C * bytes;
+    opt.load_deadline.base = std::chrono::seconds(10);  // the figures are of loads that finish
+    opt.load_deadline.cap = std::chrono::seconds(30);
+    connector conn(chunk, own, store, c, d, cache.view(), opt);
+    const auto dl = [] { return deadline_after(std::chrono::seconds(30)); };
+
+    auto fetch_owned = [&](request_id id) {
+      const auto mine = view.owned_chunks(C);
+      std::vector<std::span<std::byte>> dst;
+      for (std::size_t k : mine) dst.push_back(chunk_kv[k]);
+      auto h = queue.submit(id, view.owned_keys(keys), dst, chunk_layout::owned(view.owned_starts(C), C * T),
+                            dl());
+      return queue.wait(h, dl())->answer_tokens;
+    };
+    auto by_hand = [&](request_id id) {
+      std::uint64_t hit = view.lookup(keys, prompt.size(), dl()).answer_tokens;
+      comm::all_reduce_value(c, hit, comm::reduce_op::min, dl());
+      const std::uint64_t loaded = fetch_owned(id);
+      chunk_span_buffers bufs;
+      for (std::size_t k = 0; k < hit / T; ++k)
+        bufs.sources.push_back(chunk_kv[k]), bufs.destinations.push_back(chunk_kv[k]);
+      const broadcast_params p{.n_chunks = hit / T,
+                               .chunk_tokens = T,
+                               .chunk_bytes = bytes,
+                               .mode = broadcast_mode::grouped,
+                               .request_id = id};
+      const broadcast_result b = chunk_broadcast(c, d, own, loaded, bufs, p, dl());
+      for (std::size_t k = 0; k < b.agreed_chunks; ++k)
+        kv_scatter(cache.view(), std::span<const std::int64_t>(slots).subspan(k * T, T), chunk_kv[k]);
+      return b.agreed_tokens;
+    };
+    auto by_connector = [&](request_id id) {
+      conn.begin_lookup(id, prompt);
+      // An engine steps once per forward pass; 100 us between steps stands for one here.
+      const auto engine_step = [&] {
+        conn.step(dl());
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      };
+      while (!conn.lookup(id)) engine_step();
+      conn.load(id, slots);
+      while (!conn.load_result(id)) engine_step();
+      const std::uint64_t got = conn.load_result(id)->loaded_end_token;
+      conn.finish(id);
+      return got;
+    };
+    auto time = [&](auto&& f, request_id id, std::vector<double>& out) {
+      barrier(c);
+      const auto t0 = clk::now();
+      const std::uint64_t got = f(id);
+      barrier(c);
+      if (r == 0) out.push_back(std::chrono::duration<double>(clk::now() - t0).count());
+      if (got != C * T)
+        std::fprintf(stderr, "rank %u: request %llu loaded %llu tokens\n", r, (unsigned long long)id,
+                     (unsigned long long)got);
+    };
+    for (int i = 0; i < reps + 1; ++i) {  // the first round warms up and is dropped
+      std::vector<double> f, h, k;
+      time(fetch_owned, 1000 + 3 * i, f);
+      time(by_hand, 1001 + 3 * i, h);
+      time(by_connector, 1002 + 3 * i, k);
+      if (r == 0 && i > 0) fig.fetch.push_back(f[0]), fig.hand.push_back(h[0]), fig.conn.push_back(k[0]);
+    }
+  });
+  const double f = kvtier_bench::median(fig.fetch), h = kvtier_bench::median(fig.hand),
+               k = kvtier_bench::median(fig.conn);
+  std::printf(
+      "%-12s fetch alone %7.1f ms | by hand %7.1f ms | connector %7.1f ms | connector / by hand %.2fx | "
+      "connector / fetch %.2fx\n",
+      label, f * 1e3, h * 1e3, k * 1e3, k / h, k / f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
+  std::printf("bench_connector: %zu chunks x %.2f MiB, W = %u threads, %d reps (medians)\n", C,
+              layout().bytes_per_token() * T / 1048576.0, W, reps);
+  figures mem;
+  {
+    std::vector<std::unique_ptr<memory_store>> stores;
+    for (rank_t r = 0; r < W; ++r) stores.push_back(std::make_unique<memory_store>(std::size_t{512} << 20));
+    run("memory", stores, reps, mem);
+  }
+  figures red;
+#if KVTIER_BENCH_HAS_REDIS
+  if (std::filesystem::exists("/usr/bin/redis-server")) {
+    std::vector<std::unique_ptr<kvtier::test::redis_server>> servers;
+    std::vector<std::unique_ptr<remote_store<resp::asio_connection>>> stores;
+    for (rank_t r = 0; r < W; ++r) {
+      servers.push_back(std::make_unique<kvtier::test::redis_server>());
+      stores.push_back(std::make_unique<remote_store<resp::asio_connection>>(
+          ns(), resp::connection_options{.server = resp::parse_url(servers[r]->url()).value}));
+    }
+    run("redis", stores, reps, red);
+  }
+#endif
+  const auto m = [](const std::vector<double>& v) { return kvtier_bench::median(v) * 1e3; };
+  std::printf(
+      "{\"bench\":\"connector\",\"chunks\":%zu,\"chunk_bytes\":%zu,\"ranks\":%u,\"reps\":%d,"
+      "\"memory\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f},"
+      "\"redis\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f}}\n",
+      C, static_cast<std::size_t>(layout().bytes_per_token() * T), W, reps, m(mem.fetch), m(mem.hand),
+      m(mem.conn), m(red.fetch), m(red.hand), m(red.conn));
+}

@@ -1,0 +1,523 @@
+// python/src/bind_connector.cpp: kvtier.Connector, kvtier::connector over a kvtier.Store (the
+// type-erased store_ref), modulo ownership, a KvCacheView and an in-process or MPI communicator.
+//
+// Every call releases the GIL: step, wait_for_layer, check_deployment and close block (each by
+// its deadline; close waits for the calls in flight), and the others wait for the engine lock
+// that serialises the connector's engine-side calls (the C++ connector is driven by one thread).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <mutex>
+#include <shared_mutex>
+#include <variant>
+
+#include "chunker_impl.hpp"
+#include "connector_impl.hpp"
+#include "kvtier/connector.hpp"
+#include "store_impl.hpp"
+
+namespace kvtier_py {
+
+namespace {
+
+template <class Comm>
+using conn_t = kvtier::connector<store_ref, Comm, Comm, kvtier::modulo_ownership>;
+using inproc_conn = conn_t<kvtier::comm::inproc_communicator>;
+#if defined(KVTIER_PY_HAS_MPI)
+using mpi_conn = conn_t<kvtier::comm::mpi_communicator>;
+using any_conn = std::variant<std::monostate, std::unique_ptr<inproc_conn>, std::unique_ptr<mpi_conn>>;
+#else
+using any_conn = std::variant<std::monostate, std::unique_ptr<inproc_conn>>;
+#endif
+
+struct py_connector {
+  store_ref store;
+  std::shared_ptr<py_view> pages;
+  py::object ctrl_obj, data_obj;  // the communicators' Python objects, kept alive
+  std::function<std::string()> ctrl_error;
+  any_conn c;
+  mutable std::shared_mutex life;  // shared by every call, exclusive by close()
+  mutable std::mutex engine;       // the engine-side calls, one at a time
+  bool closed = false;
+
+  py_connector() = default;
+  py_connector(const py_connector&) = delete;
+  ~py_connector() {
+    py::gil_scoped_release nogil;  // the connector's threads end without the GIL
+    close();
+  }
+  void close() {
+    std::unique_lock lock(life);
+    closed = true;
+    c = std::monostate{};
+  }
+
+  // Runs f(connector&) under the shared lock (and the engine lock when `engine_side`), GIL released.
+  template <class F>
+  decltype(auto) with(F&& f, bool engine_side = true) {
+    py::gil_scoped_release nogil;
+    std::shared_lock lock(life);
+    if (closed) {
+      py::gil_scoped_acquire gil;
+      raise_error(make_error_code(kvtier::errc::shutdown), "Connector is closed");
+    }
+    std::unique_lock eng(engine, std::defer_lock);
+    if (engine_side) eng.lock();
+    return std::visit(
+        [&](auto& p) -> decltype(f(*std::get<1>(c))) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(p)>, std::monostate>)
+            throw std::logic_error("kvtier.Connector: no connector");
+          else
+            return f(*p);
+        },
+        c);
+  }
+};
+
+std::chrono::milliseconds ms_of(double s, const char* what) {
+  if (!(s >= 0) || !std::isfinite(s))
+    raise_invalid(std::string(what) + " must be seconds >= 0, not " + std::to_string(s));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(s * 1000)));
+}
+
+kvtier::load_policy policy_of(const std::string& s) {
+  if (s == "always") return kvtier::load_policy::always;
+  if (s == "cost") return kvtier::load_policy::cost;
+  if (s == "split") return kvtier::load_policy::split;
+  raise_invalid("policy must be 'always', 'cost' or 'split', not '" + s + "'");
+}
+
+kvtier::save_policy saves_of(const std::string& s) {
+  if (s == "write_through") return kvtier::save_policy::write_through;
+  if (s == "selective") return kvtier::save_policy::selective;
+  raise_invalid("saves must be 'write_through' or 'selective', not '" + s + "'");
+}
+
+// Integers (slots int64, blocks int32) from a list/tuple, a 1-D integer buffer or tensor; each
+// checked to be in [0, limit).
+std::vector<std::int64_t> ints_of(py::handle obj, const std::string& what, std::int64_t limit) {
+  if (obj.is_none()) raise_invalid(what + " is None");
+  std::vector<std::int64_t> out;
+  const auto put = [&](std::int64_t v, std::size_t i) {
+    if (v < 0 || v >= limit)
+      raise_invalid(what + "[" + std::to_string(i) + "] = " + std::to_string(v) + " is outside [0, " +
+                    std::to_string(limit) + ")");
+    out.push_back(v);
+  };
+  buffer_hold hold;
+  if (is_tensor(obj)) {
+    const std::string dtype = py::str(obj.attr("dtype"));
+    if (dtype != "torch.int64" && dtype != "torch.int32")
+      raise_invalid(what + " must be an int32 or int64 tensor, got dtype " + dtype);
+    if (obj.attr("dim")().cast<int>() > 1) raise_invalid(what + " must be 1-D");
+    const byte_region r = bytes_of(obj, false, what, hold);
+    const bool wide = dtype == "torch.int64";
+    const std::size_t n = r.size / (wide ? 8 : 4);
+    out.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+      put(wide ? reinterpret_cast<const std::int64_t*>(r.data)[i]
+               : reinterpret_cast<const std::int32_t*>(r.data)[i],
+          i);
+    return out;
+  }
+  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr()) && PyObject_CheckBuffer(obj.ptr())) {
+    py::buffer_info b = py::reinterpret_borrow<py::buffer>(obj).request();
+    if (b.ndim != 1 || (b.format != "q" && b.format != "l" && b.format != "i") || b.strides[0] != b.itemsize)
+      raise_invalid(what + " must be a contiguous 1-D int32/int64 buffer (format '" + b.format + "')");
+    out.reserve(static_cast<std::size_t>(b.size));
+    for (py::ssize_t i = 0; i < b.size; ++i)
+      put(b.itemsize == 8 ? static_cast<const std::int64_t*>(b.ptr)[i]
+                          : static_cast<const std::int32_t*>(b.ptr)[i],
+          static_cast<std::size_t>(i));
+    return out;
+  }
+  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr()))
+    raise_invalid(what + " is " + type_name(obj) + ": expected a list of ints, an int numpy array or tensor");
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+  out.reserve(seq.size());
+  for (std::size_t i = 0; i < seq.size(); ++i) {
+    py::handle x = seq[i];
+    if (PyBool_Check(x.ptr()) || !PyIndex_Check(x.ptr()))
+      raise_invalid(what + "[" + std::to_string(i) + "] is " + type_name(x) + ", not an int");
+    put(x.cast<std::int64_t>(), i);
+  }
+  return out;
+}
+
+template <class Comm>
+std::unique_ptr<conn_t<Comm>> make(py_connector& pc, const py_chunker& ch, Comm& ctrl, Comm& data,
+                                   kvtier::connector_options opt) {
+  const auto* x = std::get_if<xxh_chunker>(&ch.impl);
+  if (!x) raise_invalid("Connector needs an xxh3-128 Chunker, not " + ch.hash);
+  if constexpr (requires { ctrl.last_error(); })
+    pc.ctrl_error = [&ctrl] { return std::string(ctrl.last_error()); };
+  try {
+    return std::make_unique<conn_t<Comm>>(*x, kvtier::modulo_ownership(ctrl.size()), pc.store, ctrl, data,
+                                          pc.pages->view, std::move(opt));
+  } catch (const std::invalid_argument& e) {
+    raise_invalid(e.what());
+  }
+}
+
+std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle store, py::handle comm,
+                                             py::handle pages, py::handle data, const std::string& policy,
+                                             std::optional<kvtier::prefill_node> node,
+                                             std::optional<kvtier::load_path> prior, double lookup_timeout,
+                                             double save_timeout,
+                                             std::tuple<double, double, double> load_timeout,
+                                             const std::string& saves, std::uint32_t save_after_lookups,
+                                             std::uint32_t layers_per_group, std::size_t max_bytes_in_flight,
+                                             std::size_t fetch_workers, std::size_t fetch_batch_chunks) {
+  if (chunker.is_none() || !py::isinstance<py_chunker>(chunker))
+    raise_invalid("chunker must be a kvtier.Chunker, not " + type_name(chunker));
+  if (store.is_none() || !py::isinstance<store_impl>(store))
+    raise_invalid("store must be a kvtier.Store, not " + type_name(store));
+  if (pages.is_none() || !py::isinstance<py_view>(pages))
+    raise_invalid("pages must be a kvtier.KvCacheView, not " + type_name(pages));
+  auto s = store.cast<std::shared_ptr<store_impl>>();
+  if (s->is_closed())
+    raise_error(make_error_code(kvtier::errc::shutdown), "store (" + s->kind() + ") is closed");
+  if (fetch_workers == 0) raise_invalid("fetch_workers must be > 0");
+  kvtier::connector_options o;
+  o.policy = policy_of(policy);
+  if (node) o.node = *node;
+  if (prior) o.prior = *prior;
+  o.lookup_timeout = ms_of(lookup_timeout, "lookup_timeout");
+  o.save_timeout = ms_of(save_timeout, "save_timeout");
+  o.load_deadline = {ms_of(std::get<0>(load_timeout), "load_timeout[0] (base)"),
+                     ms_of(std::get<1>(load_timeout), "load_timeout[1] (per 1000 tokens)"),
+                     ms_of(std::get<2>(load_timeout), "load_timeout[2] (cap)")};
+  o.saves = saves_of(saves);
+  o.save_after_lookups = save_after_lookups;
+  o.layers_per_group = layers_per_group;
+  o.max_bytes_in_flight = max_bytes_in_flight;
+  o.fetch_workers = fetch_workers;
+  o.fetch_batch_chunks = fetch_batch_chunks;
+
+  auto pc = std::make_shared<py_connector>();
+  pc->store = store_ref{std::move(s)};
+  pc->pages = pages.cast<std::shared_ptr<py_view>>();
+  pc->ctrl_obj = py::reinterpret_borrow<py::object>(comm);
+  pc->data_obj = py::reinterpret_borrow<py::object>(data.is_none() ? comm : data);
+  const py_chunker& ch = chunker.cast<const py_chunker&>();
+  if (py::isinstance<py_inproc_comm>(comm)) {
+    if (!data.is_none() && !py::isinstance<py_inproc_comm>(data))
+      raise_invalid("data must be a kvtier.InprocCommunicator like comm, not " + type_name(data));
+    auto& c = *comm.cast<py_inproc_comm&>().comm;
+    auto& d = *pc->data_obj.cast<py_inproc_comm&>().comm;
+    pc->c = make(*pc, ch, c, d, std::move(o));
+#if defined(KVTIER_PY_HAS_MPI)
+  } else if (py::isinstance<py_mpi_comm>(comm)) {
+    if (!data.is_none() && !py::isinstance<py_mpi_comm>(data))
+      raise_invalid("data must be a kvtier.MpiCommunicator like comm, not " + type_name(data));
+    auto& c = comm.cast<py_mpi_comm&>().comm;
+    auto& d = pc->data_obj.cast<py_mpi_comm&>().comm;
+    pc->c = make(*pc, ch, c, d, std::move(o));
+#endif
+  } else {
+    raise_invalid("comm must be a kvtier.InprocCommunicator or kvtier.MpiCommunicator, not " +
+                  type_name(comm));
+  }
+  return pc;
+}
+
+[[noreturn]] void raise_with(std::error_code ec, const std::string& what) {
+  raise_error(ec, what + ": " + ec.message());
+}
+
+std::string load_problem(const std::optional<kvtier::load_plan>& plan, std::size_t slots,
+                         kvtier::request_id id) {
+  const std::string r = "Connector.load(request " + std::to_string(id) + "): ";
+  if (!plan) return r + "no agreed plan (lookup() is None: unknown request or lookup not yet agreed)";
+  if (plan->tokens_to_load() == 0) return r + "the plan loads nothing (tokens_to_load == 0)";
+  if (slots < plan->load_end_token)
+    return r + std::to_string(slots) +
+           " slots, the plan needs load_end_token = " + std::to_string(plan->load_end_token) +
+           " (this rank takes part, loading nothing)";
+  return r +
+         "already loading, or its staging is over max_bytes_in_flight (this rank takes part, loading "
+         "nothing)";
+}
+
+}  // namespace
+
+void bind_connector(py::module_& m) {
+  py::class_<kvtier::load_plan>(m, "LoadPlan",
+                                "A request's agreed lookup: load [load_first_token, load_end_token), compute "
+                                "the rest.\n\n    plan = conn.lookup(7)   # None until agreed")
+      .def_readonly("cached_tokens", &kvtier::load_plan::cached_tokens)
+      .def_readonly("load_first_token", &kvtier::load_plan::load_first_token)
+      .def_readonly("load_end_token", &kvtier::load_plan::load_end_token)
+      .def_property_readonly("tokens_to_load", &kvtier::load_plan::tokens_to_load)
+      .def("__repr__", [](const kvtier::load_plan& p) {
+        return "LoadPlan(cached_tokens=" + std::to_string(p.cached_tokens) + ", load=[" +
+               std::to_string(p.load_first_token) + ", " + std::to_string(p.load_end_token) + "))";
+      });
+  py::class_<kvtier::load_outcome>(
+      m, "LoadOutcome",
+      "A load's agreed outcome: pages hold [load_first_token, loaded_end_token) on "
+      "every rank; recompute from loaded_end_token.\n\n"
+      "    out = conn.load_result(7); start = out.loaded_end_token")
+      .def_readonly("load_first_token", &kvtier::load_outcome::load_first_token)
+      .def_readonly("loaded_end_token", &kvtier::load_outcome::loaded_end_token)
+      .def_readonly("requested_end_token", &kvtier::load_outcome::requested_end_token)
+      .def_property_readonly("complete", &kvtier::load_outcome::complete)
+      .def("__repr__", [](const kvtier::load_outcome& o) {
+        return "LoadOutcome(loaded=[" + std::to_string(o.load_first_token) + ", " +
+               std::to_string(o.loaded_end_token) +
+               "), requested_end_token=" + std::to_string(o.requested_end_token) + ")";
+      });
+  py::class_<kvtier::finished_requests>(m, "FinishedRequests",
+                                        "Requests whose work ended since the last finished() call.\n\n"
+                                        "    done = conn.finished(); free(done.saves)")
+      .def_readonly("loads", &kvtier::finished_requests::loads)
+      .def_readonly("saves", &kvtier::finished_requests::saves);
+  py::class_<kvtier::kv_event>(m, "KvEvent",
+                               "A router event: chunks this rank stored, or found evicted.\n\n"
+                               "    for e in conn.drain_events(): print(e.kind, e.rank, len(e.keys))")
+      .def_property_readonly("kind",
+                             [](const kvtier::kv_event& e) {
+                               return e.what == kvtier::kv_event::kind::stored ? "stored" : "evicted";
+                             })
+      .def_readonly("rank", &kvtier::kv_event::rank)
+      .def_readonly("keys", &kvtier::kv_event::keys);
+
+  py::class_<py_connector, std::shared_ptr<py_connector>>(
+      m, "Connector",
+      "One rank's kvtier::connector: the request lifecycle over `store` (this rank's chunks, modulo "
+      "ownership), `pages` (a KvCacheView) and `comm` (InprocCommunicator or MpiCommunicator; `data`, a "
+      "second "
+      "one of the same kind, moves layers on a mover thread). Every rank calls the same methods for the same "
+      "requests in the same order, and step() once per engine step. The GIL is released in every call.\n\n"
+      "    conn = kvtier.Connector(chunker, store, comm, view)\n"
+      "    conn.begin_lookup(7, tokens)\n"
+      "    while (plan := conn.lookup(7)) is None: conn.step(0.05)\n"
+      "    if plan.tokens_to_load: conn.load(7, slots)\n"
+      "    while (out := conn.load_result(7)) is None: conn.step(0.05)\n"
+      "    conn.save(7, slots, out.loaded_end_token, len(tokens)); conn.finish(7)")
+      .def(py::init(&make_connector), py::arg("chunker"), py::arg("store"), py::arg("comm"), py::arg("pages"),
+           py::kw_only(), py::arg("data") = py::none(), py::arg("policy") = "always",
+           py::arg("node") = py::none(), py::arg("prior") = py::none(), py::arg("lookup_timeout") = 0.05,
+           py::arg("save_timeout") = 2.0, py::arg("load_timeout") = std::make_tuple(0.2, 0.02, 5.0),
+           py::arg("saves") = "write_through", py::arg("save_after_lookups") = 2,
+           py::arg("layers_per_group") = 0, py::arg("max_bytes_in_flight") = std::size_t{1} << 30,
+           py::arg("fetch_workers") = 2, py::arg("fetch_batch_chunks") = 1,
+           "policy: 'always', 'cost' or 'split' (the last two need node: kvtier.PrefillNode); load_timeout: "
+           "(base s, s per 1000 tokens, cap s); saves: 'write_through' or 'selective'.")
+      .def_property_readonly("rank",
+                             [](py_connector& p) { return p.with([](auto& c) { return c.rank(); }, false); })
+      .def_property_readonly(
+          "chunk_bytes",
+          [](py_connector& p) { return p.with([](auto& c) { return c.chunk_bytes(); }, false); })
+      .def_property_readonly("closed", [](const py_connector& p) { return p.closed; })
+      .def(
+          "check_deployment",
+          [](py_connector& p, py::handle deadline) {
+            const kvtier::deadline dl = deadline_of(deadline);
+            auto r = p.with([&](auto& c) { return c.check_deployment(dl); });
+            if (r.ec)
+              raise_error(r.ec,
+                          "Connector.check_deployment: " + (r.message.empty() ? r.ec.message() : r.message));
+          },
+          py::arg("deadline"),
+          "Once at setup on every rank (a collective): raises kvtier.InvalidArgument naming the field and "
+          "rank "
+          "when ranks are configured differently.\n\n    conn.check_deployment(5.0)")
+      .def(
+          "begin_lookup",
+          [](py_connector& p, kvtier::request_id id, py::handle tokens, const std::string& adapter,
+             const std::string& tenant_salt) {
+            buffer_hold hold;
+            std::vector<kvtier::token_id> storage;
+            const std::span<const kvtier::token_id> t = tokens_of(tokens, storage, hold);
+            const kvtier::key_material km{adapter, tenant_salt, {}};
+            const std::error_code ec = p.with([&](auto& c) { return c.begin_lookup(id, t, km); });
+            if (ec)
+              raise_error(ec, "Connector.begin_lookup: request " + std::to_string(id) + " is already known");
+          },
+          py::arg("id"), py::arg("tokens"), py::kw_only(), py::arg("adapter") = "",
+          py::arg("tenant_salt") = "",
+          "Starts a request's lookup (this rank asks its store about the chunks it owns). Never blocks.\n\n"
+          "    conn.begin_lookup(7, torch.tensor(ids))")
+      .def(
+          "step",
+          [](py_connector& p, py::handle deadline) {
+            const kvtier::deadline dl = deadline_of(deadline);
+            const std::error_code ec = p.with([&](auto& c) { return c.step(dl); });
+            if (ec) {
+              const std::string e = p.ctrl_error ? p.ctrl_error() : std::string();
+              raise_error(ec,
+                          "Connector.step: the agreement failed (its lookups plan nothing, its loads load "
+                          "nothing, on every rank): " +
+                              (e.empty() ? ec.message() : e));
+            }
+          },
+          py::arg("deadline"),
+          "Once per engine step on every rank: one all-reduce agrees on every waiting lookup and load and "
+          "starts "
+          "the moves. Raises kvtier.Error (TimeoutError for a deadline) when the agreement failed; the "
+          "requests "
+          "are settled then (nothing cached / nothing loaded, on every rank).\n\n    conn.step(0.05)")
+      .def(
+          "lookup",
+          [](py_connector& p, kvtier::request_id id) {
+            return p.with([&](auto& c) { return c.lookup(id); });
+          },
+          py::arg("id"),
+          "The agreed LoadPlan, or None while not agreed (or an unknown id).\n\n    plan = conn.lookup(7)")
+      .def(
+          "load",
+          [](py_connector& p, kvtier::request_id id, py::handle slots, py::handle block_table) {
+            if (slots.is_none() == block_table.is_none())
+              raise_invalid("Connector.load: pass slots or block_table, one of them");
+            const kvtier::kv_layout& lay = p.pages->view.layout;
+            std::vector<std::int64_t> s;
+            std::optional<std::string> bad;
+            try {  // a bad argument still takes part in the load (loading nothing)
+              if (!slots.is_none()) {
+                s = ints_of(slots, "slots", static_cast<std::int64_t>(lay.num_slots()));
+              } else {
+                const auto blocks =
+                    ints_of(block_table, "block_table", static_cast<std::int64_t>(lay.num_blocks));
+                const std::uint64_t T = lay.block_size;
+                for (std::int64_t b : blocks)
+                  for (std::uint64_t t = 0; t < T; ++t)
+                    s.push_back(b * static_cast<std::int64_t>(T) + static_cast<std::int64_t>(t));
+              }
+            } catch (py::error_already_set& e) {
+              bad = e.what();
+              s.clear();
+            }
+            std::optional<kvtier::load_plan> plan;
+            const std::error_code ec = p.with([&](auto& c) {
+              plan = c.lookup(id);
+              return c.load(id, std::span<const std::int64_t>(s));
+            });
+            if (bad)
+              raise_invalid("Connector.load(request " + std::to_string(id) + "): " + *bad +
+                            " (this rank takes part, loading nothing)");
+            if (ec) raise_error(ec, load_problem(plan, s.size(), id));
+          },
+          py::arg("id"), py::arg("slots") = py::none(), py::kw_only(), py::arg("block_table") = py::none(),
+          "Starts the load of a planned request into the pages: slots[i] is prompt position i's slot (block "
+          "* "
+          "block_size + offset), or block_table[b] the block of positions [b*block_size, ...). Call it on "
+          "every "
+          "rank; a bad argument raises, and this rank still takes part (loading nothing).\n\n"
+          "    conn.load(7, block_table=torch.tensor([3, 9], dtype=torch.int32))")
+      .def(
+          "wait_for_layer",
+          [](py_connector& p, std::uint32_t layer, py::handle deadline) {
+            const kvtier::deadline dl = deadline_of(deadline);
+            if (layer >= p.pages->view.layout.num_layers)
+              raise_invalid("layer " + std::to_string(layer) + " is outside the cache's " +
+                            std::to_string(p.pages->view.layout.num_layers) + " layers");
+            const std::error_code ec = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); }, false);
+            if (ec)
+              raise_error(ec, "Connector.wait_for_layer(" + std::to_string(layer) + "): the deadline passed");
+          },
+          py::arg("layer"), py::arg("deadline"),
+          "Returns once layer `layer` of every chunk agreed so far is in this rank's pages; "
+          "kvtier.TimeoutError "
+          "when the deadline passes first. May be called from another thread than step().\n\n"
+          "    conn.wait_for_layer(0, 1.0)")
+      .def(
+          "load_result",
+          [](py_connector& p, kvtier::request_id id) {
+            return p.with([&](auto& c) { return c.load_result(id); });
+          },
+          py::arg("id"),
+          "The agreed LoadOutcome, or None while the load runs.\n\n    out = conn.load_result(7)")
+      .def(
+          "load_errors",
+          [](py_connector& p, kvtier::request_id id) {
+            return p.with([&](auto& c) { return c.load_errors(id); });
+          },
+          py::arg("id"),
+          "The chunk indices of the load that failed (agreed on every rank).\n\n    conn.load_errors(7)")
+      .def(
+          "save",
+          [](py_connector& p, kvtier::request_id id, py::handle slots, std::uint64_t first_token,
+             std::uint64_t end_token) {
+            const auto s =
+                ints_of(slots, "slots", static_cast<std::int64_t>(p.pages->view.layout.num_slots()));
+            if (end_token > s.size())
+              raise_invalid("Connector.save(request " + std::to_string(id) + "): " +
+                            std::to_string(s.size()) + " slots, end_token is " + std::to_string(end_token));
+            const std::error_code ec = p.with([&](auto& c) { return c.save(id, s, first_token, end_token); });
+            if (ec) raise_error(ec, "Connector.save: unknown request " + std::to_string(id));
+          },
+          py::arg("id"), py::arg("slots"), py::arg("first_token"), py::arg("end_token"),
+          "Writes the request's full chunks in [first_token, end_token) this rank owns from the pages at "
+          "`slots`, "
+          "off the step. Keep the pages until finished() lists the request's saves.\n\n"
+          "    conn.save(7, slots, 0, len(tokens))")
+      .def(
+          "finish",
+          [](py_connector& p, kvtier::request_id id) {
+            return p.with([&](auto& c) { return c.finish(id).free_pages_now; });
+          },
+          py::arg("id"),
+          "Ends a request on this rank (same point on every rank). True: its pages are free now; False: "
+          "saves "
+          "still read them, wait for finished().saves.\n\n    if not conn.finish(7): ...")
+      .def(
+          "finished", [](py_connector& p) { return p.with([&](auto& c) { return c.finished(); }); },
+          "Requests whose loads were agreed, or whose saves ended after finish(), since the last call.\n\n"
+          "    done = conn.finished()")
+      .def(
+          "drain_events", [](py_connector& p) { return p.with([&](auto& c) { return c.drain_events(); }); },
+          "The router events (KvEvent) since the last call.\n\n    events = conn.drain_events()")
+      .def(
+          "counters",
+          [](py_connector& p) {
+            std::vector<std::pair<std::string, std::uint64_t>> v;
+            p.with(
+                [&](auto& c) {
+                  const kvtier::connector_counters& k = c.counters();
+                  v = {{"lookups", k.lookups.value()},
+                       {"loads", k.loads.value()},
+                       {"loads_cut_short", k.loads_cut_short.value()},
+                       {"tokens_loaded", k.tokens_loaded.value()},
+                       {"tokens_to_recompute", k.tokens_to_recompute.value()},
+                       {"agreement_failures", k.agreement_failures.value()},
+                       {"local_load_failures", k.local_load_failures.value()},
+                       {"chunks_saved", k.chunks_saved.value()},
+                       {"save_failures", k.save_failures.value()},
+                       {"quarantined_blocks", k.quarantined_blocks.value()}};
+                  return 0;
+                },
+                false);
+            py::dict d;
+            for (auto& [k, x] : v) d[py::str(k)] = x;
+            return d;
+          },
+          "The lifecycle counts as a dict.\n\n    conn.counters()['tokens_loaded']")
+      .def(
+          "prometheus",
+          [](py_connector& p, const std::string& prefix, const std::string& labels) {
+            std::string out;
+            p.with([&](auto& c) { return kvtier::write_prometheus(out, c.counters(), prefix, labels), 0; },
+                   false);
+            return out;
+          },
+          py::arg("prefix") = "kvtier_connector", py::arg("labels") = "",
+          "The counters in the Prometheus text format.\n\n    text = conn.prometheus(labels='rank=\"0\"')")
+      .def(
+          "close",
+          [](py_connector& p) {
+            py::gil_scoped_release nogil;
+            p.close();
+          },
+          "Waits for calls in flight, then stops the connector's threads. Later calls raise "
+          "kvtier.ClosedError. "
+          "Idempotent.\n\n    with kvtier.Connector(...) as conn: ...")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](py_connector& p, py::handle, py::handle, py::handle) {
+        py::gil_scoped_release nogil;
+        p.close();
+      });
+}
+
+}  // namespace kvtier_py

@@ -1,0 +1,111 @@
+"""One rank's side of the kvtier.Connector lifecycle tests (threads and MPI processes).
+
+Every rank runs the same calls in the same order; the step loops end on agreed values (an agreed
+plan, an agreed load outcome), so every rank runs the same number of steps.
+
+    res = run_rank(comm, store, cfg)   # a dict of what the rank saw
+"""
+import time
+
+import torch
+
+import kvtier
+
+LAYERS, BLOCKS, BLOCK_SIZE, LATENT, CHUNK_TOKENS, PROMPT = 3, 32, 16, 64, 32, 128
+MAX_STEPS = 3000  # with a 1 ms pause each: bounded in count and time
+
+
+def layout():
+    return kvtier.KvLayout.vllm_mla(LAYERS, num_blocks=BLOCKS, block_size=BLOCK_SIZE, elem_bytes=2, latent=LATENT)
+
+
+def namespace(world):
+    return kvtier.KeyNamespace("conn-test", "mla-f16", chunk_tokens=CHUNK_TOKENS, ownership=f"mod:{world}")
+
+
+def make_pages():
+    return [torch.zeros(BLOCKS, BLOCK_SIZE, LATENT, dtype=torch.float16) for _ in range(LAYERS)]
+
+
+def model_bytes(pos, layer):
+    """The KV bytes of prompt position `pos`, layer `layer` (the same on every rank)."""
+    g = torch.Generator().manual_seed(pos * 131 + layer)
+    return torch.randint(0, 256, (LATENT * 2,), dtype=torch.uint8, generator=g)
+
+
+def slots_of(blocks, n):
+    return [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(n)]
+
+
+def compute_into(pages, blocks, first, end):
+    for p in range(first, end):
+        b, t = blocks[p // BLOCK_SIZE], p % BLOCK_SIZE
+        for layer in range(LAYERS):
+            pages[layer][b, t].view(torch.uint8).copy_(model_bytes(p, layer))
+
+
+def wrong_bytes(pages, blocks, first, end):
+    wrong = 0
+    for p in range(first, end):
+        b, t = blocks[p // BLOCK_SIZE], p % BLOCK_SIZE
+        for layer in range(LAYERS):
+            wrong += int((pages[layer][b, t].view(torch.uint8) != model_bytes(p, layer)).sum())
+    return wrong
+
+
+def step_until(conn, done):
+    for _ in range(MAX_STEPS):
+        conn.step(2.0)
+        if done():
+            return True
+        time.sleep(0.001)  # let the fetch workers answer
+    return False
+
+
+def run_rank(comm, store, data=None, tamper=None):
+    """Cold request 1 computes and saves; request 2 (same prompt) loads it into other blocks."""
+    world = comm.size
+    pages = make_pages()
+    view = kvtier.KvCacheView.per_layer(layout(), pages)
+    chunker = kvtier.Chunker(namespace(world))
+    tokens = list(range(1000, 1000 + PROMPT))
+    res = {}
+    conn = kvtier.Connector(chunker, store, comm, view, data=data, lookup_timeout=2.0,
+                            load_timeout=(5.0, 0.0, 5.0))
+    try:
+        conn.check_deployment(5.0)
+        cold = [0, 1, 2, 3, 4, 5, 6, 7]
+        conn.begin_lookup(1, tokens)
+        assert step_until(conn, lambda: conn.lookup(1) is not None)
+        res["cold_cached"] = conn.lookup(1).cached_tokens
+        compute_into(pages, cold, 0, PROMPT)
+        conn.save(1, slots_of(cold, PROMPT), 0, PROMPT)
+        saved = conn.finish(1)
+        for _ in range(2000):  # the saver thread puts this rank's chunks
+            if saved or 1 in conn.finished().saves:
+                break
+            time.sleep(0.005)
+        res["events"] = [(e.kind, e.rank, len(e.keys)) for e in conn.drain_events()]
+        if tamper:
+            tamper()
+        warm = [20, 9, 31, 12, 8, 17, 30, 25]
+        conn.begin_lookup(2, torch.tensor(tokens))
+        assert step_until(conn, lambda: conn.lookup(2) is not None)
+        plan = conn.lookup(2)
+        res["warm_plan"] = (plan.cached_tokens, plan.load_first_token, plan.load_end_token)
+        if plan.tokens_to_load:
+            conn.load(2, block_table=torch.tensor(warm, dtype=torch.int32))
+            assert step_until(conn, lambda: conn.load_result(2) is not None)
+            for layer in range(LAYERS):
+                conn.wait_for_layer(layer, 5.0)
+            out = conn.load_result(2)
+            res["loaded"] = (out.load_first_token, out.loaded_end_token, out.requested_end_token)
+            res["load_errors"] = conn.load_errors(2)
+            res["wrong_loaded"] = wrong_bytes(pages, warm, 0, out.loaded_end_token)
+            res["finished_loads"] = conn.finished().loads
+        conn.finish(2)
+        res["counters"] = conn.counters()
+        res["prometheus"] = conn.prometheus(labels=f'rank="{comm.rank}"')
+    finally:
+        conn.close()
+    return res

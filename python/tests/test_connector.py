@@ -1,0 +1,181 @@
+"""kvtier.Connector at W = 2 rank threads (kvtier.InprocWorld) over MemoryStores into torch pages:
+the lifecycle byte for byte, with the moves inside step() and on a data communicator's mover
+thread; and every bad input as a clear kvtier exception."""
+import math
+import threading
+
+import pytest
+import torch
+
+import kvtier
+from connector_rig import (BLOCK_SIZE, BLOCKS, LATENT, LAYERS, PROMPT, layout, make_pages, namespace, run_rank,
+                           step_until)
+
+
+def run_world(w, separate_data, tamper_rank=None):
+    world = kvtier.InprocWorld(w)
+    data_world = kvtier.InprocWorld(w) if separate_data else None
+    stores = [kvtier.MemoryStore(64 << 20) for _ in range(w)]
+    results, errors = [None] * w, []
+
+    def rank(r):
+        try:
+            tamper = None
+            if r == tamper_rank:
+                def tamper():  # drop this rank's stored chunks: every rank then loads less
+                    stores[r].close()
+            results[r] = run_rank(world.communicator(r), stores[r],
+                                  data=data_world.communicator(r) if data_world else None, tamper=tamper)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((r, repr(e)))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(w)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a rank thread hangs"
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("separate_data", [False, True])
+def test_lifecycle_two_threads_byte_for_byte(separate_data):
+    res = run_world(2, separate_data)
+    for r, x in enumerate(res):
+        assert x["cold_cached"] == 0
+        assert x["events"] == [("stored", r, 2)]  # 4 chunks, mod 2: two per rank
+        assert x["warm_plan"] == (PROMPT, 0, PROMPT)
+        assert x["loaded"] == (0, PROMPT, PROMPT)
+        assert x["load_errors"] == []
+        assert x["wrong_loaded"] == 0
+        assert x["finished_loads"] == [2]
+        c = x["counters"]
+        assert c["lookups"] == 2 and c["loads"] == 1 and c["tokens_loaded"] == PROMPT
+        assert c["chunks_saved"] == 2 and c["save_failures"] == 0
+        assert f'kvtier_connector_tokens_loaded_total{{rank="{r}"}} {PROMPT}' in x["prometheus"]
+
+
+def test_a_rank_without_its_chunks_shortens_every_rank_alike():
+    # rank 1's store is closed before the warm lookup: it answers "nothing" for chunk 1 (its first),
+    # so the agreed prefix is chunk 0 only, on both ranks.
+    res = run_world(2, False, tamper_rank=1)
+    for x in res:
+        assert x["warm_plan"] == (32, 0, 32)
+        assert x["loaded"] == (0, 32, 32)
+        assert x["wrong_loaded"] == 0
+
+
+def one_rank(**kw):
+    comm = kvtier.InprocWorld(1).communicator(0)
+    store = kvtier.MemoryStore(1 << 20)
+    view = kvtier.KvCacheView.per_layer(layout(), make_pages())
+    return kvtier.Connector(kvtier.Chunker(namespace(1)), store, comm, view, **kw), store
+
+
+def test_pages_bad_inputs():
+    lay = layout()
+    with pytest.raises(kvtier.InvalidArgument, match="dtype torch.float32"):
+        kvtier.KvCacheView.per_layer(lay, [torch.zeros(BLOCKS, BLOCK_SIZE, LATENT) for _ in range(LAYERS)])
+    with pytest.raises(kvtier.InvalidArgument, match="needs"):
+        kvtier.KvCacheView.per_layer(lay, [torch.zeros(BLOCKS - 1, BLOCK_SIZE, LATENT, dtype=torch.float16)] * LAYERS)
+    with pytest.raises(kvtier.InvalidArgument, match="contiguous"):
+        kvtier.KvCacheView.per_layer(lay, [torch.zeros(LATENT, BLOCK_SIZE, BLOCKS, dtype=torch.float16).transpose(0, 2)] * LAYERS)
+    with pytest.raises(kvtier.InvalidArgument, match="2 pages given"):
+        kvtier.KvCacheView.per_layer(lay, make_pages()[:2])
+    with pytest.raises(kvtier.InvalidArgument, match="None"):
+        kvtier.KvCacheView.per_layer(lay, [None] * LAYERS)
+    with pytest.raises(kvtier.InvalidArgument, match="block_size"):
+        kvtier.KvLayout(num_layers=1, num_blocks=1, block_size=0, planes=1, heads=1, head_bytes=2, elem_bytes=2,
+                        block_stride=2, token_stride=2, head_stride=2)
+    # raw bytes pages are fine, and the generic form equals the named one
+    g = kvtier.KvLayout(num_layers=LAYERS, num_blocks=BLOCKS, block_size=BLOCK_SIZE, planes=1, heads=1,
+                        head_bytes=2 * LATENT, elem_bytes=2, block_stride=BLOCK_SIZE * 2 * LATENT,
+                        token_stride=2 * LATENT, head_stride=2 * LATENT)
+    assert g.layer_extent == lay.layer_extent and g.bytes_per_token == lay.bytes_per_token
+    v = kvtier.KvCacheView.per_layer(g, [bytearray(lay.layer_extent) for _ in range(LAYERS)])
+    assert v.num_planes == LAYERS
+
+
+def test_connector_bad_inputs():
+    conn, store = one_rank()
+    with pytest.raises(kvtier.InvalidArgument, match="deadline"):
+        conn.step(-1.0)
+    with pytest.raises(kvtier.InvalidArgument):
+        conn.step(None)
+    with pytest.raises(kvtier.InvalidArgument, match="outside"):
+        conn.wait_for_layer(LAYERS, 1.0)
+    conn.begin_lookup(1, list(range(64)))
+    with pytest.raises(kvtier.InvalidArgument, match="already known"):
+        conn.begin_lookup(1, list(range(64)))
+    with pytest.raises(kvtier.InvalidArgument, match="no agreed plan"):
+        conn.load(1, list(range(64)))
+    assert step_until(conn, lambda: conn.lookup(1) is not None)
+    with pytest.raises(kvtier.InvalidArgument, match="loads nothing"):
+        conn.load(1, list(range(64)))
+    with pytest.raises(kvtier.InvalidArgument, match=r"slots\[3\] = -1"):
+        conn.save(1, [0, 1, 2, -1], 0, 4)
+    with pytest.raises(kvtier.InvalidArgument, match="end_token"):
+        conn.save(1, [0, 1, 2], 0, 4)
+    with pytest.raises(kvtier.InvalidArgument, match="float"):
+        conn.save(1, [0.5], 0, 1)
+    with pytest.raises(kvtier.InvalidArgument, match="one of them"):
+        conn.load(1)
+    assert conn.finish(1) is True
+    conn.close()
+    conn.close()  # idempotent
+    assert conn.closed
+    for call in (lambda: conn.step(0.1), lambda: conn.lookup(1), lambda: conn.begin_lookup(2, [1]),
+                 lambda: conn.counters(), lambda: conn.wait_for_layer(0, 0.1)):
+        with pytest.raises(kvtier.ClosedError, match="closed"):
+            call()
+    store.close()
+
+
+def test_a_bad_load_still_takes_part():
+    # A slot outside the cache: this rank loads nothing and the load is agreed as such.
+    conn, store = one_rank()
+    slots = list(range(64))
+    conn.begin_lookup(1, list(range(64)))
+    assert step_until(conn, lambda: conn.lookup(1) is not None)
+    conn.save(1, slots, 0, 64)
+    assert conn.finish(1) is False or True
+    for _ in range(2000):
+        if conn.counters()["chunks_saved"] == 2:
+            break
+        threading.Event().wait(0.005)
+    conn.begin_lookup(2, list(range(64)))
+    assert step_until(conn, lambda: conn.lookup(2) is not None)
+    assert conn.lookup(2).tokens_to_load == 64
+    with pytest.raises(kvtier.InvalidArgument, match="outside"):
+        conn.load(2, slots[:-1] + [BLOCKS * BLOCK_SIZE])
+    assert step_until(conn, lambda: conn.load_result(2) is not None)
+    assert conn.load_result(2).loaded_end_token == 0
+    assert conn.load_errors(2) == [0, 1]
+    assert conn.counters()["local_load_failures"] == 1
+    conn.close()
+    store.close()
+
+
+def test_connector_constructor_bad_inputs():
+    comm = kvtier.InprocWorld(2).communicator(0)
+    store = kvtier.MemoryStore(1 << 20)
+    view = kvtier.KvCacheView.per_layer(layout(), make_pages())
+    ch = kvtier.Chunker(namespace(2))
+    with pytest.raises(kvtier.InvalidArgument, match="kvtier.Store"):
+        kvtier.Connector(ch, None, comm, view)
+    with pytest.raises(kvtier.InvalidArgument, match="KvCacheView"):
+        kvtier.Connector(ch, store, comm, make_pages())
+    with pytest.raises(kvtier.InvalidArgument, match="comm"):
+        kvtier.Connector(ch, store, object(), view)
+    with pytest.raises(kvtier.InvalidArgument, match="policy"):
+        kvtier.Connector(ch, store, comm, view, policy="sometimes")
+    with pytest.raises(kvtier.InvalidArgument, match="node figures"):
+        kvtier.Connector(ch, store, comm, view, policy="cost")
+    with pytest.raises(kvtier.InvalidArgument, match="lookup_timeout"):
+        kvtier.Connector(ch, store, comm, view, lookup_timeout=-1)
+    with pytest.raises(kvtier.InvalidArgument, match="lookup_timeout"):
+        kvtier.Connector(ch, store, comm, view, lookup_timeout=math.nan)
+    store.close()
+    with pytest.raises(kvtier.ClosedError):
+        kvtier.Connector(ch, store, comm, view)

@@ -1,0 +1,14 @@
+# The engine connector (issue 20): the lifecycle on threads, its properties and faults.
+kvtier_add_test(test_connector SOURCES connector/test_connector.cpp LABELS unit tsan)
+kvtier_add_test(test_connector_faults SOURCES connector/test_connector_faults.cpp LABELS unit tsan TIMEOUT 300)
+kvtier_add_test(test_connector_property SOURCES connector/test_connector_property.cpp LABELS property TIMEOUT 600)
+# Against real redis-server processes, one per rank; needs the Asio transport.
+if(TARGET kvtier::asio)
+  kvtier_add_test(test_connector_redis SOURCES connector/test_connector_redis.cpp LABELS integration
+                  LIBS kvtier::asio TIMEOUT 120)
+endif()
+# Across MPI processes (label mpi), one redis-server per rank.
+if(COMMAND kvtier_add_mpi_test AND TARGET kvtier::asio)
+  kvtier_add_mpi_test(test_connector_mpi SOURCES connector/test_connector_mpi.cpp RANKS 2 TIMEOUT 120
+                      LIBS kvtier::asio)
+endif()

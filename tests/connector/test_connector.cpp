@@ -1,0 +1,204 @@
+// The connector's lifecycle end to end on threads: W ranks over the in-process communicator,
+// each with its own memory_store and paged host cache (vLLM MLA); a prompt computed and saved,
+// then looked up, loaded layer group by layer group and checked byte for byte.
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "connector/connector_rig.hpp"
+#include "kvtier/comm/inproc.hpp"
+#include "kvtier/comm/recording.hpp"
+#include "kvtier/connector.hpp"
+#include "kvtier/host_kv_cache.hpp"
+#include "kvtier/store/memory_store.hpp"
+
+using namespace kvtier;
+using namespace kvtier::test;
+
+namespace {
+
+constexpr std::size_t prompt_chunks = 6;
+const std::size_t prompt_tokens = prompt_chunks * rig_chunk_tokens + 7;  // and a tail
+
+void check_full_load(const std::vector<rank_load_report>& reps) {
+  for (const rank_load_report& rep : reps) {
+    REQUIRE(rep.plan);
+    CHECK(rep.plan->cached_tokens == prompt_chunks * rig_chunk_tokens);
+    REQUIRE(rep.outcome);
+    CHECK(rep.outcome->complete());
+    CHECK(rep.outcome->loaded_end_token == prompt_chunks * rig_chunk_tokens);
+    CHECK(rep.errors.empty());
+    CHECK(rep.wrong == 0);
+    CHECK(rep.calls == reps[0].calls);  // the same collectives in the same order on every rank
+  }
+}
+
+}  // namespace
+
+TEST_CASE("connector: a saved prompt is looked up, loaded and in every rank's pages byte for byte",
+          "[connector]") {
+  for (rank_t W : {1u, 2u, 3u}) {
+    for (bool two : {false, true}) {
+      for (std::uint32_t per_group : {0u, 1u, 3u}) {
+        INFO("W = " << W << ", two communicators = " << two << ", layers per group = " << per_group);
+        load_scenario sc{.world = W, .two_comms = two};
+        sc.opt.layers_per_group = per_group;
+        check_full_load(run_load(sc, plain_store_for{}));
+      }
+    }
+  }
+}
+
+TEST_CASE("connector: the first request finds nothing and its pages stay the engine's", "[connector]") {
+  comm::inproc_world world(2);
+  const std::vector<token_id> prompt = rig_prompt(prompt_tokens, 9);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    memory_store store(16 << 20);
+    host_kv_cache cache(rig_layout());
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view());
+    const auto plan = lookup_agreed(conn, 7, prompt);
+    REQUIRE(plan);
+    CHECK(plan->cached_tokens == 0);
+    CHECK(plan->tokens_to_load() == 0);
+    host_kv_cache::sequence seq;
+    REQUIRE(cache.reserve(seq, prompt.size()));
+    CHECK(conn.load(7, slots_of(cache, seq, prompt.size())) == errc::invalid_argument);  // nothing to load
+    CHECK(conn.begin_lookup(7, prompt) == errc::invalid_argument);                       // id in use
+    CHECK(conn.finish(7).free_pages_now);
+  });
+}
+
+TEST_CASE("connector: saves emit stored events, finish waits for saves, metrics print", "[connector]") {
+  comm::inproc_world world(2);
+  const std::vector<token_id> prompt = rig_prompt(prompt_tokens, 3);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    memory_store store(16 << 20);
+    host_kv_cache cache(rig_layout());
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view());
+    REQUIRE(compute_and_save(conn, cache, 1, prompt));
+    std::size_t stored = 0;
+    for (const kv_event& e : conn.drain_events()) {
+      CHECK(e.what == kv_event::kind::stored);
+      CHECK(e.rank == c.rank());
+      stored += e.keys.size();
+    }
+    CHECK(stored == 3);  // 6 chunks, 3 owned by each rank
+    CHECK(conn.counters().chunks_saved.value() == 3);
+    std::string text;
+    write_prometheus(text, conn.counters(), "kvtier_connector", "rank=\"0\"");
+    CHECK(text.find("kvtier_connector_chunks_saved_total{rank=\"0\"} 3") != std::string::npos);
+  });
+}
+
+TEST_CASE("connector: selective writes save a chunk only after it was looked up N times", "[connector]") {
+  comm::inproc_world world(1);
+  const std::vector<token_id> prompt = rig_prompt(prompt_tokens, 5);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    memory_store store(16 << 20);
+    host_kv_cache cache(rig_layout());
+    connector_options opt;
+    opt.saves = save_policy::selective;
+    opt.save_after_lookups = 2;
+    connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view(), opt);
+    REQUIRE(compute_and_save(conn, cache, 1, prompt));  // first lookup: not admitted
+    CHECK(conn.counters().chunks_saved.value() == 0);
+    REQUIRE(compute_and_save(conn, cache, 2, prompt));  // second: admitted
+    CHECK(conn.counters().chunks_saved.value() == prompt_chunks);
+    const auto plan = lookup_agreed(conn, 3, prompt);
+    REQUIRE(plan);
+    CHECK(plan->cached_tokens == prompt_chunks * rig_chunk_tokens);
+  });
+}
+
+TEST_CASE("connector: evicted chunks are reported once a lookup misses them", "[connector]") {
+  comm::inproc_world world(1);
+  const std::vector<token_id> prompt = rig_prompt(prompt_tokens, 11);
+  const std::vector<token_id> other = rig_prompt(prompt_tokens, 12);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    host_kv_cache cache(rig_layout());
+    const std::size_t chunk = rig_layout().bytes_per_token() * rig_chunk_tokens;
+    memory_store store(prompt_chunks * chunk);  // room for one prompt only
+    connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view());
+    REQUIRE(compute_and_save(conn, cache, 1, prompt));
+    REQUIRE(compute_and_save(conn, cache, 2, other));  // evicts the first prompt's chunks
+    conn.drain_events();
+    REQUIRE(lookup_agreed(conn, 3, prompt));
+    std::size_t evicted = 0;
+    for (const kv_event& e : conn.drain_events())
+      evicted += e.what == kv_event::kind::evicted ? e.keys.size() : 0;
+    CHECK(evicted > 0);
+    conn.finish(3);
+  });
+}
+
+TEST_CASE("connector: bad construction arguments are refused with a reason", "[connector]") {
+  comm::inproc_world world(2);
+  auto c = world.communicator_for(0);
+  memory_store store(1 << 20);
+  host_kv_cache cache(rig_layout());
+  using conn_t = connector<memory_store, comm::inproc_communicator>;
+  CHECK_THROWS_WITH(conn_t(chunker<>(rig_ns("mod:3")), modulo_ownership(3), store, c, cache.view()),
+                    Catch::Contains("ownership world size 3 != communicator size 2"));
+  connector_options opt;
+  opt.policy = load_policy::cost;
+  CHECK_THROWS_WITH(conn_t(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view(), opt),
+                    Catch::Contains("need node figures"));
+}
+
+TEST_CASE("connector: check_deployment agrees at setup and names a rank configured differently",
+          "[connector]") {
+  comm::inproc_world world(3);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    memory_store store(1 << 20);
+    host_kv_cache cache(rig_layout());
+    connector same(chunker<>(rig_ns("mod:3")), modulo_ownership(3), store, c, cache.view());
+    CHECK_FALSE(same.check_deployment(deadline_after(std::chrono::seconds(5))).ec);
+    // Rank 2 runs another model: its key namespace differs.
+    key_namespace ns = rig_ns("mod:3");
+    if (c.rank() == 2) ns.model = "another-model";
+    connector odd(chunker<>(ns), modulo_ownership(3), store, c, cache.view());
+    const deployment_check_result r = odd.check_deployment(deadline_after(std::chrono::seconds(5)));
+    CHECK(r.ec == errc::invalid_argument);
+    CHECK(r.field == "namespace_fingerprint");
+    CHECK(r.rank == 2);
+  });
+}
+
+TEST_CASE("connector policies: cost skips a load slower than recomputing; split loads [k, hit)",
+          "[connector]") {
+  const std::uint64_t hit = prompt_chunks * rig_chunk_tokens;
+  {  // recomputing at 1e9 tokens/s beats loading 1 MB per token at 1 GB/s: nothing to load
+    load_scenario sc{.world = 2};
+    sc.opt.policy = load_policy::cost;
+    sc.opt.node = {.kv_bytes_per_token = 1e6, .prefill_tokens_per_s = 1e9};
+    sc.opt.prior = {.fixed_cost_s = 0, .bandwidth_gb_per_s = 1.0};
+    for (const rank_load_report& rep : run_load(sc, plain_store_for{})) {
+      REQUIRE(rep.plan);
+      CHECK(rep.plan->cached_tokens == hit);
+      CHECK(rep.plan->tokens_to_load() == 0);
+      CHECK_FALSE(rep.outcome);
+    }
+  }
+  {  // 1 ms per token either way: compute [0, 64) while loading [64, 192) (split_point at 2 x 32)
+    load_scenario sc{.world = 2, .two_comms = true};
+    sc.opt.policy = load_policy::split;
+    sc.opt.node = {.kv_bytes_per_token = 1e6, .prefill_tokens_per_s = 1e3};
+    sc.opt.prior = {.fixed_cost_s = 0, .bandwidth_gb_per_s = 1.0};
+    const auto reps = run_load(sc, plain_store_for{});
+    for (const rank_load_report& rep : reps) {
+      REQUIRE(rep.plan);
+      CHECK(rep.plan->cached_tokens == hit);
+      CHECK(rep.plan->load_first_token == 64);
+      CHECK(rep.plan->load_end_token == hit);
+      REQUIRE(rep.outcome);
+      CHECK(rep.outcome->complete());
+      CHECK(rep.wrong == 0);  // the loaded range [64, 192) is the model's, byte for byte
+      CHECK(rep.calls == reps[0].calls);
+    }
+  }
+}

@@ -1,0 +1,246 @@
+// A fault at every lifecycle point, one rank at a time: every rank ends with the same agreed
+// prefix and the same load errors, and 0 wrong bytes in its pages. And layer by layer: with
+// layer group g held back, waiting for a layer below g returns before g lands.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "connector/connector_rig.hpp"
+#include "kvtier/comm/inproc.hpp"
+#include "kvtier/connector.hpp"
+#include "kvtier/store/memory_store.hpp"
+
+using namespace kvtier;
+using namespace kvtier::test;
+
+namespace {
+
+enum class fault { none, lookup_timeout, store_error_mid_load, corrupt_value, save_fails, peer_stalls };
+
+const char* name(fault f) {
+  switch (f) {
+    case fault::none:
+      return "none";
+    case fault::lookup_timeout:
+      return "lookup timeout";
+    case fault::store_error_mid_load:
+      return "store error mid-load";
+    case fault::corrupt_value:
+      return "corrupt value (checksum mismatch)";
+    case fault::save_fails:
+      return "save fails";
+    case fault::peer_stalls:
+      return "peer stalls past the deadline";
+  }
+  return "?";
+}
+
+// The memory store with one fault: exists() that answers only at its deadline, the n-th get()
+// failing or reporting its value corrupt (what remote_store's checksums report for a flipped
+// byte), or every put() failing.
+struct faulty_store {
+  memory_store& inner;
+  fault f = fault::none;
+  std::atomic<int> gets{0};
+
+  std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> st, deadline dl) {
+    if (f != fault::lookup_timeout) return inner.exists(k, st, dl);
+    std::this_thread::sleep_until(std::min(dl, clock::now() + std::chrono::seconds(5)));
+    std::fill(st.begin(), st.end(), chunk_status::timeout);
+    return make_error_code(errc::timeout);
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> st, deadline dl) {
+    const int call = gets++;
+    if (f == fault::store_error_mid_load && call == 1) {
+      std::fill(st.begin(), st.end(), chunk_status::error);
+      return make_error_code(errc::backend_error);
+    }
+    const std::error_code ec = inner.get(k, d, st, dl);
+    if (f == fault::corrupt_value && call == 0 && !st.empty()) st[0] = chunk_status::corrupt;
+    return ec;
+  }
+  std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> s,
+                      std::span<chunk_status> st, deadline dl) {
+    if (f != fault::save_fails) return inner.put(k, s, st, dl);
+    std::fill(st.begin(), st.end(), chunk_status::error);
+    return make_error_code(errc::backend_error);
+  }
+};
+
+constexpr std::size_t T = rig_chunk_tokens;
+
+}  // namespace
+
+TEST_CASE("connector faults: one rank at a time, every rank agrees and no byte is wrong", "[connector]") {
+  for (rank_t W : {2u, 3u}) {
+    for (bool two : {false, true}) {
+      for (fault f : {fault::lookup_timeout, fault::store_error_mid_load, fault::corrupt_value,
+                      fault::save_fails, fault::peer_stalls}) {
+        for (rank_t bad = 0; bad < W; ++bad) {
+          INFO("W = " << W << ", two communicators = " << two << ", fault: " << name(f) << " on rank "
+                      << bad);
+          load_scenario sc{.world = W, .two_comms = two};
+          sc.opt.layers_per_group = 2;
+          if (f == fault::peer_stalls) {
+            sc.step_timeout = std::chrono::milliseconds(100);
+            sc.after_load = [bad](rank_t r) {
+              if (r == bad) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+            };
+          }
+          const auto reps = run_load(sc, [&](rank_t r, memory_store& m) {
+            auto s = std::make_unique<faulty_store>(m);
+            if (r == bad && f != fault::peer_stalls) s->f = f;
+            return s;
+          });
+          for (const rank_load_report& rep : reps) {
+            REQUIRE(rep.plan);
+            CHECK(rep.plan->cached_tokens == reps[0].plan->cached_tokens);
+            CHECK(rep.outcome.has_value() == reps[0].outcome.has_value());
+            if (rep.outcome && reps[0].outcome)
+              CHECK(rep.outcome->loaded_end_token == reps[0].outcome->loaded_end_token);
+            CHECK(rep.errors == reps[0].errors);
+            CHECK(rep.wrong == 0);
+            CHECK(rep.calls == reps[0].calls);
+          }
+          // What each fault must have cost (the first rank's view; the others equal it).
+          const rank_load_report& a = reps[0];
+          const std::uint64_t first_owned = bad * T, second_owned = (bad + W) * T;
+          switch (f) {
+            case fault::lookup_timeout:
+              CHECK(a.plan->cached_tokens <= first_owned);
+              break;
+            case fault::save_fails:
+              CHECK(a.plan->cached_tokens == first_owned);
+              CHECK(reps[bad].save_failures > 0);
+              break;
+            case fault::store_error_mid_load:
+            case fault::corrupt_value: {
+              const std::uint64_t expect = f == fault::corrupt_value ? first_owned : second_owned;
+              CHECK(a.plan->cached_tokens == 6 * T);
+              if (expect == 0) {
+                CHECK(a.outcome->loaded_end_token == 0);
+              } else {
+                REQUIRE(a.outcome);
+                CHECK(a.outcome->loaded_end_token == expect);
+                CHECK(a.errors.front() == expect / T);
+                CHECK(a.errors.size() == 6 - expect / T);
+              }
+              break;
+            }
+            case fault::peer_stalls:
+              REQUIRE(a.outcome);
+              CHECK(a.outcome->loaded_end_token <= 6 * T);
+              break;
+            case fault::none:
+              break;
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// A data communicator whose group_end number `held` (0-based) waits until released: the moves
+// of one layer group arrive late.
+struct held_group {
+  comm::inproc_communicator inner;
+  int held = -1;
+  int ends = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool reached = false, released = false;
+
+  static constexpr bool rounds_fail_together = true;
+  rank_t rank() const { return inner.rank(); }
+  rank_t size() const { return inner.size(); }
+  std::string last_error() const { return std::string(inner.last_error()); }
+  std::error_code broadcast(std::span<const std::byte> s, std::span<std::byte> r, rank_t root, deadline dl) {
+    return inner.broadcast(s, r, root, dl);
+  }
+  std::error_code all_gather(std::span<const std::byte> s, std::span<std::byte> r, deadline dl) {
+    return inner.all_gather(s, r, dl);
+  }
+  std::error_code all_reduce(std::span<const std::byte> s, std::span<std::byte> r, comm::dtype t,
+                             comm::reduce_op op, deadline dl) {
+    return inner.all_reduce(s, r, t, op, dl);
+  }
+  std::error_code group_start() { return inner.group_start(); }
+  std::error_code group_end(deadline dl) {
+    if (ends++ == held) {
+      std::unique_lock lock(mu);
+      reached = true;
+      cv.notify_all();
+      cv.wait_until(lock, clock::now() + std::chrono::seconds(20), [&] { return released; });
+    }
+    return inner.group_end(dl);
+  }
+  std::error_code local_copy(std::span<std::byte> d, std::span<const std::byte> s, deadline dl) {
+    return inner.local_copy(d, s, dl);
+  }
+  bool wait_reached(std::chrono::seconds limit) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, [&] { return reached; });
+  }
+  void release() {
+    std::lock_guard lock(mu);
+    released = true;
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("connector layer by layer: a layer below a late layer group is ready before that group lands",
+          "[connector]") {
+  constexpr rank_t W = 2;
+  constexpr int late_group = 2;  // layers_per_group = 1: layer 2 arrives late
+  comm::inproc_world ctrl_world(W), data_world(W);
+  const std::vector<token_id> prompt = rig_prompt(6 * T + 7);
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
+    held_group data{data_world.communicator_for(c.rank())};
+    data.held = late_group;
+    memory_store store(64 << 20);
+    host_kv_cache cache(rig_layout());
+    connector_options opt;
+    opt.layers_per_group = 1;
+    opt.fetch_batch_chunks = 0;  // one store call: the whole load is agreed, and moved, at once
+    opt.load_deadline.base = std::chrono::seconds(30);
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, c, data, cache.view(), opt);
+    REQUIRE(compute_and_save(conn, cache, 1, prompt));
+    const auto plan = lookup_agreed(conn, 2, prompt);
+    REQUIRE(plan);
+    REQUIRE(plan->tokens_to_load() == 6 * T);
+    host_kv_cache::sequence seq;
+    REQUIRE(cache.reserve(seq, prompt.size()));
+    REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
+    // Step until the moves reach the late group (bounded: 20,000 steps).
+    for (int i = 0; i < 20000 && !data.wait_reached(std::chrono::seconds(0)); ++i) {
+      conn.step(deadline_after(std::chrono::seconds(2)));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    REQUIRE(data.wait_reached(std::chrono::seconds(10)));
+    for (std::uint32_t l = 0; l < late_group; ++l) {
+      CHECK_FALSE(conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10))));
+      CHECK(wrong_bytes(cache, seq, 0, 6 * T, l + 1) == 0);  // layers up to l are right already
+    }
+    CHECK(conn.wait_for_layer(late_group, deadline_after(std::chrono::milliseconds(20))) == errc::timeout);
+    CHECK_FALSE(conn.load_result(2).has_value());
+    data.release();
+    REQUIRE(step_until(conn, [&] { return conn.load_result(2).has_value(); }));
+    CHECK(conn.load_result(2)->complete());
+    for (std::uint32_t l = 0; l < rig_layers; ++l)
+      CHECK_FALSE(conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10))));
+    CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);
+    conn.finish(2);
+  });
+}
