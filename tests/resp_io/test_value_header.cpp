@@ -166,7 +166,7 @@ TEST_CASE("value_check: the checksum while the bytes land equals the one-pass ch
         RC_ASSERT(c.payload_ok() == (bad == f.groups(len)));
         RC_ASSERT(c.payload_ok() == !(flip && len > 0));
       },
-      2000);
+      10000);
   // Not every byte seen: never ok. A header of another chunk: refused, never ok.
   const auto payload = bytes_of(1000, 1);
   const auto h = encode_value_header(9, chunk_key{3, 4}, payload);
