@@ -43,3 +43,8 @@ endif()
 # Paged-KV layouts and the CPU gather/scatter (issue 10).
 kvtier_add_test(test_kv_copy SOURCES core/test_kv_copy.cpp LABELS unit)
 kvtier_add_test(test_kv_copy_property SOURCES core/test_kv_copy_property.cpp LABELS property)
+
+# The README's property case counts, checked against the tests (tests/core/property_counts.cmake).
+add_test(NAME test_property_counts COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+                                           -P ${CMAKE_CURRENT_SOURCE_DIR}/core/property_counts.cmake)
+set_tests_properties(test_property_counts PROPERTIES LABELS unit TIMEOUT 60)

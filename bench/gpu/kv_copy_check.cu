@@ -103,6 +103,16 @@ void argument_checks() {
   EXPECT(cuda::kv_scatter(host.view, slots, fake_slots_dev, chunk.data(), chunk.size(), {}, nullptr, nullptr,
                           &why) == errc::invalid_argument);
   EXPECT(why.field == "slots");
+  slots[1] = 2;  // two tokens into slot 2: their threads would race
+  const auto before = host.snapshot();
+  EXPECT(cuda::kv_scatter(host.view, slots, fake_slots_dev, chunk.data(), chunk.size(), {}, nullptr, nullptr,
+                          &why) == errc::invalid_argument);
+  EXPECT(why.field == "slots" && why.message.find("slots[1] and slots[2] are both 2") != std::string::npos);
+  EXPECT(cuda::emulate_on_host(false, host.view, slots, chunk.data(), chunk.size(), {}, &why) ==
+         errc::invalid_argument);
+  EXPECT(host.snapshot() == before);
+  // A gather may read one slot twice (as on the CPU).
+  EXPECT(!cuda::emulate_on_host(true, host.view, slots, chunk.data(), chunk.size(), {}, &why));
   slots[1] = 1;
   EXPECT(cuda::kv_gather(host.view, slots, nullptr, chunk.data(), chunk.size(), {}, nullptr, nullptr, &why) ==
          errc::invalid_argument);

@@ -22,6 +22,7 @@
 #include "engine_types.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/resp/connection.hpp"
+#include "kvtier/resp/url.hpp"
 #include "timing_model.hpp"
 #include "trace.hpp"
 
@@ -317,6 +318,14 @@ inline options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) 
     throw usage_error("give at most one of --l2-password-env and --l2-password-file");
   if (o.tls.cert_file.empty() != o.tls.key_file.empty())
     throw usage_error("give both --l2-tls-cert and --l2-tls-key, or neither");
+  const bool tls_flags = !o.tls.ca_file.empty() || !o.tls.cert_file.empty();
+  const bool tls_l2 = o.l2.rfind("rediss://", 0) == 0 || o.l2.rfind("resp+tls://", 0) == 0 ||
+                      o.l2.rfind("resp+cluster+tls://", 0) == 0;
+  if (tls_flags && !tls_l2)  // they would be ignored: a plaintext L2 never reads them
+    throw usage_error(
+        "--l2-tls-ca, --l2-tls-cert and --l2-tls-key need a TLS --l2 (rediss://, resp+tls:// or "
+        "resp+cluster+tls://); --l2 is '" +
+        (o.l2.find("://") == std::string::npos ? o.l2 : kvtier::resp::redact_url(o.l2)) + "'");
   if (o.prior_from_model && o.l2 != "embedded")
     throw usage_error("--estimator-prior model needs --l2 embedded");
   if (o.sustained_gbps > 0) {  // the instance rate beside T0, from the rate it sustained per hit

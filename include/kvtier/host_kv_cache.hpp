@@ -14,11 +14,14 @@
 // Thread safety: reserve/release are for one thread (the engine's scheduler); gathers and
 // scatters of disjoint blocks may run on several threads at once.
 //
-//   kvtier::host_kv_cache cache(kvtier::kv_layout::vllm_mla(/*layers=*/2, /*blocks=*/256,
-//   /*block_size=*/64)); kvtier::host_kv_cache::sequence seq; if (!cache.reserve(seq, prompt_tokens)) /* out
-//   of blocks */; std::vector<std::byte> value(cache.layout().bytes_per_token() * 256); cache.gather(seq, c *
-//   256, 256, value);    // chunk c → its value (layer-major) cache.scatter(seq, c * 256, 256, value);   //
-//   and back
+// clang-format off
+//   kvtier::host_kv_cache cache(kvtier::kv_layout::vllm_mla(/*layers=*/2, /*blocks=*/256, /*block_size=*/64));
+//   kvtier::host_kv_cache::sequence seq;
+//   if (!cache.reserve(seq, prompt_tokens)) { /* out of blocks */ }
+//   std::vector<std::byte> value(cache.layout().bytes_per_token() * 256);
+//   cache.gather(seq, c * 256, 256, value);    // chunk c → its value (layer-major)
+//   cache.scatter(seq, c * 256, 256, value);   // and back
+// clang-format on
 #pragma once
 
 #include <cstddef>

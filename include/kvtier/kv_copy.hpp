@@ -14,7 +14,8 @@
 // table[(first_token + i) / block_size] (a negative block id skips the token).
 //
 // Everything is checked before a byte moves (layout, pointer count, layer range, chunk length,
-// every slot below num_blocks * block_size), so a bad argument never leaves a half-copied cache:
+// every slot below num_blocks * block_size, and for a scatter no slot named twice), so a bad
+// argument never leaves a half-copied cache:
 // the call returns errc::invalid_argument and, when asked, a kv_layout_error naming the field.
 //
 //   auto cache = kvtier::kv_cache_view::per_layer(kvtier::kv_layout::vllm_mla(4, 1024, 64), layer_ptrs);
@@ -24,12 +25,14 @@
 //                      {.first = 0, .last = 2});                         // chunk → paged, layers 0 and 1
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "kvtier/errc.hpp"
@@ -63,12 +66,30 @@ inline std::uint64_t layer_group_bytes(const kv_layout& lay, std::size_t tokens,
   return std::uint64_t{layers_per_group} * tokens * lay.layer_bytes_per_token();
 }
 
-/// The bytes of layers `r` inside a whole chunk value (one contiguous sub-span).
+/// The bytes of layers `r` inside a whole chunk value (one contiguous sub-span). A range that
+/// is not ordered (first > last), ends past num_layers, or a value too short for those layers
+/// gives an empty span and, when asked, `why` (field "layers" or "chunk"): a copy of that range
+/// then refuses the empty span, so no byte moves.
 template <class Byte>
-std::span<Byte> chunk_layers(const kv_layout& lay, std::size_t tokens, std::span<Byte> value,
-                             layer_range r) noexcept {
-  const std::uint64_t a = chunk_layer_offset(lay, tokens, r.first),
-                      b = chunk_layer_offset(lay, tokens, r.end(lay));
+std::span<Byte> chunk_layers(const kv_layout& lay, std::size_t tokens, std::span<Byte> value, layer_range r,
+                             kv_layout_error* why = nullptr) {
+  const std::uint32_t last = r.end(lay);
+  if (r.first > last || last > lay.num_layers) {
+    if (why)
+      *why = {"layers", "layer range [" + std::to_string(r.first) + ", " + std::to_string(last) +
+                            ") is not inside [0, " + std::to_string(lay.num_layers) + ") of '" + lay.name +
+                            "'"};
+    return {};
+  }
+  const std::uint64_t a = chunk_layer_offset(lay, tokens, r.first), b = chunk_layer_offset(lay, tokens, last);
+  if (b > value.size()) {
+    if (why)
+      *why = {"chunk", "chunk value holds " + std::to_string(value.size()) + " bytes; layers [" +
+                           std::to_string(r.first) + ", " + std::to_string(last) + ") of " +
+                           std::to_string(tokens) + " tokens of '" + lay.name + "' end at byte " +
+                           std::to_string(b)};
+    return {};
+  }
   return value.subspan(a, b - a);
 }
 
@@ -112,9 +133,27 @@ inline std::vector<kv_run> kv_runs(const kv_layout& lay, std::span<const std::in
   return runs;
 }
 
+// The first two chunk tokens a scatter would write to one slot (sorted copy; slots are few).
+inline kv_layout_error duplicate_slots(std::span<const std::int64_t> slots, const std::string& layout_name) {
+  std::vector<std::pair<std::int64_t, std::size_t>> seen;
+  seen.reserve(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    if (slots[i] >= 0) seen.emplace_back(slots[i], i);
+  std::sort(seen.begin(), seen.end());
+  for (std::size_t k = 1; k < seen.size(); ++k)
+    if (seen[k].first == seen[k - 1].first)
+      return {"slots", "slots[" + std::to_string(seen[k - 1].second) + "] and slots[" +
+                           std::to_string(seen[k].second) + "] are both " + std::to_string(seen[k].first) +
+                           ": a scatter would write two tokens into one slot of '" + layout_name + "'"};
+  return {};
+}
+
 // Checks everything a copy needs; on a problem fills *why (if given) and returns invalid_argument.
+// A scatter (`writes_cache`) also refuses two tokens with one slot: which one the slot keeps
+// would depend on the order of the writes (on the GPU, threads race on the same bytes).
 inline std::error_code kv_copy_check(const kv_cache_view& cache, std::span<const std::int64_t> slots,
-                                     std::size_t chunk_bytes, layer_range r, kv_layout_error* why) {
+                                     std::size_t chunk_bytes, layer_range r, kv_layout_error* why,
+                                     bool writes_cache) {
   auto fail = [why](kv_layout_error e) {
     if (why) *why = std::move(e);
     return make_error_code(errc::invalid_argument);
@@ -137,6 +176,8 @@ inline std::error_code kv_copy_check(const kv_cache_view& cache, std::span<const
       return fail({"slots", "slots[" + std::to_string(i) + "] = " + std::to_string(slots[i]) +
                                 " is not below num_blocks * block_size = " + std::to_string(n) + " of '" +
                                 lay.name + "'"});
+  if (writes_cache)
+    if (auto e = duplicate_slots(slots, lay.name)) return fail(std::move(e));
   return {};
 }
 
@@ -194,18 +235,19 @@ void kv_copy_runs(const kv_cache_view& cache, std::span<const kv_run> runs, std:
 inline std::error_code kv_gather(const kv_cache_view& cache, std::span<const std::int64_t> slots,
                                  std::span<std::byte> chunk, layer_range r = {},
                                  kv_layout_error* why = nullptr) {
-  if (auto ec = detail::kv_copy_check(cache, slots, chunk.size(), r, why)) return ec;
+  if (auto ec = detail::kv_copy_check(cache, slots, chunk.size(), r, why, /*writes_cache=*/false)) return ec;
   const auto runs = detail::kv_runs(cache.layout, slots);
   detail::kv_copy_runs<true>(cache, runs, slots.size(), chunk.data(), r);
   return {};
 }
 
 /// Copies `chunk` (layers r, layer-major) into the paged cache at slots[i]; a negative slot's
-/// cache bytes stay untouched.
+/// cache bytes stay untouched. Two tokens with the same slot are refused (field "slots"), as on
+/// the GPU; a gather may read one slot for several tokens.
 inline std::error_code kv_scatter(const kv_cache_view& cache, std::span<const std::int64_t> slots,
                                   std::span<const std::byte> chunk, layer_range r = {},
                                   kv_layout_error* why = nullptr) {
-  if (auto ec = detail::kv_copy_check(cache, slots, chunk.size(), r, why)) return ec;
+  if (auto ec = detail::kv_copy_check(cache, slots, chunk.size(), r, why, /*writes_cache=*/true)) return ec;
   const auto runs = detail::kv_runs(cache.layout, slots);
   // The loop reads from `chunk` only in the scatter direction.
   detail::kv_copy_runs<false>(cache, runs, slots.size(), const_cast<std::byte*>(chunk.data()), r);

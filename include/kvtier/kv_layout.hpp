@@ -33,6 +33,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,7 +61,8 @@ struct kv_layout {
   std::uint32_t heads = 0;         ///< KV heads (1 for MLA)
   std::uint32_t head_bytes = 0;    ///< bytes of one head of one token in one plane
   std::uint32_t elem_bytes = 0;    ///< element size; head_bytes is a multiple of it
-  std::uint64_t layer_stride = 0;  ///< from layer l to l+1 when the view has one base
+  std::uint64_t layer_stride = 0;  ///< from layer l to l+1 when the view has one base (0: per-layer
+                                   ///< pointers only; a one-base view of 2+ layers refuses it)
   std::uint64_t plane_stride = 0;  ///< from K to V inside a layer (planes == 2)
   std::uint64_t block_stride = 0;
   std::uint64_t token_stride = 0;
@@ -299,7 +301,10 @@ struct kv_cache_view {
     return kv_cache_view{std::move(lay), std::vector<std::byte*>(layer_planes.begin(), layer_planes.end())};
   }
 
-  /// The layout's problem, or a pointer count that does not match it (field "planes").
+  /// The layout's problem, a pointer count that does not match it, a null pointer, or two
+  /// (layer, plane) regions at the same address (field "planes"; "layer_stride" when a one-base
+  /// view's layer_stride of 0 put every layer there). Two regions at one address would fold two
+  /// layers onto one: every copy would succeed and the checksums would cover the wrong bytes.
   kv_layout_error validate() const {
     if (auto e = layout.validate()) return e;
     const std::size_t want = std::size_t{layout.num_layers} * layout.planes;
@@ -311,6 +316,32 @@ struct kv_cache_view {
       if (planes[i] == nullptr)
         return {"planes",
                 "kv_cache_view of '" + layout.name + "': plane pointer " + std::to_string(i) + " is null"};
+    return duplicate_planes();
+  }
+
+ private:
+  // The first two (layer, plane) pointers that are equal, in words.
+  kv_layout_error duplicate_planes() const {
+    std::vector<std::size_t> order(planes.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [this](std::size_t a, std::size_t b) {
+      return std::less<const std::byte*>{}(planes[a], planes[b]) || (planes[a] == planes[b] && a < b);
+    });
+    for (std::size_t k = 1; k < order.size(); ++k) {
+      const std::size_t a = order[k - 1], b = order[k];
+      if (planes[a] != planes[b]) continue;
+      const std::size_t p = layout.planes;
+      auto name = [p](std::size_t i) {
+        return "layer " + std::to_string(i / p) + " plane " + std::to_string(i % p);
+      };
+      if (layout.layer_stride == 0 && a % p == b % p)
+        return {"layer_stride", "kv_cache_view of '" + layout.name + "': layer_stride = 0 puts " + name(a) +
+                                    " and " + name(b) +
+                                    " at the same address; a view with one base pointer needs a "
+                                    "layer_stride that covers a layer (or pass one pointer per layer)"};
+      return {"planes", "kv_cache_view of '" + layout.name + "': " + name(a) + " and " + name(b) +
+                            " have the same base pointer (two regions would fold onto one)"};
+    }
     return {};
   }
 };

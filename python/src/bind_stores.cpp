@@ -99,7 +99,11 @@ struct rendezvous_parts {
   rendezvous_parts(std::vector<std::shared_ptr<store_impl>> parts, std::uint64_t seed) {
     for (auto& p : parts) refs.push_back({std::move(p)});
     for (auto& x : refs) ptrs.push_back(&x);
-    r.emplace(ptrs, seed);
+    // rendezvous_store keys weights by each instance's name; a Python store has no server
+    // identity here yet, so its position names it (removing a middle one moves later keys).
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < ptrs.size(); ++i) names.push_back("#" + std::to_string(i));
+    r.emplace(ptrs, std::move(names), seed);
   }
   template <class... A>
   std::error_code exists(A&&... a) {

@@ -111,6 +111,64 @@ TEST_CASE("kv_layout: validation names the wrong field", "[unit]") {
   CHECK(field_of(kv_layout::sglang_mha(1, 64, 16, 0, 64)) == "heads");
 }
 
+TEST_CASE("kv_cache_view: layers or planes folded onto one address are refused", "[unit]") {
+  // One base and layer_stride 0: every layer would land on layer 0 (issue 18, bug 3).
+  auto folded = kv_layout::vllm_mla(3, 4, 8);
+  folded.layer_stride = 0;
+  REQUIRE_FALSE(folded.validate());  // fine for per-layer pointers
+  std::vector<std::byte> buf(folded.cache_extent() * 3);
+  auto one = kv_cache_view::one_base(folded, buf.data());
+  auto e = one.validate();
+  CHECK(e.field == "layer_stride");
+  CHECK(e.message.find("layer 0 plane 0 and layer 1 plane 0") != std::string::npos);
+  std::vector<std::int64_t> slots{0, 5, 9};
+  std::vector<std::byte> chunk(folded.bytes_per_token() * slots.size(), std::byte{7});
+  const auto before = buf;
+  kv_layout_error why;
+  CHECK(kv_scatter(one, slots, chunk, {}, &why) == errc::invalid_argument);
+  CHECK(why.field == "layer_stride");
+  CHECK(kv_gather(one, slots, chunk) == errc::invalid_argument);
+  CHECK(buf == before);
+  // One layer over one base needs no layer stride.
+  auto single = kv_layout::vllm_mla(1, 4, 8);
+  single.layer_stride = 0;
+  CHECK_FALSE(kv_cache_view::one_base(single, buf.data()).validate());
+  // Per-layer pointers with layer_stride 0 are the normal case; the same pointer twice is not.
+  std::vector<std::byte> l0(folded.layer_extent()), l1(folded.layer_extent()), l2(folded.layer_extent());
+  std::byte* distinct[] = {l0.data(), l1.data(), l2.data()};
+  CHECK_FALSE(kv_cache_view::per_layer(folded, distinct).validate());
+  std::byte* repeated[] = {l0.data(), l1.data(), l0.data()};
+  e = kv_cache_view::per_layer(folded, repeated).validate();
+  CHECK(e.field == "layer_stride");
+  CHECK(e.message.find("layer 0 plane 0 and layer 2 plane 0") != std::string::npos);
+  // Per-plane pointers (SGLang's K and V pools): V given as K is refused as "planes".
+  auto mha = kv_layout::sglang_mha(2, 64, 16, 2, 8);
+  std::vector<std::vector<std::byte>> pools(4, std::vector<std::byte>(mha.plane_extent()));
+  std::byte* kv[] = {pools[0].data(), pools[1].data(), pools[2].data(), pools[1].data()};
+  e = kv_cache_view::per_plane(mha, kv).validate();
+  CHECK(e.field == "planes");
+  CHECK(e.message.find("layer 0 plane 1 and layer 1 plane 1") != std::string::npos);
+  kv[3] = pools[3].data();
+  CHECK_FALSE(kv_cache_view::per_plane(mha, kv).validate());
+}
+
+TEST_CASE("kv_cache_view: FlashInfer's interleaved K and V planes are accepted and copy exactly", "[unit]") {
+  // K and V of a block sit side by side (plane_stride < a plane's extent): interleaved, not folded.
+  for (const kv_order order : {kv_order::nhd, kv_order::hnd}) {
+    const auto lay = kv_layout::flashinfer(3, 5, 4, 2, 8, 2, order);
+    REQUIRE(lay.plane_stride < lay.plane_extent());
+    for (const view_kind kind : {view_kind::one_base, view_kind::per_layer}) {
+      auto c = test::make_cache(lay, kind, 11);
+      REQUIRE_FALSE(c.view.validate());
+      const std::vector<std::int64_t> slots{3, -1, 0, 19, 7};
+      const std::size_t bytes = lay.bytes_per_token() * slots.size();
+      std::vector<std::byte> got(bytes, std::byte{1});
+      REQUIRE_FALSE(kv_gather(c.view, slots, got));
+      CHECK(got == test::ref_gather(c.view, slots, {}, std::vector<std::byte>(bytes, std::byte{1})));
+    }
+  }
+}
+
 TEST_CASE("kv_copy: bad arguments are refused before any byte moves, naming the field", "[unit]") {
   auto c = test::make_cache(kv_layout::vllm_mla(2, 4, 8, 2, 16), view_kind::per_layer, 1);
   const auto before = c.snapshot();
@@ -123,6 +181,12 @@ TEST_CASE("kv_copy: bad arguments are refused before any byte moves, naming the 
   CHECK(kv_scatter(c.view, slots, chunk, {}, &why) == errc::invalid_argument);
   CHECK(why.field == "slots");
   CHECK(why.message.find("slots[2] = 32") != std::string::npos);
+  slots[2] = 5;  // = slots[3]: two tokens into one slot
+  CHECK(kv_scatter(c.view, slots, chunk, {}, &why) == errc::invalid_argument);
+  CHECK(why.field == "slots");
+  CHECK(why.message.find("slots[2] and slots[3] are both 5") != std::string::npos);
+  CHECK_FALSE(kv_gather(c.view, slots, std::span<std::byte>(chunk)));  // reading one slot twice is fine
+  CHECK(c.snapshot() == before);
   slots[2] = 31;
   std::vector<std::byte> short_chunk(bytes - 1);
   CHECK(kv_scatter(c.view, slots, short_chunk, {}, &why) == errc::invalid_argument);
@@ -162,6 +226,23 @@ TEST_CASE("kv_copy: chunk_layers is the layer range's sub-span of a whole value"
   CHECK(mid.size() == 2u * 656 * 3);
   CHECK(chunk_layers(lay, 3, std::span<std::byte>(value), {}).size() == value.size());
   CHECK(layer_group_bytes(lay, 3, 2) == mid.size());
+  // A range out of order, past the last layer, or past the value's end: empty, and why.
+  kv_layout_error why;
+  CHECK(chunk_layers(lay, 3, std::span<std::byte>(value), {3, 1}, &why).empty());
+  CHECK(why.field == "layers");
+  CHECK(why.message.find("[3, 1)") != std::string::npos);
+  why = {};
+  CHECK(chunk_layers(lay, 3, std::span<std::byte>(value), {2, 5}, &why).empty());
+  CHECK(why.field == "layers");
+  why = {};
+  CHECK(chunk_layers(lay, 4, std::span<std::byte>(value), {2, 4}, &why).empty());
+  CHECK(why.field == "chunk");
+  // The empty span makes the copy of that range refuse, so no byte moves.
+  auto c = test::make_cache(lay, view_kind::per_layer, 3);
+  const std::vector<std::int64_t> slots{0, 1, 2};
+  CHECK(kv_gather(c.view, slots, chunk_layers(lay, 3, std::span<std::byte>(value), {3, 1}), {3, 1}) ==
+        errc::invalid_argument);
+  CHECK_FALSE(kv_gather(c.view, slots, chunk_layers(lay, 3, std::span<std::byte>(value), {2, 4}), {2, 4}));
 }
 
 TEST_CASE("host_kv_cache: blocks, sequences, and a chunk moved between sequences", "[unit]") {

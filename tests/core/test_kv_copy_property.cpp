@@ -5,7 +5,8 @@
 //     gathered entries change, to the source's bytes), and gather after scatter on the chunk;
 //   - scatter touches exactly the reference's bytes: skipped slots and every other byte unchanged;
 //   - gathers of consecutive layer ranges concatenate to the gather of the whole range.
-// 500 cases per property by default (KVTIER_PROPERTY_CASES overrides).
+// The shared default case count per property (tests/support/property.hpp; KVTIER_PROPERTY_CASES
+// overrides).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -59,108 +60,95 @@ layer_range gen_range(const kv_layout& l) {
 }  // namespace
 
 TEST_CASE("kv_copy: gather equals the reference and scatter after gather is the identity", "[property]") {
-  prop(
-      "gather == reference; scatter(gather) == identity",
-      [] {
-        const kv_case k = gen_case();
-        const layer_range r = gen_range(k.layout);
-        owned_cache src = make_cache(k.layout, k.kind, k.seed);
-        std::vector<std::byte> init(chunk_bytes(k.layout, k.slots.size(), r));
-        fill_bytes(init, k.seed ^ 0x77);
-        std::vector<std::byte> chunk = init;
-        RC_ASSERT(!kv_gather(src.view, k.slots, chunk, r));
-        RC_ASSERT(chunk == ref_gather(src.view, k.slots, r, init));
+  prop("gather == reference; scatter(gather) == identity", [] {
+    const kv_case k = gen_case();
+    const layer_range r = gen_range(k.layout);
+    owned_cache src = make_cache(k.layout, k.kind, k.seed);
+    std::vector<std::byte> init(chunk_bytes(k.layout, k.slots.size(), r));
+    fill_bytes(init, k.seed ^ 0x77);
+    std::vector<std::byte> chunk = init;
+    RC_ASSERT(!kv_gather(src.view, k.slots, chunk, r));
+    RC_ASSERT(chunk == ref_gather(src.view, k.slots, r, init));
 
-        owned_cache dst = make_cache(k.layout, k.kind, ~k.seed);
-        owned_cache want = make_cache(k.layout, k.kind, ~k.seed);
-        for (std::uint32_t l = r.first; l < r.end(k.layout); ++l)  // the source's entries, by formula
-          for (std::uint32_t p = 0; p < k.layout.planes; ++p)
-            for (std::int64_t s : k.slots)
-              if (s >= 0)
-                for (std::uint32_t h = 0; h < k.layout.heads; ++h)
-                  std::memcpy(ref_entry(want.view, l, p, s, h), ref_entry(src.view, l, p, s, h),
-                              k.layout.head_bytes);
-        RC_ASSERT(!kv_scatter(dst.view, k.slots, chunk, r));
-        RC_ASSERT(dst.snapshot() == want.snapshot());
+    owned_cache dst = make_cache(k.layout, k.kind, ~k.seed);
+    owned_cache want = make_cache(k.layout, k.kind, ~k.seed);
+    for (std::uint32_t l = r.first; l < r.end(k.layout); ++l)  // the source's entries, by formula
+      for (std::uint32_t p = 0; p < k.layout.planes; ++p)
+        for (std::int64_t s : k.slots)
+          if (s >= 0)
+            for (std::uint32_t h = 0; h < k.layout.heads; ++h)
+              std::memcpy(ref_entry(want.view, l, p, s, h), ref_entry(src.view, l, p, s, h),
+                          k.layout.head_bytes);
+    RC_ASSERT(!kv_scatter(dst.view, k.slots, chunk, r));
+    RC_ASSERT(dst.snapshot() == want.snapshot());
 
-        std::vector<std::byte> again = init;  // and gather after scatter gives the chunk back
-        RC_ASSERT(!kv_gather(dst.view, k.slots, again, r));
-        RC_ASSERT(again == chunk);
-      },
-      500);
+    std::vector<std::byte> again = init;  // and gather after scatter gives the chunk back
+    RC_ASSERT(!kv_gather(dst.view, k.slots, again, r));
+    RC_ASSERT(again == chunk);
+  });
 }
 
 TEST_CASE("kv_copy: scatter writes exactly the mapped entries; skipped slots stay untouched", "[property]") {
-  prop(
-      "scatter == reference scatter, nothing else written",
-      [] {
-        const kv_case k = gen_case();
-        const layer_range r = gen_range(k.layout);
-        std::vector<std::byte> chunk(chunk_bytes(k.layout, k.slots.size(), r));
-        fill_bytes(chunk, k.seed + 3);
-        owned_cache got = make_cache(k.layout, k.kind, k.seed);
-        owned_cache want = make_cache(k.layout, k.kind, k.seed);
-        RC_ASSERT(!kv_scatter(got.view, k.slots, chunk, r));
-        ref_scatter(want.view, k.slots, r, chunk);
-        RC_ASSERT(got.snapshot() == want.snapshot());
-      },
-      500);
+  prop("scatter == reference scatter, nothing else written", [] {
+    const kv_case k = gen_case();
+    const layer_range r = gen_range(k.layout);
+    std::vector<std::byte> chunk(chunk_bytes(k.layout, k.slots.size(), r));
+    fill_bytes(chunk, k.seed + 3);
+    owned_cache got = make_cache(k.layout, k.kind, k.seed);
+    owned_cache want = make_cache(k.layout, k.kind, k.seed);
+    RC_ASSERT(!kv_scatter(got.view, k.slots, chunk, r));
+    ref_scatter(want.view, k.slots, r, chunk);
+    RC_ASSERT(got.snapshot() == want.snapshot());
+  });
 }
 
 TEST_CASE("kv_copy: layer ranges concatenate to the whole", "[property]") {
-  prop(
-      "gather of [0,a) ++ [a,b) ++ [b,L) == gather of [0,L)",
-      [] {
-        const kv_case k = gen_case();
-        owned_cache c = make_cache(k.layout, k.kind, k.seed);
-        const std::size_t n = k.slots.size();
-        std::vector<std::byte> whole(chunk_bytes(k.layout, n, {}));
-        std::vector<std::byte> parts(whole.size());
-        fill_bytes(whole, 9);
-        fill_bytes(parts, 9);
-        RC_ASSERT(!kv_gather(c.view, k.slots, whole));
-        const std::uint32_t a = *rc::gen::inRange<std::uint32_t>(0, k.layout.num_layers + 1);
-        const std::uint32_t b = *rc::gen::inRange<std::uint32_t>(a, k.layout.num_layers + 1);
-        for (layer_range r : {layer_range{0, a}, layer_range{a, b}, layer_range{b, k.layout.num_layers}})
-          RC_ASSERT(
-              !kv_gather(c.view, k.slots, chunk_layers(k.layout, n, std::span<std::byte>(parts), r), r));
-        RC_ASSERT(parts == whole);
-      },
-      500);
+  prop("gather of [0,a) ++ [a,b) ++ [b,L) == gather of [0,L)", [] {
+    const kv_case k = gen_case();
+    owned_cache c = make_cache(k.layout, k.kind, k.seed);
+    const std::size_t n = k.slots.size();
+    std::vector<std::byte> whole(chunk_bytes(k.layout, n, {}));
+    std::vector<std::byte> parts(whole.size());
+    fill_bytes(whole, 9);
+    fill_bytes(parts, 9);
+    RC_ASSERT(!kv_gather(c.view, k.slots, whole));
+    const std::uint32_t a = *rc::gen::inRange<std::uint32_t>(0, k.layout.num_layers + 1);
+    const std::uint32_t b = *rc::gen::inRange<std::uint32_t>(a, k.layout.num_layers + 1);
+    for (layer_range r : {layer_range{0, a}, layer_range{a, b}, layer_range{b, k.layout.num_layers}})
+      RC_ASSERT(!kv_gather(c.view, k.slots, chunk_layers(k.layout, n, std::span<std::byte>(parts), r), r));
+    RC_ASSERT(parts == whole);
+  });
 }
 
 TEST_CASE("kv_layout: a layout validate() accepts has disjoint entries inside its extent", "[property]") {
-  prop(
-      "validate ok => entries disjoint and within cache_extent",
-      [] {
-        kv_layout l;
-        l.num_layers = *rc::gen::inRange<std::uint32_t>(1, 4);
-        l.num_blocks = *rc::gen::inRange<std::uint64_t>(1, 5);
-        l.block_size = *rc::gen::inRange<std::uint32_t>(1, 5);
-        l.planes = *rc::gen::inRange<std::uint32_t>(1, 3);
-        l.heads = *rc::gen::inRange<std::uint32_t>(1, 4);
-        l.elem_bytes = 1;
-        l.head_bytes = *rc::gen::inRange<std::uint32_t>(1, 9);
-        auto stride = [] { return *rc::gen::inRange<std::uint64_t>(0, 400); };
-        l.layer_stride = *rc::gen::element<std::uint64_t>(0, 1) ? stride() * 8 : 0;
-        l.plane_stride = stride();
-        l.block_stride = stride();
-        l.token_stride = stride();
-        l.head_stride = stride();
-        RC_PRE(!l.validate());
-        const bool one_region = l.layer_stride != 0;
-        const std::uint64_t extent = one_region ? l.cache_extent() : l.layer_extent();
-        std::vector<std::uint8_t> used(extent, 0);
-        for (std::uint32_t layer = 0; layer < (one_region ? l.num_layers : 1); ++layer)
-          for (std::uint32_t p = 0; p < l.planes; ++p)
-            for (std::uint64_t b = 0; b < l.num_blocks; ++b)
-              for (std::uint32_t t = 0; t < l.block_size; ++t)
-                for (std::uint32_t h = 0; h < l.heads; ++h) {
-                  const std::uint64_t at = layer * l.layer_stride + p * l.plane_stride + b * l.block_stride +
-                                           t * l.token_stride + h * l.head_stride;
-                  RC_ASSERT(at + l.head_bytes <= extent);
-                  for (std::uint64_t i = at; i < at + l.head_bytes; ++i) RC_ASSERT(used[i]++ == 0);
-                }
-      },
-      2000);
+  prop("validate ok => entries disjoint and within cache_extent", [] {
+    kv_layout l;
+    l.num_layers = *rc::gen::inRange<std::uint32_t>(1, 4);
+    l.num_blocks = *rc::gen::inRange<std::uint64_t>(1, 5);
+    l.block_size = *rc::gen::inRange<std::uint32_t>(1, 5);
+    l.planes = *rc::gen::inRange<std::uint32_t>(1, 3);
+    l.heads = *rc::gen::inRange<std::uint32_t>(1, 4);
+    l.elem_bytes = 1;
+    l.head_bytes = *rc::gen::inRange<std::uint32_t>(1, 9);
+    auto stride = [] { return *rc::gen::inRange<std::uint64_t>(0, 400); };
+    l.layer_stride = *rc::gen::element<std::uint64_t>(0, 1) ? stride() * 8 : 0;
+    l.plane_stride = stride();
+    l.block_stride = stride();
+    l.token_stride = stride();
+    l.head_stride = stride();
+    RC_PRE(!l.validate());
+    const bool one_region = l.layer_stride != 0;
+    const std::uint64_t extent = one_region ? l.cache_extent() : l.layer_extent();
+    std::vector<std::uint8_t> used(extent, 0);
+    for (std::uint32_t layer = 0; layer < (one_region ? l.num_layers : 1); ++layer)
+      for (std::uint32_t p = 0; p < l.planes; ++p)
+        for (std::uint64_t b = 0; b < l.num_blocks; ++b)
+          for (std::uint32_t t = 0; t < l.block_size; ++t)
+            for (std::uint32_t h = 0; h < l.heads; ++h) {
+              const std::uint64_t at = layer * l.layer_stride + p * l.plane_stride + b * l.block_stride +
+                                       t * l.token_stride + h * l.head_stride;
+              RC_ASSERT(at + l.head_bytes <= extent);
+              for (std::uint64_t i = at; i < at + l.head_bytes; ++i) RC_ASSERT(used[i]++ == 0);
+            }
+  });
 }

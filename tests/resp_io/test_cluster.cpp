@@ -192,6 +192,69 @@ TEST_CASE("cluster: CLUSTER SHARDS from wire bytes, RESP2 and RESP3", "[unit]") 
   }
 }
 
+TEST_CASE("cluster: a reply naming more masters than slots is refused, not wrapped", "[unit]") {
+  // slot_map numbers nodes in 16 bits: masters past 65,535 would wrap onto node 0 and route
+  // their slots to the wrong master. One master per slot is the most a cluster has.
+  auto integer = [](std::int64_t i) {
+    value v;
+    v.kind = type::integer;
+    v.integer = i;
+    return v;
+  };
+  auto text = [](std::string t) {
+    value v;
+    v.kind = type::bulk_string;
+    v.str = std::move(t);
+    return v;
+  };
+  auto array = [](std::vector<value> e) {
+    value v;
+    v.kind = type::array;
+    v.elements = std::move(e);
+    return v;
+  };
+  auto slots_reply = [&](std::size_t masters) {  // master i serves slot i % 16384
+    value r = array({});
+    for (std::size_t i = 0; i < masters; ++i) {
+      const auto slot = static_cast<std::int64_t>(i % cluster_slot_count);
+      r.elements.push_back(array(
+          {integer(slot), integer(slot), array({text("h"), integer(static_cast<std::int64_t>(i) + 1)})}));
+    }
+    return r;
+  };
+  auto shards_reply = [&](std::size_t masters) {
+    value r = array({});
+    for (std::size_t i = 0; i < masters; ++i) {
+      const auto slot = static_cast<std::int64_t>(i % cluster_slot_count);
+      r.elements.push_back(
+          array({text("slots"), array({integer(slot), integer(slot)}), text("nodes"),
+                 array({array({text("ip"), text("h"), text("port"), integer(static_cast<std::int64_t>(i) + 1),
+                               text("role"), text("master")})})}));
+    }
+    return r;
+  };
+  slot_map m;
+  std::string why;
+  REQUIRE_FALSE(parse_cluster_slots(slots_reply(cluster_slot_count), from, m, why));
+  CHECK(m.nodes().size() == cluster_slot_count);
+  CHECK(m.covered() == cluster_slot_count);
+  CHECK(parse_cluster_slots(slots_reply(cluster_slot_count + 1), from, m, why) == errc::unexpected_reply);
+  CHECK(why.find("more masters than slots") != std::string::npos);
+  CHECK(m.empty());
+  why.clear();
+  REQUIRE_FALSE(parse_cluster_shards(shards_reply(cluster_slot_count), from, m, why));
+  CHECK(m.nodes().size() == cluster_slot_count);
+  CHECK(parse_cluster_shards(shards_reply(cluster_slot_count + 1), from, m, why) == errc::unexpected_reply);
+  CHECK(why.find("more masters than slots") != std::string::npos);
+  CHECK(m.empty());
+  // add_node() itself never hands out an index that could wrap.
+  slot_map full;
+  for (std::size_t i = 0; i < slot_map::max_nodes; ++i)
+    REQUIRE(full.add_node({"h", static_cast<std::uint16_t>(i + 1)}) == i);
+  CHECK(full.add_node({"h", 1}) == 0);  // a known node keeps its index
+  CHECK(full.add_node({"other", 1}) == slot_map::no_node);
+}
+
 TEST_CASE("cluster: resp+cluster:// URLs", "[unit]") {
   auto u = parse_cluster_url("resp+cluster://127.0.0.1:7000,127.0.0.1:7001,[::1]:7002");
   REQUIRE(u);

@@ -22,6 +22,7 @@
 #include "resp_io/store_test_util.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
+#include "support/scripted_tls_server.hpp"
 #include "support/test_pki.hpp"
 #if KVTIER_TEST_URING_TLS
 #include "kvtier/resp/uring_tls_connection.hpp"
@@ -164,6 +165,7 @@ TEMPLATE_TEST_CASE("tls: a wrong CA, a wrong name, an expired certificate, a pla
     auto o = tls_options_for(good);
     o.server.port = good.port();  // the same server's plaintext port: it never answers a ClientHello
     expect_tls_failure(o, "is the server speaking TLS on this port?", errc::connection_refused);
+    expect_tls_failure(o, "use resp:// for a plaintext port", errc::connection_refused);
   }
   SECTION("verification off talks to the server anyway (for tests only)") {
     auto o = tls_options_for(good, "other-ca.pem");
@@ -171,10 +173,80 @@ TEMPLATE_TEST_CASE("tls: a wrong CA, a wrong name, an expired certificate, a pla
     TestType conn(o);
     REQUIRE_FALSE(conn.ping(deadline_after(3s)));
   }
+  SECTION("a plaintext URL against a TLS port: the hint names rediss://") {
+    // The TLS port hangs up on a plaintext command without a byte; with HELLO 3 it is the
+    // handshake that fails, without it the first command.
+    for (const int protocol : {2, 3}) {
+      auto u = kvtier::resp::parse_url("resp://127.0.0.1:" + std::to_string(good.tls_port()));
+      REQUIRE(u);
+      kvtier::resp::connection_options o{.server = u.value};
+      o.protocol = protocol;
+      typename plain_of<TestType>::type conn(o);
+      REQUIRE(conn.ping(deadline_after(3s)) == errc::connection_lost);
+      INFO(conn.last_error());
+      CHECK(conn.last_error().find("is it a TLS port? use rediss://") != std::string::npos);
+    }
+  }
   SECTION("a TLS endpoint on the plain connection of the transport is refused with a reason") {
     typename plain_of<TestType>::type conn(tls_options_for(good));
     REQUIRE(conn.ping(deadline_after(3s)) == errc::invalid_argument);
     REQUIRE(conn.last_error().find(plain_of<TestType>::needs) != std::string::npos);
+  }
+}
+
+TEMPLATE_TEST_CASE("tls: a reply nobody asked for closes the connection, never answers the next batch",
+                   "[integration]", KVTIER_TLS_CONNECTIONS) {
+  // As on a plain connection: bytes after a batch's last reply make the stream untrustworthy.
+  // Over TLS they may sit in a record not decrypted yet (after the last reply, or arriving while
+  // idle), where a peek at the socket cannot tell them from a session ticket (issue 18, bug 4).
+  auto bulk = [](const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; };
+  auto script = [&](const std::vector<std::string>& cmd) {
+    const std::string& arg = cmd.size() > 1 ? cmd[1] : cmd[0];
+    std::vector<std::string> records{bulk(arg)};
+    if (arg.rfind("stray", 0) == 0) records.push_back(bulk("unasked"));  // a record of its own
+    if (arg.rfind("ticket", 0) == 0) records.push_back(kvtier::test::scripted_tls_server::send_ticket_record);
+    return records;
+  };
+  auto options_for = [](std::uint16_t port) {
+    auto u = kvtier::resp::parse_url("rediss://127.0.0.1:" + std::to_string(port));
+    REQUIRE(u);
+    kvtier::resp::connection_options o{.server = u.value};
+    o.tls.ca_file = pki().path("ca.pem");
+    o.reconnect_backoff_min = 1ms;
+    return o;
+  };
+  auto echo = [](TestType& conn, const std::string& arg) {
+    batch b;
+    b.add({"ECHO", arg});
+    REQUIRE_FALSE(conn.execute(b, deadline_after(5s)));
+    REQUIRE(b.completed() == 1);
+    return b.reply(0).str;
+  };
+  const bool idle = GENERATE(false, true);
+  {
+    // idle: the extra record is held until the batch returned, so it arrives between batches.
+    INFO((idle ? "the extra record arrives while the connection is idle"
+               : "the extra record follows the last reply at once"));
+    kvtier::test::scripted_tls_server srv(pki(), script, /*hold_rest=*/idle);
+    TestType conn(options_for(srv.port()));
+    SECTION("application data: the connection closes and the next batch gets its own reply") {
+      REQUIRE(echo(conn, "stray-1") == "stray-1");
+      if (idle) srv.release();
+      REQUIRE(srv.wait_records(2));
+      CHECK(echo(conn, "second") == "second");
+      CHECK(echo(conn, "third") == "third");
+      CHECK(conn.stats().connects == 2);
+      CHECK(srv.connections() == 2);
+    }
+    SECTION("a session ticket is not data: the connection is kept") {
+      REQUIRE(echo(conn, "ticket-1") == "ticket-1");
+      if (idle) srv.release();
+      REQUIRE(srv.wait_records(2));
+      CHECK(echo(conn, "second") == "second");
+      CHECK(echo(conn, "third") == "third");
+      CHECK(conn.stats().connects == 1);
+      CHECK(srv.connections() == 1);
+    }
   }
 }
 

@@ -138,7 +138,7 @@ TEST_CASE("value_header v2: a flipped payload byte fails exactly its own group",
                     (g != own));
         RC_ASSERT(kvtier::first_bad_group(f, h, payload) == own);
       },
-      2000);
+      10000);
 }
 
 TEST_CASE("value_check: the checksum while the bytes land equals the one-pass check, any split",
@@ -166,7 +166,7 @@ TEST_CASE("value_check: the checksum while the bytes land equals the one-pass ch
         RC_ASSERT(c.payload_ok() == (bad == f.groups(len)));
         RC_ASSERT(c.payload_ok() == !(flip && len > 0));
       },
-      2000);
+      10000);
   // Not every byte seen: never ok. A header of another chunk: refused, never ok.
   const auto payload = bytes_of(1000, 1);
   const auto h = encode_value_header(9, chunk_key{3, 4}, payload);

@@ -1,8 +1,9 @@
 // fetch_queue progress while a load runs: keys land one store call at a time (a gated store
 // lets the test release them), progress() and wait_progress() report the loaded prefix so far
 // and which keys landed, never more than what landed, and end equal to the completed result;
-// then pipelined_broadcast on W in-process ranks is driven by it until every rank holds the
-// whole prefix, bytes verified.
+// a key that comes back corrupt, failed or timed out in the middle of a load never counts as
+// landed; then pipelined_broadcast on W in-process ranks is driven by it until every rank holds
+// the whole prefix, bytes verified.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -74,6 +75,73 @@ std::vector<std::byte> value_of(std::size_t c) {
   return v;
 }
 
+// A store with a scripted outcome per key (key.lo is its index): a hit copies the value; corrupt
+// writes wrong bytes into the destination (as a failed checksum leaves it) and reports corrupt;
+// error and timeout fail the call. One key per permit, and the test can wait until the store is
+// blocked on key i: every earlier store call (and what the queue did with it) is over by then.
+class scripted_outcome_store {
+ public:
+  explicit scripted_outcome_store(std::vector<chunk_status> outcome) : outcome_(std::move(outcome)) {}
+  void allow(std::size_t n) {
+    {
+      std::lock_guard lock(mu_);
+      permits_ += n;
+    }
+    cv_.notify_all();
+  }
+  /// Waits (bounded by dl) until the store waits for a permit for key `i`.
+  bool wait_blocked_on(std::uint64_t i, deadline dl) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_until(lock, dl, [&] { return blocked_on_ == i; });
+  }
+  std::error_code exists(std::span<const chunk_key>, std::span<chunk_status> s, deadline) {
+    for (auto& x : s) x = chunk_status::hit;
+    return {};
+  }
+  std::error_code put(std::span<const chunk_key>, std::span<const std::span<const std::byte>>,
+                      std::span<chunk_status> s, deadline) {
+    for (auto& x : s) x = chunk_status::stored;
+    return {};
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> s, deadline dl) {
+    std::error_code ec;
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      std::unique_lock lock(mu_);
+      blocked_on_ = k[i].lo;
+      cv_.notify_all();
+      if (!cv_.wait_until(lock, dl, [&] { return permits_ > 0; })) {
+        for (std::size_t j = i; j < k.size(); ++j) s[j] = chunk_status::timeout;
+        return make_error_code(errc::timeout);
+      }
+      --permits_;
+      blocked_on_ = UINT64_MAX;
+      lock.unlock();
+      const std::size_t c = k[i].lo;
+      s[i] = outcome_[c];
+      if (s[i] == chunk_status::hit) {
+        const auto v = value_of(c);
+        std::memcpy(d[i].data(), v.data(), v.size());
+      } else if (s[i] == chunk_status::corrupt) {
+        std::memset(d[i].data(), 0xEE, d[i].size());  // bytes arrived, and failed their check
+      } else if (s[i] == chunk_status::timeout && !ec) {
+        ec = make_error_code(errc::timeout);
+      } else if (s[i] == chunk_status::error && !ec) {
+        ec = make_error_code(errc::backend_error);
+      }
+    }
+    return ec;
+  }
+
+ private:
+  std::vector<chunk_status> outcome_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t permits_ = 0;
+  std::uint64_t blocked_on_ = UINT64_MAX;
+};
+static_assert(chunk_store<scripted_outcome_store>);
+
 // n keys of salt `salt` with their destinations; every key but `absent` stored in `mem`.
 struct load_fixture {
   std::vector<chunk_key> keys;
@@ -135,6 +203,54 @@ TEST_CASE("fetch_queue: progress reports keys as they land, and waits for a pref
   const auto r = q.wait(h, deadline_after(10s));
   REQUIRE(r.has_value());
   CHECK(r->answer_tokens == p.answer_tokens);
+}
+
+TEST_CASE("fetch_queue: a key corrupt, failed or timed out mid-load never counts as landed", "[unit]") {
+  // Keys come back one store call at a time: hit, hit, corrupt, hit, error, hit, timeout, hit.
+  // After each call, progress may count only the hits (a pipelined_broadcast driven by it would
+  // send every rank the bytes of a chunk reported landed), and the prefix stops at key 2.
+  using cs = chunk_status;
+  const std::vector<cs> outcome{cs::hit,   cs::hit, cs::corrupt, cs::hit,
+                                cs::error, cs::hit, cs::timeout, cs::hit};
+  const std::size_t n = outcome.size();
+  scripted_outcome_store store(outcome);
+  std::vector<chunk_key> keys;
+  std::vector<std::vector<std::byte>> dst(n, std::vector<std::byte>(chunk_bytes));
+  std::vector<std::span<std::byte>> spans;
+  for (std::size_t c = 0; c < n; ++c) keys.push_back({5, c}), spans.push_back(dst[c]);
+  fetch_queue q(store, {.workers = 1, .max_batch_chunks = 1});
+  auto h = q.submit(4, keys, spans, chunk_layout::contiguous(0, n, chunk_tokens), deadline_after(20s));
+  for (std::size_t i = 0; i + 1 < n; ++i) {
+    INFO("after key " << i << " came back");
+    store.allow(1);
+    REQUIRE(store.wait_blocked_on(i + 1, deadline_after(10s)));  // keys 0..i are done with
+    const fetch_progress p = q.progress(h);
+    REQUIRE_FALSE(p.complete);
+    std::size_t hits = 0, prefix = 0;
+    for (std::size_t c = 0; c < n; ++c) {
+      const bool landed = c <= i && outcome[c] == cs::hit;
+      CHECK(p.landed_keys[c] == landed);
+      if (landed) CHECK(dst[c] == value_of(c));  // what is reported landed is in its destination
+      hits += landed;
+      if (prefix == c && landed) ++prefix;
+    }
+    CHECK(p.landed == hits);
+    CHECK(p.answer_chunks == prefix);
+    CHECK(p.answer_tokens == prefix * chunk_tokens);
+  }
+  store.allow(1);
+  const auto r = q.wait(h, deadline_after(10s));
+  REQUIRE(r.has_value());
+  CHECK(r->answer_chunks == 2);
+  CHECK(r->answer_tokens == 2 * chunk_tokens);
+  REQUIRE(r->status.size() == n);
+  CHECK(r->status[2] == cs::corrupt);
+  CHECK(r->status[4] == cs::error);
+  CHECK(r->status[6] == cs::timeout);
+  const fetch_progress end = q.progress(h);
+  CHECK(end.complete);
+  CHECK(end.landed == 5);
+  CHECK(end.answer_chunks == 2);
 }
 
 TEST_CASE("fetch_queue: progress never runs ahead of what landed (monotone, bounded by the result)",

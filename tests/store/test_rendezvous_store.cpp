@@ -3,7 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
+#include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kvtier/store/memory_store.hpp"
@@ -24,20 +27,26 @@ std::vector<chunk_key> keys_n(std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) k.push_back(chunk_key{0x1234 * (i + 7), i * 0x9E3779B97F4A7C15ull});
   return k;
 }
+// K memory stores named "srv-0" ... (the names stand for their servers' identities).
 struct instances {
   explicit instances(std::size_t k) {
-    for (std::size_t i = 0; i < k; ++i) owned.push_back(std::make_unique<memory_store>(64 << 20));
+    for (std::size_t i = 0; i < k; ++i) {
+      owned.push_back(std::make_unique<memory_store>(64 << 20));
+      names.push_back("srv-" + std::to_string(i));
+    }
     for (auto& s : owned) ptrs.push_back(s.get());
   }
   std::vector<std::unique_ptr<memory_store>> owned;
   std::vector<memory_store*> ptrs;
+  std::vector<std::string> names;
 };
 }  // namespace
 
 TEST_CASE("rendezvous_store: balanced, stable, and growth moves only the new instance's keys", "[unit]") {
   const auto keys = keys_n(4000);
   instances four(4), five(5);
-  rendezvous_store<memory_store> a(four.ptrs), b(four.ptrs), grown(five.ptrs);
+  rendezvous_store<memory_store> a(four.ptrs, four.names), b(four.ptrs, four.names),
+      grown(five.ptrs, five.names);
   std::vector<std::size_t> count(4, 0);
   std::size_t moved = 0;
   for (const auto& k : keys) {
@@ -52,7 +61,7 @@ TEST_CASE("rendezvous_store: balanced, stable, and growth moves only the new ins
   for (std::size_t c : count) REQUIRE((c > 800 && c < 1200));  // 1000 each, give or take
   REQUIRE((moved > 600 && moved < 1000));                      // about 1/5 of 4000
   // Another seed is another placement.
-  rendezvous_store<memory_store> other(four.ptrs, 99);
+  rendezvous_store<memory_store> other(four.ptrs, four.names, 99);
   std::size_t same = 0;
   for (const auto& k : keys) same += other.instance_of(k) == a.instance_of(k);
   REQUIRE(same < 1500);
@@ -60,7 +69,7 @@ TEST_CASE("rendezvous_store: balanced, stable, and growth moves only the new ins
 
 TEST_CASE("rendezvous_store: batches split by instance, statuses in the caller's order", "[unit]") {
   instances three(3);
-  rendezvous_store<memory_store> store(three.ptrs);
+  rendezvous_store<memory_store> store(three.ptrs, three.names);
   const auto keys = keys_n(60);
   std::vector<std::vector<std::byte>> src;
   for (std::size_t i = 0; i < keys.size(); ++i) src.emplace_back(10 + i, static_cast<std::byte>(i));
@@ -96,5 +105,47 @@ TEST_CASE("rendezvous_store: batches split by instance, statuses in the caller's
   REQUIRE(store.get(keys, std::span(d).first(3), st, deadline_after(1s)) == kvtier::errc::invalid_argument);
   REQUIRE(store.exists(keys, st, kvtier::clock::now() - 1ms) == kvtier::errc::timeout);
   for (auto s : st) REQUIRE(s == chunk_status::timeout);
-  REQUIRE_THROWS_AS(rendezvous_store<memory_store>({}), std::invalid_argument);
+  REQUIRE_THROWS_AS(rendezvous_store<memory_store>({}, {}), std::invalid_argument);
+  REQUIRE_THROWS_AS(rendezvous_store<memory_store>(three.ptrs, {"a", "b"}), std::invalid_argument);
+  REQUIRE_THROWS_AS(rendezvous_store<memory_store>(three.ptrs, {"a", "b", "a"}), std::invalid_argument);
+}
+
+TEST_CASE("rendezvous_store: removing any instance moves only its own keys (about 1/K)", "[unit]") {
+  // Weights depend on an instance's name, not its position: removing one from the middle of the
+  // list must not shift the keys of the instances after it (issue 18). Every K from 2 to 8 and
+  // every removed position, over 4000 keys: keys of the other instances stay exactly where they
+  // were, and the removed one held about 1/K of them (within 6 binomial standard deviations).
+  const auto keys = keys_n(4000);
+  for (std::size_t k = 2; k <= 8; ++k) {
+    instances all(k);
+    rendezvous_store<memory_store> before(all.ptrs, all.names, 7);
+    for (std::size_t gone = 0; gone < k; ++gone) {
+      INFO("K = " << k << ", instance " << gone << " removed");
+      std::vector<memory_store*> ptrs = all.ptrs;
+      std::vector<std::string> names = all.names;
+      ptrs.erase(ptrs.begin() + static_cast<std::ptrdiff_t>(gone));
+      names.erase(names.begin() + static_cast<std::ptrdiff_t>(gone));
+      rendezvous_store<memory_store> after(ptrs, names, 7);
+      std::size_t moved = 0, wrongly_moved = 0;
+      for (const auto& key : keys) {
+        const std::string& was = before.name(before.instance_of(key));
+        const std::string& now = after.name(after.instance_of(key));
+        if (was == all.names[gone])
+          ++moved;
+        else
+          wrongly_moved += was != now;
+      }
+      CHECK(wrongly_moved == 0);
+      const double n = static_cast<double>(keys.size()), p = 1.0 / static_cast<double>(k);
+      CHECK(std::abs(static_cast<double>(moved) - n * p) <= 6 * std::sqrt(n * p * (1 - p)));
+    }
+  }
+  // The order of the list does not matter either: a key lands on the same named instance.
+  instances five(5);
+  rendezvous_store<memory_store> forward(five.ptrs, five.names);
+  std::vector<memory_store*> rptrs(five.ptrs.rbegin(), five.ptrs.rend());
+  std::vector<std::string> rnames(five.names.rbegin(), five.names.rend());
+  rendezvous_store<memory_store> backward(rptrs, rnames);
+  for (const auto& key : keys)
+    REQUIRE(forward.name(forward.instance_of(key)) == backward.name(backward.instance_of(key)));
 }

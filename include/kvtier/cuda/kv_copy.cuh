@@ -9,7 +9,8 @@
 //   (pinned_arena with a kvtier/cuda/cuda_host_memory.hpp source; pass
 //   kvtier::cuda::device_pointer(host)): the kernel then reads or writes host memory over PCIe
 //   directly, with no staging copy.
-// - Slots are checked on the host (the caller's host span, exactly as on the CPU), then copied to
+// - Slots are checked on the host (the caller's host span, exactly as on the CPU: a scatter
+//   refuses two tokens with one slot, whose threads would race on its bytes), then copied to
 //   `slots_device` (tokens int64s of device memory the caller owns) on the stream. The kernel
 //   still skips any slot outside the cache, so a bad slot can never write outside it.
 // - The cache's plane pointers travel in the kernel's parameters: at most max_planes
@@ -106,10 +107,11 @@ struct kv_launch {
 };
 
 // Checks everything (as the CPU path, plus the pointer-table size) and builds the arguments.
+// A scatter (`writes_cache`) refuses two tokens with one slot: their threads would race.
 inline std::error_code prepare(const kv_cache_view& cache, std::span<const std::int64_t> slots,
                                const std::int64_t* slots_device, std::byte* chunk, std::size_t chunk_bytes,
-                               layer_range r, kv_launch& out, kv_layout_error* why) {
-  if (auto ec = kvtier::detail::kv_copy_check(cache, slots, chunk_bytes, r, why)) return ec;
+                               layer_range r, kv_launch& out, kv_layout_error* why, bool writes_cache) {
+  if (auto ec = kvtier::detail::kv_copy_check(cache, slots, chunk_bytes, r, why, writes_cache)) return ec;
   const kv_layout& l = cache.layout;
   out.lps = std::uint64_t{r.end(l) - r.first} * l.planes;
   if (out.lps > max_planes)
@@ -164,7 +166,8 @@ std::error_code launch(const kv_cache_view& cache, std::span<const std::int64_t>
                        std::int64_t* slots_device, std::byte* chunk, std::size_t chunk_bytes, layer_range r,
                        cudaStream_t stream, cudaEvent_t done, kv_layout_error* why) {
   kv_launch k;
-  if (auto ec = prepare(cache, slots, slots_device, chunk, chunk_bytes, r, k, why)) return ec;
+  if (auto ec = prepare(cache, slots, slots_device, chunk, chunk_bytes, r, k, why, /*writes_cache=*/!ToChunk))
+    return ec;
   auto cuda_error = [&](cudaError_t e, const char* what) {
     if (why) *why = {"cuda", std::string(what) + ": " + cudaGetErrorString(e)};
     return make_error_code(errc::backend_error);
@@ -197,7 +200,8 @@ inline std::error_code emulate_on_host(bool gather, const kv_cache_view& host_ca
                                        std::size_t chunk_bytes, layer_range r,
                                        kv_layout_error* why = nullptr) {
   detail::kv_launch k;
-  if (auto ec = detail::prepare(host_cache, slots, slots.data(), chunk, chunk_bytes, r, k, why)) return ec;
+  if (auto ec = detail::prepare(host_cache, slots, slots.data(), chunk, chunk_bytes, r, k, why, !gather))
+    return ec;
   const std::uint64_t work = k.args.tokens * k.args.row_units;
   detail::with_unit(k.unit, [&]<class Unit>() {
     for (std::uint64_t lp = 0; lp < k.lps; ++lp)

@@ -25,6 +25,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <cstddef>
 #include <cstring>
+#include <span>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -196,9 +197,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
       result = e;
     });
     if (run_until(dl)) {
-      this->set_transport_text(
-          "TLS handshake: no answer by the deadline (is the server speaking TLS on this port? a "
-          "plaintext Redis waits silently for the rest of a command)");
+      this->set_transport_text(detail::tls_silent_peer_text);
       tls_.reset();
       return make_error_code(errc::timeout);
     }
@@ -218,6 +217,17 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
     start_write();
     start_read();
     if (run_until(dl)) return make_error_code(errc::timeout);
+    if constexpr (Tls::enabled) {
+      // After the last reply, records already received (in the TLS stream's buffers, where the
+      // idle check's peek cannot see them) are decrypted now: stray application data goes to
+      // the base, which closes the connection for it; a session ticket is consumed.
+      if (!error_ && tls_.active()) {
+        std::size_t n = 0;
+        const bool alive = tls_read_now(read_span(), n);
+        if (n > 0) (void)on_read(n);  // after the last reply: buffered only, never a reply
+        if (!alive) close_socket();   // the session ended: the next batch reconnects
+      }
+    }
     return error_;
   }
 
@@ -228,8 +238,51 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
 
   bool transport_peer_closed() noexcept {
     const bool open = is_unix() ? unix_.is_open() : tcp_.is_open();
-    // Over TLS, bytes waiting on an idle socket may be a TLS record (a session ticket), not junk.
-    return !open || detail::conn_peer_closed(fd(), /*data_means_closed=*/!tls_active());
+    if (!open) return true;
+    if constexpr (Tls::enabled) {
+      // Over TLS, bytes on an idle socket may be a TLS record that is not data (a session
+      // ticket): decrypt what is there, and only application data (a reply nobody asked for)
+      // or the session's end means the stream is unusable.
+      if (tls_.active()) {
+        if (!tls_.has_buffered() && !detail::conn_peer_closed(fd())) return false;  // nothing came
+        std::size_t n = 0;
+        const bool alive = tls_read_now(idle_scratch_, n);
+        return !alive || n > 0;
+      }
+    }
+    return detail::conn_peer_closed(fd());
+  }
+
+  // Over TLS: one read of whatever the session holds or the socket has now, without waiting.
+  // Handshake records (a session ticket, a key update) are consumed by OpenSSL; application
+  // data lands in `into` (n > 0). False when the session ended or failed.
+  bool tls_read_now(std::span<std::byte> into, std::size_t& n) noexcept {
+    n = 0;
+    bool finished = false, cancelled = false;
+    asio_ec result;
+    ctx_.restart();
+    ++pending_;
+    tls_.stream().async_read_some(boost::asio::buffer(into.data(), into.size()),
+                                  [this, &finished, &result, &n](const asio_ec& e, std::size_t got) {
+                                    --pending_;
+                                    finished = true;
+                                    result = e;
+                                    n = got;
+                                  });
+    // Run what is ready now (poll never waits), then cancel the read that would wait for more.
+    for (int i = 0; i < max_poll_rounds && !finished && ctx_.poll() > 0; ++i) {
+    }
+    if (!finished) {
+      cancelled = true;
+      asio_ec ignore;
+      tcp_.cancel(ignore);
+      while (pending_ > 0) {
+        if (ctx_.stopped()) ctx_.restart();
+        ctx_.run_one();
+      }
+    }
+    if (cancelled && n == 0) return result == boost::asio::error::operation_aborted;
+    return !result;
   }
   bool tls_active() const noexcept {
     if constexpr (Tls::enabled) return tls_.active();
@@ -277,6 +330,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
   }
 
   static constexpr std::size_t max_write_buffers = 64;  // Asio gathers at most 64 per call
+  static constexpr int max_poll_rounds = 64;            // handlers per idle TLS read (records)
 
   boost::asio::io_context ctx_{1};
   tcp::socket tcp_{ctx_};
@@ -285,7 +339,8 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
   std::vector<boost::asio::const_buffer> wbufs_;
   std::size_t pending_ = 0;
   std::error_code error_;
-  Tls tls_;  // after ctx_: built from it
+  std::byte idle_scratch_[64];  // where the idle check's TLS read puts stray data (then closes)
+  Tls tls_;                     // after ctx_: built from it
 };
 
 /// Plain TCP and Unix sockets.

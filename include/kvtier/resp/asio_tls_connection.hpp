@@ -15,8 +15,11 @@
 //   kvtier::resp::asio_tls_connection conn(opt);
 //   kvtier::remote_store<kvtier::resp::asio_tls_connection> l2(ns, opt);
 //
-// An idle TLS connection is checked for EOF only (bytes waiting may be a TLS record such as a
-// session ticket, not a stray reply). Not thread-safe, like every connection.
+// Bytes that arrive after a batch's last reply close the connection, as on a plain one (see
+// connection.hpp): after the last reply and before each batch the session is drained without
+// waiting. A record that is not data (a session ticket, a key update) is consumed and the
+// connection kept; application data nobody asked for, or the session's end, closes it (the
+// next batch reconnects). Not thread-safe, like every connection.
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
@@ -60,6 +63,8 @@ class asio_openssl_tls {
   }
 
   bool active() const noexcept { return stream_.has_value(); }
+  /// Records received and not yet read by the application (decrypted or not).
+  bool has_buffered() noexcept { return SSL_has_pending(stream_->native_handle()) == 1; }
   stream_type& stream() noexcept { return *stream_; }
   void reset() noexcept { stream_.reset(); }
 

@@ -146,10 +146,15 @@ class slot_map {
 
   slot_map() { owner_.fill(no_node); }
 
-  /// The index of `n` among the nodes, added if new.
+  /// Most nodes a map holds: one per slot (an index stays below no_node, never wraps).
+  static constexpr std::size_t max_nodes = cluster_slot_count;
+
+  /// The index of `n` among the nodes, added if new; no_node when max_nodes are there already
+  /// (a reply naming more masters than slots is not a cluster's: the parsers refuse it).
   std::uint16_t add_node(const cluster_node& n) {
     for (std::size_t i = 0; i < nodes_.size(); ++i)
       if (nodes_[i] == n) return static_cast<std::uint16_t>(i);
+    if (nodes_.size() >= max_nodes) return no_node;
     nodes_.push_back(n);
     return static_cast<std::uint16_t>(nodes_.size() - 1);
   }
@@ -182,6 +187,7 @@ class slot_map {
 };
 
 namespace detail {
+inline constexpr const char* cluster_too_many_masters = "more than 16384 masters (more masters than slots)";
 inline std::error_code cluster_bad(std::string& why, std::string what) {
   why = std::move(what);
   return make_error_code(errc::unexpected_reply);
@@ -215,7 +221,8 @@ inline const value* cluster_field(const std::vector<value>& pairs, std::string_v
 /// Fills `out` from a CLUSTER SLOTS reply sent by node `from`:
 ///   [[first, last, [host, port, id, ...], replica..., ], ...]
 /// Only the master (the first node of each range) is used. A reply of another shape, a slot out
-/// of range, first > last or a port out of range is errc::unexpected_reply and `why` says which.
+/// of range, first > last, a port out of range or more masters than slots (slot_map::max_nodes)
+/// is errc::unexpected_reply and `why` says which.
 inline std::error_code parse_cluster_slots(const value& reply, const cluster_node& from, slot_map& result,
                                            std::string& why) {
   result = slot_map{};
@@ -237,7 +244,9 @@ inline std::error_code parse_cluster_slots(const value& reply, const cluster_nod
       return detail::cluster_bad(why, at + "master is not [host, port, ...]");
     const cluster_node n{detail::cluster_host(master.elements[0].str, from),
                          static_cast<std::uint16_t>(master.elements[1].integer)};
-    out.assign(first, last, out.add_node(n));
+    const std::uint16_t index = out.add_node(n);
+    if (index == slot_map::no_node) return detail::cluster_bad(why, at + detail::cluster_too_many_masters);
+    out.assign(first, last, index);
   }
   result = std::move(out);
   return {};
@@ -281,6 +290,7 @@ inline std::error_code parse_cluster_shards(const value& reply, const cluster_no
     }
     if (master == nullptr) return detail::cluster_bad(why, at + "slots but no master");
     const std::uint16_t index = out.add_node(*master);
+    if (index == slot_map::no_node) return detail::cluster_bad(why, at + detail::cluster_too_many_masters);
     for (std::size_t k = 0; k < slots->elements.size(); k += 2) {
       std::uint16_t first = 0, last = 0;
       if (!detail::cluster_slot_bound(slots->elements[k], first) ||

@@ -362,8 +362,18 @@ class connection_base {
     close();
     note_error(ec, ec == errc::protocol_error
                        ? "reply is not RESP (is a Redis-protocol server listening there?)"
-                       : "");
+                       : closed_before_reply_hint(ec));
     return ec;
+  }
+
+  // A plaintext TCP connection that the server closed before sending a byte: what a TLS port
+  // does with a plaintext command.
+  std::string_view closed_before_reply_hint(std::error_code ec) const noexcept {
+    if (ec != errc::connection_lost || opt_.server.tls || opt_.server.kind != endpoint::transport::tcp ||
+        stats_.bytes_read != bytes_read_at_connect_)
+      return {};
+    return "the server closed the connection before any reply (is it a TLS port? use rediss:// or "
+           "resp+tls://)";
   }
 
   // Connected, handshaken and (as far as a cheap check tells) alive.
@@ -404,7 +414,9 @@ class connection_base {
     if (!ec) {
       connected_ = true;
       parser_.reset();
+      bytes_read_at_connect_ = stats_.bytes_read;
       ec = handshake(cdl, server_text);
+      if (server_text.empty()) server_text = closed_before_reply_hint(ec);  // a TLS port hung up
       // run() closed the stream for bytes after the handshake's replies: this attempt failed.
       if (!ec && !connected_) ec = make_error_code(errc::protocol_error);
     }
@@ -513,6 +525,7 @@ class connection_base {
   std::vector<std::span<const std::byte>> out_;
   std::size_t out_index_ = 0;
   bool payload_read_ = false;
+  std::uint64_t bytes_read_at_connect_ = 0;  // stats_.bytes_read when the socket connected
   const std::byte* internal_end_ = nullptr;
 };
 

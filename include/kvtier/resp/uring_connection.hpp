@@ -295,8 +295,39 @@ class basic_uring_connection : public connection_base<basic_uring_connection<Tls
   }
 
   bool transport_peer_closed() noexcept {
-    // Over TLS, bytes waiting on an idle socket may be a TLS record (a session ticket), not junk.
-    return fd_ < 0 || detail::conn_peer_closed(fd_, /*data_means_closed=*/!tls_active());
+    if (fd_ < 0) return true;
+    if constexpr (Tls::enabled) {
+      if (tls_.active()) return tls_idle_unusable();
+    }
+    return detail::conn_peer_closed(fd_);
+  }
+
+  // Over TLS, bytes on an idle socket may be a TLS record that is not data (a session ticket):
+  // take in what the socket has now (no waiting; no ring I/O is in flight between batches) and
+  // decrypt it with what the engine holds. Application data nobody asked for, the session's
+  // end or a socket error means the stream is unusable.
+  bool tls_idle_unusable() noexcept {
+    using st = typename Tls::status;
+    std::byte scratch[64];
+    for (int round = 0; round < max_idle_rounds; ++round) {
+      for (;;) {  // decrypt whatever the engine holds
+        std::size_t n = 0;
+        const st s = tls_.read(scratch, n);
+        if (s == st::ok) return true;  // application data: a reply nobody asked for
+        if (s == st::closed || s == st::failed) return true;
+        break;  // want_read (or want_write: its output goes out with the next batch)
+      }
+      const std::span<std::byte> in = tls_.recv_space();
+      if (in.empty()) return true;  // a full buffer of records that are not data: give up
+      const ssize_t r = ::recv(fd_, in.data(), in.size(), MSG_DONTWAIT);
+      if (r > 0) {
+        tls_.received(static_cast<std::size_t>(r));
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      return !(r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));  // 0: EOF; else an error
+    }
+    return true;
   }
   bool tls_active() const noexcept {
     if constexpr (Tls::enabled) return tls_.active();
@@ -372,9 +403,7 @@ class basic_uring_connection : public connection_base<basic_uring_connection<Tls
       tls_post(s == st::want_read);
       const int r = tls_reap(dl);
       if (r == -ETIME) {
-        this->set_transport_text(
-            "TLS handshake: no answer by the deadline (is the server speaking TLS on this port? a "
-            "plaintext Redis waits silently for the rest of a command)");
+        this->set_transport_text(detail::tls_silent_peer_text);
         cancel_all();
         return make_error_code(errc::timeout);
       }
@@ -409,15 +438,20 @@ class basic_uring_connection : public connection_base<basic_uring_connection<Tls
         }
       }
       // Decrypt what arrived, unless a RECV into the engine's buffer is in flight. After the
-      // last reply, plaintext already decrypted is read too, so the base sees the stray bytes.
+      // last reply, records already received are decrypted too (plaintext or not), so the base
+      // sees stray bytes and closes for them; a session ticket is consumed, and the session's
+      // end is left to the next batch's idle check.
       const bool recv_busy = inflight_mask_ & (1u << op_recv);
-      while (!result && !recv_busy && (!replies_done() || tls_.pending() > 0)) {
+      while (!result && !recv_busy) {
+        const bool done = replies_done();
         std::size_t n = 0;
         const st s = tls_.read(read_span(), n);
         if (s == st::ok) {
           if (std::error_code e = on_read(n)) fail(e);
+          if (done) break;  // stray bytes: buffered in the base, which closes for them
         } else {
-          want_read = s == st::want_read && !replies_done();
+          if (done) break;
+          want_read = s == st::want_read;
           if (s != st::want_read && s != st::want_write) fail(make_error_code(errc::connection_lost));
           break;
         }
@@ -462,6 +496,7 @@ class basic_uring_connection : public connection_base<basic_uring_connection<Tls
   std::vector<iovec> iov_;
   msghdr msg_{};
   static constexpr std::size_t stage_bytes = 16 * 1024;  // one TLS record
+  static constexpr int max_idle_rounds = 16;             // socket reads per idle TLS check
   std::vector<std::byte> stage_;
   Tls tls_;
 };

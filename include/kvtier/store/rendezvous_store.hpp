@@ -2,23 +2,28 @@
 // servers, say) by rendezvous hashing of the chunk key: the second level of hashing inside a rank's
 // partition, for users who outgrow one server per rank but do not run a cluster.
 //
-// Each key goes to the instance with the highest weight mix(key, instance, seed). Every engine that
-// lists the same instances in the same order agrees on every key's instance without talking, and
-// adding an instance moves only the keys the new one wins (about 1/(K+1) of them). A batch is split
-// by instance; the parts run in parallel (one thread per extra instance) and every key's status
-// lands in the caller's order.
+// Each key goes to the instance with the highest weight mix(key, instance name, seed). An
+// instance is named by its identity (a remote_store's server, "host:port/db"; or a name the
+// caller gives), never by its position in the list: every engine that lists the same instances
+// agrees on every key's instance without talking, in any order; adding an instance moves only
+// the keys the new one wins (about 1/(K+1) of them), and removing one moves only its own keys
+// (about 1/K), wherever it stood in the list. A batch is split by instance; the parts run in
+// parallel (one thread per extra instance) and every key's status lands in the caller's order.
 //
 //   std::vector<kvtier::remote_store<conn>*> parts = {&l2_a, &l2_b, &l2_c};
-//   kvtier::rendezvous_store<kvtier::remote_store<conn>> l2(parts);
+//   kvtier::rendezvous_store<kvtier::remote_store<conn>> l2(parts);     // named by their servers
 //   std::error_code ec = l2.get(keys, dst_spans, status, dl);
+//   kvtier::rendezvous_store<kvtier::memory_store> m({&a, &b}, {"a", "b"});  // named by the caller
 //
 // Thread-safe when the instances are. The instances must outlive the store.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -30,28 +35,56 @@
 
 namespace kvtier {
 
+/// A store whose identity rendezvous_store can read: a remote_store (its server's describe()).
+template <class Store>
+concept rendezvous_named = requires(Store& s) {
+  { s.pool().options().server.describe() } -> std::convertible_to<std::string>;
+};
+
 /// A chunk_store over K chunk_stores, each key on the instance rendezvous hashing picks.
 template <chunk_store Store>
 class rendezvous_store {
  public:
-  /// Throws std::invalid_argument for no instance or a null one.
-  explicit rendezvous_store(std::vector<Store*> instances, std::uint64_t seed = 0)
-      : parts_(std::move(instances)), seed_(seed) {
+  /// Instances named by their servers (remote_store). Throws std::invalid_argument for no
+  /// instance, a null one, or two with the same server.
+  explicit rendezvous_store(std::vector<Store*> instances,
+                            std::uint64_t seed = 0) requires rendezvous_named<Store>
+      : rendezvous_store(instances, names_of(instances), seed) {}
+
+  /// Instances named by the caller (`names[i]` is instance i's identity: keep it when the list
+  /// changes). Throws std::invalid_argument for no instance, a null one, a count of names that
+  /// differs, or a name twice.
+  rendezvous_store(std::vector<Store*> instances, std::vector<std::string> names, std::uint64_t seed = 0)
+      : parts_(std::move(instances)), names_(std::move(names)), seed_(seed) {
     if (parts_.empty()) throw std::invalid_argument("kvtier::rendezvous_store: no instance");
-    for (Store* s : parts_)
-      if (s == nullptr) throw std::invalid_argument("kvtier::rendezvous_store: a null instance");
+    if (names_.size() != parts_.size())
+      throw std::invalid_argument("kvtier::rendezvous_store: " + std::to_string(names_.size()) +
+                                  " names for " + std::to_string(parts_.size()) + " instances");
+    for (std::size_t i = 0; i < parts_.size(); ++i) {
+      if (parts_[i] == nullptr) throw std::invalid_argument("kvtier::rendezvous_store: a null instance");
+      for (std::size_t j = 0; j < i; ++j)
+        if (names_[j] == names_[i])
+          throw std::invalid_argument("kvtier::rendezvous_store: two instances named '" + names_[i] +
+                                      "' (each needs its own identity)");
+      name_weights_.push_back(mix(fnv1a(names_[i])));
+    }
   }
 
   /// The instance (0..size()-1) that holds `k`.
   std::size_t instance_of(const chunk_key& k) const noexcept {
+    const std::uint64_t key = mix(k.hi ^ seed_) ^ k.lo;
     std::size_t best = 0;
     std::uint64_t best_weight = 0;
     for (std::size_t i = 0; i < parts_.size(); ++i) {
-      const std::uint64_t w = mix(mix(k.hi ^ seed_) ^ k.lo ^ (0x9E3779B97F4A7C15ull * (i + 1)));
-      if (i == 0 || w > best_weight) best = i, best_weight = w;
+      const std::uint64_t w = mix(key ^ name_weights_[i]);
+      // Ties (one in 2^64) go to the smaller name, so the order of the list never matters.
+      if (i == 0 || w > best_weight || (w == best_weight && names_[i] < names_[best]))
+        best = i, best_weight = w;
     }
     return best;
   }
+  /// Instance i's identity (its server, or the caller's name).
+  const std::string& name(std::size_t i) const noexcept { return names_[i]; }
   std::size_t size() const noexcept { return parts_.size(); }
   Store& instance(std::size_t i) const noexcept { return *parts_[i]; }
 
@@ -94,6 +127,17 @@ class rendezvous_store {
     std::error_code ec;
   };
 
+  static std::vector<std::string> names_of(const std::vector<Store*>& instances) {
+    std::vector<std::string> n;
+    for (Store* s : instances)
+      n.push_back(s == nullptr ? std::string() : std::string(s->pool().options().server.describe()));
+    return n;
+  }
+  static std::uint64_t fnv1a(const std::string& s) noexcept {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    return h;
+  }
   static std::uint64_t mix(std::uint64_t x) noexcept {  // splitmix64 finaliser
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -141,6 +185,8 @@ class rendezvous_store {
   }
 
   std::vector<Store*> parts_;
+  std::vector<std::string> names_;
+  std::vector<std::uint64_t> name_weights_;  // mix(fnv1a(name)) per instance
   std::uint64_t seed_;
 };
 

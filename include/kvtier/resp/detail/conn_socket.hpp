@@ -41,6 +41,12 @@ inline void conn_tune_socket(int fd, bool tcp, int buffer_bytes) noexcept {
   }
 }
 
+/// Why a TLS handshake got no answer, for both transports: a plaintext server reads the
+/// ClientHello as the start of a command and waits for the rest.
+inline constexpr const char* tls_silent_peer_text =
+    "TLS handshake: no answer by the deadline (is the server speaking TLS on this port? a plaintext "
+    "Redis waits silently for the rest of a command; use resp:// for a plaintext port)";
+
 /// For a connection with no request in flight: true if the peer closed it, reset it, or (with
 /// data_means_closed) sent bytes nobody asked for (the stream is then unusable). One
 /// non-blocking peek, no waiting.
