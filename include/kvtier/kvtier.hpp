@@ -43,10 +43,10 @@
 
 // collectives and the load protocol
 #include "kvtier/chunk_broadcast.hpp"
-#include "kvtier/connector.hpp"
 #include "kvtier/comm/checked.hpp"
 #include "kvtier/comm/communicator.hpp"
 #include "kvtier/comm/inproc.hpp"
 #include "kvtier/comm/recording.hpp"
 #include "kvtier/comm/recover.hpp"
+#include "kvtier/connector.hpp"
 #include "kvtier/deployment_check.hpp"

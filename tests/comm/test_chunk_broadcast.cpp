@@ -376,7 +376,9 @@ struct faulty_data_outcome {
   std::vector<broadcast_result> res = std::vector<broadcast_result>(4);
   std::vector<std::uint64_t> after = std::vector<std::uint64_t>(4, 0);
   std::vector<std::error_code> after_ec = std::vector<std::error_code>(4);
-  std::vector<char> fired = std::vector<char>(4), bytes_moved = std::vector<char>(4);  // not vector<bool>: one byte per rank thread (bits of one word race)
+  std::vector<char> fired = std::vector<char>(4),
+                    bytes_moved = std::vector<char>(
+                        4);  // not vector<bool>: one byte per rank thread (bits of one word race)
 };
 faulty_data_outcome run_faulty_data(broadcast_mode mode, test::fault_plan plan) {
   const modulo_ownership own(4);

@@ -27,7 +27,7 @@ TEST_CASE("local_io_deadline moves a deadline earlier and saturates", "[unit]") 
   REQUIRE(local_io_deadline(d, -5s) == d);  // a negative margin never extends the deadline
   REQUIRE(local_io_deadline(no_deadline, 3s) == no_deadline);
   REQUIRE(local_io_deadline(deadline::min() + 1s, 3s) == deadline::min());  // no wrap to the future
-  REQUIRE(expired(local_io_deadline(d, clock::duration::max())));  // no overflow, just expired
+  REQUIRE(expired(local_io_deadline(d, clock::duration::max())));           // no overflow, just expired
   const phase_deadlines p = phase_deadlines::split(d, 2s);
   REQUIRE(p.collective == d);
   REQUIRE(p.local_io == d - 2s);

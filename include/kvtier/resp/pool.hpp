@@ -107,11 +107,8 @@ class connection_pool {
   std::error_code acquire(request_size kind, deadline dl, lease& out, std::string* why = nullptr) {
     out.release();
     std::unique_lock<std::mutex> lock(mu_);
-    if (const std::error_code ec = refuse(dl, why)) return ec;
     std::size_t index = npos;
-    auto pick = [&] { return (index = find_free(kind)) != npos; };
-    if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
-      return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
+    if (const std::error_code ec = wait_for_free(lock, kind, dl, why, index)) return ec;
     busy_[index] = true;
     out.pool_ = this;
     out.index_ = index;
@@ -138,11 +135,8 @@ class connection_pool {
     std::vector<std::size_t> got;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (const std::error_code ec = refuse(dl, why)) return ec;
       std::size_t index = npos;
-      auto pick = [&] { return (index = find_free(kind)) != npos; };
-      if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
-        return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
+      if (const std::error_code ec = wait_for_free(lock, kind, dl, why, index)) return ec;
       do {
         busy_[index] = true;
         got.push_back(index);
@@ -183,8 +177,10 @@ class connection_pool {
     return npos;
   }
 
-  // Under mu_: why a call is refused before it waits for a connection (none: it may wait).
-  std::error_code refuse(deadline dl, std::string* why) {
+  // Under mu_ (held by `lock`): refuses a call whose deadline had passed or whose server is down,
+  // else waits until `dl` for a free connection of the size class and names it in `index`.
+  std::error_code wait_for_free(std::unique_lock<std::mutex>& lock, request_size kind, deadline dl,
+                                std::string* why, std::size_t& index) {
     const auto now = clock::now();
     if (now >= dl)
       return failed(why, make_error_code(errc::timeout), "the deadline had passed before the call started");
@@ -193,6 +189,9 @@ class connection_pool {
       if (why != nullptr) *why = "server down (in reconnect backoff) after: " + down_text_;
       return down_error_;
     }
+    auto pick = [&] { return (index = find_free(kind)) != npos; };
+    if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
+      return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
     return {};
   }
 
