@@ -43,7 +43,7 @@
 //
 // Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors and
 // drain_events never block (load and finish may wait for one scatter of one layer group to
-// end); step and wait_for_layer take a deadline.
+// end); step, wait_for_layer and wait_local take a deadline.
 #pragma once
 
 #include <algorithm>
@@ -347,6 +347,22 @@ class connector {
     const std::uint64_t end = it == requests_.end() ? 0 : it->second->load_end_token;
     const auto slots = slots_from_block_table({block_table, 0, end}, cache_.layout.block_size);
     return load(id, slots);
+  }
+
+  /// Blocks until this rank's own part of load `id` has ended (its fetch completed, or it owns
+  /// nothing to fetch), or `dl` passes (errc::timeout). Local: no collective, nothing agreed.
+  /// An engine (or a test) that calls it on every rank before step() gets the whole load
+  /// agreed in one step. errc::invalid_argument for an id with no load started.
+  ///
+  ///   conn.load(id, slots);
+  ///   conn.wait_local(id, kvtier::deadline_after(50ms));  // then step(): one agreement
+  std::error_code wait_local(request_id id, deadline dl) const {
+    const auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second->loading) return make_error_code(errc::invalid_argument);
+    const detail::connector_request& r = *it->second;
+    if (r.local_failure || !r.fetch.valid()) return {};
+    const fetch_progress p = queue_.wait_progress(r.fetch, std::numeric_limits<std::size_t>::max(), dl);
+    return p.complete ? std::error_code{} : make_error_code(errc::timeout);
   }
 
   /// The agreed outcome of a load, or empty while it runs.

@@ -225,11 +225,14 @@ TEST_CASE("connector layer by layer: a layer below a late layer group is ready b
     host_kv_cache::sequence seq;
     LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
     LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
-    // Step until the moves reach the late group (bounded: 20,000 steps).
-    for (int i = 0; i < 20000 && !data.wait_reached(std::chrono::seconds(0)); ++i) {
-      conn.step(deadline_after(std::chrono::seconds(2)));
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+    // Every rank's fetch ends before the one step: that step agrees all 6 chunks at once (a
+    // step taken earlier may agree a shorter prefix, whose later chunks then queue behind the
+    // held group). Exactly one step on every rank: a loop that stops on a local condition
+    // would leave one rank stepping alone.
+    const auto fetched = conn.wait_local(2, deadline_after(std::chrono::seconds(10)));
+    LOCKED_REQUIRE_FALSE(fetched);
+    const auto agreed = conn.step(deadline_after(std::chrono::seconds(10)));  // outside the lock
+    LOCKED_REQUIRE_FALSE(agreed);
     const bool reached = data.wait_reached(std::chrono::seconds(10));  // outside the lock: it waits
     LOCKED_REQUIRE(reached);
     for (std::uint32_t l = 0; l < late_group; ++l) {
