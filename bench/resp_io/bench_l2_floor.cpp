@@ -3,6 +3,7 @@
 //
 //   bench_l2_floor [--quick] [--reps N] [--seconds S] [--sizes B,B,...] [--batches K,K,...]
 //                  [--ops get,set] [--connections N] [--spread-bytes B (1: never spread)]
+//                  [--clients NAME,...] (a subset, e.g. to profile one; the ratio rows need a floor)
 //
 // Clients, all in this process, one at a time, interleaved within each row (the order rotates
 // every repetition), medians over --reps:
@@ -79,6 +80,7 @@ struct config {
   std::vector<std::size_t> sizes = {256u << 10, 1u << 20, 2u << 20, 4u << 20, 12'400'000, 64'000'000};
   std::vector<std::size_t> batches = {1, 8, 16};
   std::vector<std::string> ops = {"get", "set"};
+  std::vector<std::string> clients;    // empty: all
   std::size_t connections = 4;         // kvtier's pool; its large connections = connections - 1
   std::size_t spread_bytes = 0;        // 0: the store's default
   std::size_t big_value = 64'000'000;  // values this large: batches up to big_batch_max only
@@ -222,10 +224,11 @@ struct cell {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "bench_l2_floor: %s\nusage: bench_l2_floor [--quick] [--reps N] [--seconds S] [--sizes B,...] "
-               "[--batches K,...] [--ops get,set] [--connections N] [--spread-bytes B]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "bench_l2_floor: %s\nusage: bench_l2_floor [--quick] [--reps N] [--seconds S] [--sizes B,...] "
+      "[--batches K,...] [--ops get,set] [--connections N] [--spread-bytes B] [--clients NAME,...]\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -260,6 +263,8 @@ config parse(int argc, char** argv) {
         c.ops = list<std::string>(v, [](const std::string& s) { return s; });
       else if (a == "--connections")
         c.connections = std::stoull(v);
+      else if (a == "--clients")
+        c.clients = list<std::string>(v, [](const std::string& s) { return s; });
       else if (a == "--spread-bytes")
         c.spread_bytes = std::stoull(v);
       else
@@ -268,7 +273,8 @@ config parse(int argc, char** argv) {
       usage("bad value '" + v + "' for " + a);
     }
   }
-  if (c.reps < 1 || c.reps > 50 || c.seconds <= 0 || c.seconds > 30 || c.connections < 2) usage("bad values");
+  if (c.reps < 1 || c.reps > 1000 || c.seconds <= 0 || c.seconds > 30 || c.connections < 2)
+    usage("bad values");
   for (const auto& o : c.ops)
     if (o != "get" && o != "set") usage("--ops takes get and set");
   return c;
@@ -309,6 +315,12 @@ int main(int argc, char** argv) try {
 #if KVTIER_BENCH_HAS_HIREDIS
   clients.emplace_back("hiredis", std::make_unique<hiredis_client>(port));
 #endif
+  if (!cfg.clients.empty())
+    std::erase_if(clients, [&](const auto& c) {
+      return std::find(cfg.clients.begin(), cfg.clients.end(), c.first) == cfg.clients.end();
+    });
+  if (clients.empty())
+    usage("--clients names none of kvtier_asio, kvtier_uring, raw_pipelined, raw_per_rtt, hiredis");
   auto is_kvtier = [](const std::string& n) { return n.rfind("kvtier", 0) == 0; };
   auto is_floor = [](const std::string& n) { return n.rfind("raw_", 0) == 0; };
 
@@ -405,7 +417,7 @@ int main(int argc, char** argv) try {
         bool first_ratio = true;
         const cell& f = cells[best];
         for (auto& [name, c] : clients) {
-          if (!is_kvtier(name)) continue;
+          if (!is_kvtier(name) || best.empty()) continue;  // --clients left no floor to compare with
           const cell& e = cells[name];
           const double g = kb::median(e.gbps) / kb::median(f.gbps),
                        cp = kb::median(e.cpu) / kb::median(f.cpu),

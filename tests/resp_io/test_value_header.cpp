@@ -1,6 +1,7 @@
 // Unit and property tests of the stored-value header.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <vector>
 
 #include "kvtier/store/value_header.hpp"
@@ -179,4 +180,69 @@ TEST_CASE("value_check: the checksum while the bytes land equals the one-pass ch
   CHECK(c.header(h) == header_check::wrong_key);
   c.payload(payload);
   CHECK_FALSE(c.payload_ok());
+}
+
+// XXH3 kernels chosen at run time (kvtier/detail/xxhash.hpp): each must give the build's own
+// hash, one-shot and streamed in any split, at every length class XXH3 distinguishes (<= 16,
+// <= 128, <= 240 bytes, then stripes of 64, the 256-byte internal buffer, blocks of 1024).
+namespace {
+using kvtier::detail::xxh3_unit;
+std::vector<xxh3_unit> xxh3_units_here() {
+  std::vector<xxh3_unit> u;
+  for (xxh3_unit x : {xxh3_unit::avx2, xxh3_unit::avx512})
+    if (kvtier::detail::xxh3_unit_available(x)) u.push_back(x);
+  return u;
+}
+std::vector<unsigned char> random_bytes(std::size_t n, std::uint64_t seed) {
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) {
+    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+    b = static_cast<unsigned char>(seed >> 24);
+  }
+  return v;
+}
+std::uint64_t streamed(xxh3_unit u, const std::vector<unsigned char>& v, std::size_t step) {
+  XXH3_state_t s;
+  XXH3_64bits_reset(&s);
+  for (std::size_t at = 0; at < v.size(); at += step)
+    kvtier::detail::xxh3_update_on(u, &s, v.data() + at, std::min(step, v.size() - at));
+  return XXH3_64bits_digest(&s);
+}
+}  // namespace
+
+TEST_CASE("xxh3 kernels: every unit hashes as the build's own, at the length boundaries", "[unit]") {
+  const auto units = xxh3_units_here();
+  INFO("units available besides the build's: " << units.size());
+  std::vector<std::size_t> lengths;
+  for (std::size_t n = 0; n <= 300; ++n) lengths.push_back(n);  // 240: the short/long switch
+  for (std::size_t b : {512u, 1024u, 2048u, 4096u, 65536u, 262144u, 1048576u})
+    for (std::size_t d : {b - 65, b - 64, b - 1, b, b + 1, b + 63, b + 64}) lengths.push_back(d);
+  for (std::size_t n : lengths) {
+    const auto v = random_bytes(n, 0x9E3779B97F4A7C15ull + n);
+    const std::uint64_t want = XXH3_64bits(v.data(), v.size());
+    CHECK(kvtier::detail::xxh3_64(v.data(), v.size()) == want);
+    for (xxh3_unit u : units) {
+      INFO("unit " << static_cast<int>(u) << ", length " << n);
+      CHECK(kvtier::detail::xxh3_64_on(u, v.data(), v.size()) == want);
+      for (std::size_t step : {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{256},
+                               std::size_t{1000}, std::size_t{1024}, std::size_t{65536}})
+        if (n / step < 20000) CHECK(streamed(u, v, step) == want);
+    }
+  }
+}
+
+TEST_CASE("xxh3 kernels: any input, any split, same hash as the build's", "[property]") {
+  const auto units = xxh3_units_here();
+  kvtier::test::prop("xxh3_update_on(u) == XXH3_64bits",
+                     [&](std::uint32_t len_seed, std::uint64_t seed, std::uint16_t step_seed) {
+                       const std::size_t len = len_seed % 20000;
+                       const auto v = random_bytes(len, seed | 1);
+                       const std::uint64_t want = XXH3_64bits(v.data(), v.size());
+                       const std::size_t step = 1 + step_seed % 3000;
+                       RC_ASSERT(streamed(xxh3_unit::build, v, step) == want);
+                       for (xxh3_unit u : units) {
+                         RC_ASSERT(kvtier::detail::xxh3_64_on(u, v.data(), v.size()) == want);
+                         RC_ASSERT(streamed(u, v, step) == want);
+                       }
+                     });
 }

@@ -62,6 +62,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
   using base::on_written;
   using base::opts;
   using base::read_span;
+  using base::read_span_is_payload;
   using base::replies_done;
   using base::write_buffers;
   using base::write_pending;
@@ -176,6 +177,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
       return map_connect_error(result);
     }
     detail::conn_tune_socket(fd(), !is_unix(), opts().socket_buffer_bytes);
+    wake_mark_ = 1;
     if constexpr (Tls::enabled) {
       if (opts().server.tls) return tls_handshake(dl);
     }
@@ -317,6 +319,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
   void start_read() {
     if (error_ || replies_done()) return;
     const std::span<std::byte> into = read_span();
+    wake_at(read_span_is_payload() ? into.size() : 1);
     ++pending_;
     with_stream([this, into](auto& s) {
       s.async_read_some(boost::asio::buffer(into.data(), into.size()),
@@ -329,6 +332,18 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
     });
   }
 
+  // A payload read wants all of its span: SO_RCVLOWAT makes the kernel wake this connection once
+  // that many bytes are queued (or the peer closed, or memory is short), not on every segment,
+  // as MSG_WAITALL does for a blocking read. Plain TCP only (TLS bytes are not payload bytes).
+  // Never more than the span: the reply's remaining bytes always reach the mark.
+  void wake_at(std::size_t bytes) noexcept {
+    if (is_unix() || tls_active()) return;
+    const int mark = static_cast<int>(std::min<std::size_t>(bytes, max_wake_mark));
+    if (mark == wake_mark_) return;
+    if (::setsockopt(fd(), SOL_SOCKET, SO_RCVLOWAT, &mark, sizeof mark) == 0) wake_mark_ = mark;
+  }
+
+  static constexpr std::size_t max_wake_mark = 1u << 20;
   static constexpr std::size_t max_write_buffers = 64;  // Asio gathers at most 64 per call
   static constexpr int max_poll_rounds = 64;            // handlers per idle TLS read (records)
 
@@ -338,6 +353,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
   std::vector<tcp::endpoint> endpoints_;  // a host name's addresses, tried in order
   std::vector<boost::asio::const_buffer> wbufs_;
   std::size_t pending_ = 0;
+  int wake_mark_ = 1;  // the socket's SO_RCVLOWAT (1 on a fresh socket)
   std::error_code error_;
   std::byte idle_scratch_[64];  // where the idle check's TLS read puts stray data (then closes)
   Tls tls_;                     // after ctx_: built from it

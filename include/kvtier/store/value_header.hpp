@@ -106,7 +106,7 @@ inline std::uint64_t vh_get(std::span<const std::byte> b, std::size_t at, std::s
   for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(b[at + i]) << (8 * i);
   return v;
 }
-inline std::uint64_t vh_xxh3(const void* p, std::size_t n) noexcept { return XXH3_64bits(p, n); }
+inline std::uint64_t vh_xxh3(const void* p, std::size_t n) noexcept { return xxh3_64(p, n); }
 }  // namespace detail
 
 /// The header for `payload` stored as chunk `key` of the namespace with `ns_fingerprint`.
@@ -331,7 +331,7 @@ class value_check {
     while (!piece.empty() && group_ < groups_) {
       const std::size_t group_len = std::min<std::uint64_t>(group_size_, length_ - group_ * group_size_);
       const std::size_t k = std::min(piece.size(), group_len - in_group_);
-      XXH3_64bits_update(&state_, piece.data(), k);
+      detail::xxh3_update(&state_, piece.data(), k);
       piece = piece.subspan(k);
       in_group_ += k;
       seen_ += k;
