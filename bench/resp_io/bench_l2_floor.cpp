@@ -4,6 +4,7 @@
 //   bench_l2_floor [--quick] [--reps N] [--seconds S] [--sizes B,B,...] [--batches K,K,...]
 //                  [--ops get,set] [--connections N] [--spread-bytes B (1: never spread)]
 //                  [--clients NAME,...] (a subset, e.g. to profile one; the ratio rows need a floor)
+//                  [--knee B,B,...] (also kvtier_asio_s<B>: the store with spread bound B, 1 = never)
 //
 // Clients, all in this process, one at a time, interleaved within each row (the order rotates
 // every repetition), medians over --reps:
@@ -17,12 +18,15 @@
 //   hiredis                    pipelined, memcpy from its reply (SET: %b, one copy into its buffer)
 // Per client and row: GB/s, client CPU-s/GB (getrusage of this process: every thread), and
 // redis-server CPU-s/GB (INFO cpu before and after). Per row: kvtier's ratio to the better floor
-// (the floor with more GB/s): GB/s, client CPU/GB and server CPU/GB. Every GET row checks the
-// bytes once before its timed part. Default: 256 KiB .. 64 MB x batches 1, 8, 16 (64 MB: 1 and 8,
+// (the floor with more median GB/s): GB/s, client CPU/GB and server CPU/GB, each the median over
+// repetitions of that repetition's kvtier / floor ratio (paired turns; on a shared machine the
+// ratio of two separate medians moves 2x between identical runs), GB/s with its middle half. Every GET row
+// checks the bytes once before its timed part. Default: 256 KiB .. 64 MB x batches 1, 8, 16 (64 MB: 1 and 8,
 // for memory), GET and SET, 3 reps; --quick: two sizes, batches 1 and 8, one rep.
 // The last stdout line is one JSON object.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -83,6 +87,7 @@ struct config {
   std::vector<std::string> clients;    // empty: all
   std::size_t connections = 4;         // kvtier's pool; its large connections = connections - 1
   std::size_t spread_bytes = 0;        // 0: the store's default
+  std::vector<std::size_t> knee;       // --knee: extra kvtier_asio clients, one per spread bound
   std::size_t big_value = 64'000'000;  // values this large: batches up to big_batch_max only
   std::size_t big_batch_max = 8;
 };
@@ -100,9 +105,9 @@ class client {
 template <class Connection>
 class store_client final : public client {
  public:
-  store_client(std::uint16_t port, const config& cfg)
+  store_client(std::uint16_t port, const config& cfg, std::size_t spread_bytes)
       : store_(ns(), options(port), kvtier::resp::pool_options{.connections = cfg.connections},
-               kvtier::value_format::v1(), spread(cfg)) {}
+               kvtier::value_format::v1(), spread(spread_bytes)) {}
   bool get(std::size_t si, std::span<const std::span<std::byte>> dst, std::string& err) override {
     return check(
         si, dst.size(), err, [&] { return store_.get(keys_, dst, status_, dl()); },
@@ -119,10 +124,9 @@ class store_client final : public client {
     return {
         .model = "bench_l2_floor", .kv_format = "random-bytes", .chunk_tokens = 256, .ownership = "mod:1"};
   }
-  static kvtier::batch_spread spread(const config& cfg) {
+  static kvtier::batch_spread spread(std::size_t bytes) {
     kvtier::batch_spread s;
-    if (cfg.spread_bytes != 0)
-      s.max_reply_bytes = cfg.spread_bytes == 1 ? 0 : cfg.spread_bytes;  // 1: never spread
+    if (bytes != 0) s.max_reply_bytes = bytes == 1 ? 0 : bytes;  // 1: never spread
     return s;
   }
   static kvtier::resp::connection_options options(std::uint16_t port) {
@@ -220,15 +224,30 @@ class hiredis_client final : public client {
 #endif
 
 struct cell {
-  std::vector<double> gbps, cpu, srv;
+  std::vector<double> gbps, cpu, srv;  // one entry per repetition, in repetition order
 };
 
+// Per-repetition ratios a[r] / b[r]: their median and middle half (25th and 75th percentiles).
+struct paired {
+  double median = 0, low = 0, high = 0;
+};
+paired pair_up(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / std::max(b[i], 1e-12));
+  if (r.empty()) return {};
+  std::sort(r.begin(), r.end());
+  auto at = [&](double q) {
+    return r[static_cast<std::size_t>(q * static_cast<double>(r.size() - 1) + 0.5)];
+  };
+  return {kb::median(r), at(0.25), at(0.75)};
+}
+
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(
-      stderr,
-      "bench_l2_floor: %s\nusage: bench_l2_floor [--quick] [--reps N] [--seconds S] [--sizes B,...] "
-      "[--batches K,...] [--ops get,set] [--connections N] [--spread-bytes B] [--clients NAME,...]\n",
-      why.c_str());
+  std::fprintf(stderr,
+               "bench_l2_floor: %s\nusage: bench_l2_floor [--quick] [--reps N] [--seconds S] [--sizes B,...] "
+               "[--batches K,...] [--ops get,set] [--connections N] [--spread-bytes B] [--clients NAME,...] "
+               "[--knee B,...]\n",
+               why.c_str());
   std::exit(2);
 }
 
@@ -265,6 +284,8 @@ config parse(int argc, char** argv) {
         c.connections = std::stoull(v);
       else if (a == "--clients")
         c.clients = list<std::string>(v, [](const std::string& s) { return s; });
+      else if (a == "--knee")
+        c.knee = list<std::size_t>(v, [](const std::string& s) { return std::stoull(s); });
       else if (a == "--spread-bytes")
         c.spread_bytes = std::stoull(v);
       else
@@ -304,12 +325,16 @@ int main(int argc, char** argv) try {
   const std::size_t lanes = cfg.connections - 1;  // the pool's large connections
 
   std::vector<std::pair<std::string, std::unique_ptr<client>>> clients;
-  clients.emplace_back("kvtier_asio",
-                       std::make_unique<store_client<kvtier::resp::asio_connection>>(port, cfg));
+  clients.emplace_back("kvtier_asio", std::make_unique<store_client<kvtier::resp::asio_connection>>(
+                                          port, cfg, cfg.spread_bytes));
 #if KVTIER_BENCH_HAS_URING
-  clients.emplace_back("kvtier_uring",
-                       std::make_unique<store_client<kvtier::resp::uring_connection>>(port, cfg));
+  clients.emplace_back("kvtier_uring", std::make_unique<store_client<kvtier::resp::uring_connection>>(
+                                           port, cfg, cfg.spread_bytes));
 #endif
+  // The knee: the same store with other spread bounds, interleaved with the rest (paired ratios).
+  for (std::size_t b : cfg.knee)
+    clients.emplace_back("kvtier_asio_s" + std::to_string(b),
+                         std::make_unique<store_client<kvtier::resp::asio_connection>>(port, cfg, b));
   clients.emplace_back("raw_pipelined", std::make_unique<floor_client<kb::raw_pipelined>>("pipe", port));
   clients.emplace_back("raw_per_rtt", std::make_unique<floor_client<kb::raw_per_rtt>>("rtt", port, lanes));
 #if KVTIER_BENCH_HAS_HIREDIS
@@ -317,7 +342,8 @@ int main(int argc, char** argv) try {
 #endif
   if (!cfg.clients.empty())
     std::erase_if(clients, [&](const auto& c) {
-      return std::find(cfg.clients.begin(), cfg.clients.end(), c.first) == cfg.clients.end();
+      return c.first.rfind("kvtier_asio_s", 0) != 0 &&  // --knee's clients stay
+             std::find(cfg.clients.begin(), cfg.clients.end(), c.first) == cfg.clients.end();
     });
   if (clients.empty())
     usage("--clients names none of kvtier_asio, kvtier_uring, raw_pipelined, raw_per_rtt, hiredis");
@@ -419,15 +445,19 @@ int main(int argc, char** argv) try {
         for (auto& [name, c] : clients) {
           if (!is_kvtier(name) || best.empty()) continue;  // --clients left no floor to compare with
           const cell& e = cells[name];
-          const double g = kb::median(e.gbps) / kb::median(f.gbps),
-                       cp = kb::median(e.cpu) / kb::median(f.cpu),
-                       sv = kb::median(e.srv) / std::max(kb::median(f.srv), 1e-9);
-          worst_gbps_ratio = std::min(worst_gbps_ratio, g);
-          std::printf("%-4s %10zu %5zu | %-14s x%.2f GB/s, x%.2f CPU/GB, x%.2f srv CPU/GB vs %s\n",
-                      op.c_str(), size, batch, name.c_str(), g, cp, sv, best.c_str());
-          json << (first_ratio ? "" : ",") << "\"" << name << "\":{\"gbps\":" << fmt("%.3f", g)
-               << ",\"cpu_per_gb\":" << fmt("%.3f", cp) << ",\"server_cpu_per_gb\":" << fmt("%.3f", sv)
-               << "}";
+          // Paired: each repetition's kvtier turn against the floor's turn of the same repetition
+          // (adjacent in time, so a neighbour's load burst moves both), median over repetitions.
+          const paired g = pair_up(e.gbps, f.gbps), cp = pair_up(e.cpu, f.cpu), sv = pair_up(e.srv, f.srv);
+          worst_gbps_ratio = std::min(worst_gbps_ratio, g.median);
+          std::printf(
+              "%-4s %10zu %5zu | %-14s x%.2f GB/s (middle half x%.2f-x%.2f), x%.2f CPU/GB, x%.2f srv CPU/GB "
+              "vs %s\n",
+              op.c_str(), size, batch, name.c_str(), g.median, g.low, g.high, cp.median, sv.median,
+              best.c_str());
+          json << (first_ratio ? "" : ",") << "\"" << name << "\":{\"gbps\":" << fmt("%.3f", g.median)
+               << ",\"gbps_p25\":" << fmt("%.3f", g.low) << ",\"gbps_p75\":" << fmt("%.3f", g.high)
+               << ",\"cpu_per_gb\":" << fmt("%.3f", cp.median)
+               << ",\"server_cpu_per_gb\":" << fmt("%.3f", sv.median) << "}";
           first_ratio = false;
         }
         json << "}}";
