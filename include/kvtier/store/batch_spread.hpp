@@ -34,6 +34,8 @@ namespace kvtier {
 struct batch_spread {
   /// Most value bytes (header included) one connection has in flight: a piece of the batch.
   /// A value larger than this goes alone. 0: never spread (the whole batch on one connection).
+  /// 1 MiB is the knee `bench_l2_floor --knee` measured (GETs of 256 KiB-1 MiB values, batches
+  /// of 8-16: best at 1 MiB per connection, worse at 256 KiB or 2-4 MiB, worst unspread).
   std::size_t max_reply_bytes = 1u << 20;
   /// Most connections one batch uses; 0: every connection a large request may take.
   std::size_t max_connections = 0;
