@@ -103,6 +103,50 @@ TEMPLATE_TEST_CASE("connection: 12.4 MB values round-trip bit-exact (TCP and Uni
   }
 }
 
+// Asio's payload reads set SO_RCVLOWAT to the slice they wait for: the mark must never ask for
+// more than the reply still holds (its last slice, an odd length, a value after a value) nor
+// stall behind a receive buffer smaller than the mark (a fixed 16 KiB buffer here).
+TEMPLATE_TEST_CASE("connection: payloads of odd lengths arrive whole, also through a small socket buffer",
+                   "[integration]", asio_connection, uring_connection) {
+  redis_server srv;
+  const std::vector<std::size_t> lengths = {1, 4095, 65537, (1u << 20) - 1, (1u << 20) + 1, 3'000'001};
+  for (int buffer : {0, 16 << 10}) {
+    INFO("socket_buffer_bytes " << buffer);
+    auto opt = options_for(srv.url());
+    opt.socket_buffer_bytes = buffer;
+    TestType conn(opt);
+    std::vector<std::vector<std::byte>> src, dst;
+    batch b;
+    std::vector<std::span<const std::byte>> parts;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      src.push_back(pattern(lengths[i], static_cast<unsigned>(i + 3)));
+      dst.emplace_back(lengths[i]);
+    }
+    for (const auto& v : src) parts.emplace_back(v);
+    for (std::size_t i = 0; i < lengths.size(); ++i)
+      b.add_with_payload({"SET", "odd" + std::to_string(i)},
+                         std::span<const std::span<const std::byte>>(parts).subspan(i, 1));
+    REQUIRE_FALSE(conn.execute(b, deadline_after(20s)));
+    // One value per batch (its last slice ends the batch) and all of them in one batch.
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      b.clear();
+      b.add_into({"GET", "odd" + std::to_string(i)}, std::span<std::byte>(dst[i]));
+      REQUIRE_FALSE(conn.execute(b, deadline_after(20s)));
+      REQUIRE(b.reply(0).into_destination);
+      REQUIRE(dst[i] == src[i]);
+    }
+    b.clear();
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      std::fill(dst[i].begin(), dst[i].end(), std::byte{0});
+      b.add_into({"GET", "odd" + std::to_string(i)}, std::span<std::byte>(dst[i]));
+    }
+    b.add({"PING"});  // a small reply after the payloads: the mark is back at 1 byte
+    REQUIRE_FALSE(conn.execute(b, deadline_after(20s)));
+    for (std::size_t i = 0; i < lengths.size(); ++i) REQUIRE(dst[i] == src[i]);
+    REQUIRE(b.reply(lengths.size()).str == "PONG");
+  }
+}
+
 TEMPLATE_TEST_CASE("connection: a server that never answers times out at the deadline", "[integration]",
                    asio_connection, uring_connection) {
   black_hole_server hole;

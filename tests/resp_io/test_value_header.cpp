@@ -7,6 +7,12 @@
 #include "kvtier/store/value_header.hpp"
 #include "support/property.hpp"
 
+// The dispatch configuration xxhash.hpp sets for xxHash stays inside it.
+#if defined(XXH_X86DISPATCH) || defined(XXH_DISPATCH_AVX2) || defined(XXH_DISPATCH_AVX512) || \
+    defined(XXH_TARGET_AVX2) || defined(XXH_TARGET_AVX512)
+#error "kvtier/detail/xxhash.hpp leaked xxHash's dispatch macros"
+#endif
+
 using kvtier::check_value_header;
 using kvtier::chunk_key;
 using kvtier::encode_value_header;
