@@ -196,20 +196,46 @@ class connector {
   /// its peers agree on nothing loaded instead of waiting for it.
   std::error_code load(request_id id, std::span<const std::int64_t> slots) {
     const auto it = requests_.find(id);
+    if (it == requests_.end()) return make_error_code(errc::invalid_argument);
+    return load(id, slots, it->second->load_first_token, it->second->load_end_token);
+  }
+
+  /// load() of tokens [first_token, end_token) only: a range the engine chooses inside the plan,
+  /// in whole chunks (both multiples of the chunk size, plan.load_first_token <= first_token <
+  /// end_token <= plan.load_end_token), e.g. only what its own L1 lacks. `slots` needs at least
+  /// end_token entries. Call it with the same range on every rank: ranks whose ranges differ
+  /// fail the load's agreement together (nothing loaded, on every rank). Throws
+  /// std::invalid_argument naming the range when it is not whole chunks inside the plan;
+  /// otherwise as load(id, slots), and the outcome's requested_end_token is end_token.
+  ///
+  ///   auto plan = conn.lookup(id);        // [0, 192) cached, chunks of 32 tokens
+  ///   conn.load(id, slots, 64, 160);      // chunks 2, 3, 4; the engine has [0, 64) already
+  std::error_code load(request_id id, std::span<const std::int64_t> slots, std::uint64_t first_token,
+                       std::uint64_t end_token) {
+    const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->lookup_agreed || it->second->loading ||
         it->second->load_end_token <= it->second->load_first_token)
       return make_error_code(errc::invalid_argument);
     detail::connector_request& r = *it->second;
     const std::size_t T = chunk_.chunk_tokens();
+    if (first_token % T || end_token % T || first_token >= end_token || first_token < r.load_first_token ||
+        end_token > r.load_end_token)
+      throw std::invalid_argument("kvtier::connector::load: tokens [" + std::to_string(first_token) + ", " +
+                                  std::to_string(end_token) + ") are not whole chunks of " +
+                                  std::to_string(T) + " tokens inside the plan [" +
+                                  std::to_string(r.load_first_token) + ", " +
+                                  std::to_string(r.load_end_token) + ")");
     r.loading = true;
-    r.first_chunk = r.load_first_token / T;
-    r.n = r.load_end_token / T - r.first_chunk;
+    r.range_first_token = first_token;
+    r.range_end_token = end_token;
+    r.first_chunk = first_token / T;
+    r.n = end_token / T - r.first_chunk;
     r.load_started = clock::now();
-    r.load_dl = r.load_started + opt_.load_deadline.after(r.load_end_token - r.load_first_token);
+    r.load_dl = r.load_started + opt_.load_deadline.after(end_token - first_token);
     r.group_landed.assign(geo_.groups, 0);
     counters_.loads.add();
     std::error_code ec;
-    if (slots.size() < r.load_end_token || !slots_fit(slots.first(r.load_end_token))) {
+    if (slots.size() < end_token || !slots_fit(slots.first(end_token))) {
       ec = make_error_code(errc::invalid_argument);
     } else if (!reserve_staging(r)) {
       ec = make_error_code(errc::queue_full);
@@ -219,7 +245,7 @@ class connector {
       counters_.local_load_failures.add();
       return ec;
     }
-    r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(r.load_end_token));
+    r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
     std::vector<chunk_key> keys;
     std::vector<std::span<std::byte>> dst;
     std::vector<std::uint64_t> starts;
@@ -231,8 +257,7 @@ class connector {
       starts.push_back(static_cast<std::uint64_t>(c) * T);
     }
     if (!keys.empty())
-      r.fetch =
-          queue_.submit(id, keys, dst, chunk_layout::owned(std::move(starts), r.load_end_token), r.load_dl);
+      r.fetch = queue_.submit(id, keys, dst, chunk_layout::owned(std::move(starts), end_token), r.load_dl);
     std::lock_guard lock(shared_.mu);
     shared_.active_loads.push_back(it->second);
     return {};
@@ -267,7 +292,7 @@ class connector {
     const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->done) return std::nullopt;
     const auto& r = *it->second;
-    return load_outcome{r.load_first_token, r.loaded_end_token, r.load_end_token};
+    return load_outcome{r.range_first_token, r.loaded_end_token, r.range_end_token};
   }
 
   /// The chunks of a load that failed (agreed on every rank): recompute from the first one.
@@ -366,7 +391,7 @@ class connector {
     detail::step_message msg(waiting.size());
     std::uint64_t fp = 0;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
-      fp = detail::step_fp_mix(detail::step_fp_mix(fp, waiting[i]->id), waiting[i]->lookup_agreed);
+      fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i]));
       contribute(*waiting[i], msg.entry(i));
     }
     msg.seal(fp);
@@ -468,7 +493,7 @@ class connector {
       const fetch_progress p = queue_.progress(r.fetch);
       const std::size_t T = chunk_.chunk_tokens();
       fetched =
-          std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.load_first_token)) / T);
+          std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.range_first_token)) / T);
       fetch_done = p.complete || expired(r.load_dl);
     }
     std::lock_guard lock(shared_.mu);
@@ -527,11 +552,11 @@ class connector {
       if (chunks < r.n) r.abandoned = true;
     }
     r.done = true;
-    r.loaded_end_token = r.load_first_token + static_cast<std::uint64_t>(chunks) * chunk_.chunk_tokens();
-    counters_.tokens_loaded.add(r.loaded_end_token - r.load_first_token);
+    r.loaded_end_token = r.range_first_token + static_cast<std::uint64_t>(chunks) * chunk_.chunk_tokens();
+    counters_.tokens_loaded.add(r.loaded_end_token - r.range_first_token);
     if (chunks < r.n) {
       counters_.loads_cut_short.add();
-      counters_.tokens_to_recompute.add(r.load_end_token - r.loaded_end_token);
+      counters_.tokens_to_recompute.add(r.range_end_token - r.loaded_end_token);
     }
     std::lock_guard lock(shared_.mu);
     std::erase_if(shared_.active_loads, [&](const req_ptr& p) { return p.get() == &r; });

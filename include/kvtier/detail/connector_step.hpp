@@ -15,6 +15,7 @@
 
 #include "kvtier/connector/types.hpp"
 #include "kvtier/cost_model.hpp"
+#include "kvtier/detail/connector_state.hpp"
 
 namespace kvtier::detail {
 
@@ -38,6 +39,14 @@ inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
   h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
   h *= 0xBF58476D1CE4E5B9ull;
   return h ^ (h >> 31);
+}
+
+/// What an entry's fingerprint folds: the request id and kind, and for a load its range, so
+/// ranks that load different ranges of one request fail its agreement together.
+inline std::uint64_t entry_fingerprint(const connector_request& r) noexcept {
+  std::uint64_t h = step_fp_mix(step_fp_mix(0, r.id), r.lookup_agreed);
+  if (r.lookup_agreed) h = step_fp_mix(step_fp_mix(h, r.first_chunk), r.n);
+  return h;
 }
 
 inline constexpr std::uint64_t step_top = ~std::uint64_t{0};
