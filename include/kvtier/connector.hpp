@@ -162,11 +162,28 @@ class connector {
   /// Starts the lookup of a request: this rank asks its store about the chunks it owns. Never
   /// blocks. errc::invalid_argument for an id already known (nothing changes then).
   std::error_code begin_lookup(request_id id, std::span<const token_id> tokens, const key_material& m = {}) {
+    return begin_lookup(id, tokens, tokens.size(), m);
+  }
+
+  /// begin_lookup() of a request whose prompt has `prompt_tokens` tokens of which only the
+  /// first keyed_tokens.size() are keyed (looked up and loadable): the policy plans with the
+  /// whole prompt (the split point, what is left to compute) and the plan reports it. Call it
+  /// with the same figures on every rank: ranks whose prompt lengths or key counts differ fail
+  /// the lookup's agreement together (nothing cached). Throws std::invalid_argument when
+  /// prompt_tokens is less than the keyed tokens.
+  ///
+  ///   conn.begin_lookup(id, std::span(tokens).first(4096), tokens.size());  // key 4,096 of 6,000
+  std::error_code begin_lookup(request_id id, std::span<const token_id> keyed_tokens,
+                               std::uint64_t prompt_tokens, const key_material& m = {}) {
+    if (prompt_tokens < keyed_tokens.size())
+      throw std::invalid_argument("kvtier::connector::begin_lookup: prompt_tokens " +
+                                  std::to_string(prompt_tokens) + " < the " +
+                                  std::to_string(keyed_tokens.size()) + " keyed tokens");
     if (requests_.count(id)) return make_error_code(errc::invalid_argument);
     auto r = std::make_shared<detail::connector_request>();
     r->id = id;
-    r->prompt_tokens = tokens.size();
-    r->keys = chunk_.keys(tokens, m);
+    r->prompt_tokens = prompt_tokens;
+    r->keys = chunk_.keys(keyed_tokens, m);
     r->owned = owned_chunks(own_, rank(), r->keys.size());
     r->lookup_dl = deadline_after(opt_.lookup_timeout);
     if (!r->owned.empty()) {
@@ -186,7 +203,7 @@ class connector {
     const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->lookup_agreed) return std::nullopt;
     const auto& r = *it->second;
-    return load_plan{r.agreed_cached_tokens, r.load_first_token, r.load_end_token};
+    return load_plan{r.agreed_cached_tokens, r.load_first_token, r.load_end_token, r.prompt_tokens};
   }
 
   /// Starts the load of a planned request into the pages at `slots` (slot of prompt position

@@ -180,3 +180,54 @@ TEST_CASE("connector load range: ranks that load different ranges fail together,
   });
   CHECK(log.same());
 }
+
+TEST_CASE("connector prompt length: a prompt keyed only in part plans with its whole length", "[connector]") {
+  call_log log(2);
+  const std::uint64_t keyed = 4 * T + 5;
+  on_ranks(2, {}, true, [&](auto& env, rank_t r) {
+    env.conn.begin_lookup(2, std::span(the_prompt).first(keyed), the_prompt.size());
+    const bool agreed = step_until(env.conn, [&] { return env.conn.lookup(2).has_value(); });
+    LOCKED_REQUIRE(agreed);
+    const load_plan plan = *env.conn.lookup(2);
+    LOCKED_CHECK(plan.cached_tokens == 4 * T);  // only keyed chunks are looked up
+    LOCKED_CHECK(plan.load_end_token == 4 * T);
+    LOCKED_CHECK(plan.prompt_tokens == the_prompt.size());
+    host_kv_cache::sequence seq;
+    LOCKED_REQUIRE(env.cache.reserve(seq, the_prompt.size()));
+    LOCKED_REQUIRE_FALSE(env.conn.load(2, slots_of(env.cache, seq, the_prompt.size())));
+    const bool ended = step_until(env.conn, [&] { return env.conn.load_result(2).has_value(); });
+    LOCKED_REQUIRE(ended);
+    LOCKED_CHECK(env.conn.load_result(2)->loaded_end_token == 4 * T);
+    LOCKED_CHECK(wrong_bytes(env.cache, seq, 0, 4 * T) == 0);
+    env.conn.finish(2);
+    // The plain form: the prompt is the keyed tokens.
+    const auto plain = lookup_agreed(env.conn, 3, std::span(the_prompt).first(keyed));
+    LOCKED_REQUIRE(plain);
+    LOCKED_CHECK(plain->prompt_tokens == keyed);
+    env.conn.finish(3);
+    bool refused = false;
+    try {
+      env.conn.begin_lookup(4, the_prompt, the_prompt.size() - 1);
+    } catch (const std::invalid_argument& e) {
+      refused = std::string(e.what()).find("prompt_tokens") != std::string::npos;
+    }
+    LOCKED_CHECK(refused);
+    log.keep(r, env.ctrl);
+  });
+  CHECK(log.same());
+}
+
+TEST_CASE("connector prompt length: ranks with different prompt lengths fail the lookup together",
+          "[connector]") {
+  call_log log(2);
+  on_ranks(2, {}, true, [&](auto& env, rank_t r) {
+    env.conn.begin_lookup(2, the_prompt, the_prompt.size() + r);
+    const bool agreed = step_until(env.conn, [&] { return env.conn.lookup(2).has_value(); });
+    LOCKED_REQUIRE(agreed);
+    LOCKED_CHECK(env.conn.lookup(2)->cached_tokens == 0);
+    LOCKED_CHECK(env.conn.counters().agreement_failures.value() > 0);
+    env.conn.finish(2);
+    log.keep(r, env.ctrl);
+  });
+  CHECK(log.same());
+}

@@ -63,6 +63,7 @@ struct load_plan {
   std::uint64_t cached_tokens = 0;  ///< the agreed cached prefix, before the policy
   std::uint64_t load_first_token = 0;
   std::uint64_t load_end_token = 0;
+  std::uint64_t prompt_tokens = 0;  ///< the whole prompt (keyed or not); past the load, computed
   std::uint64_t tokens_to_load() const noexcept { return load_end_token - load_first_token; }
 };
 

@@ -41,12 +41,13 @@ inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
   return h ^ (h >> 31);
 }
 
-/// What an entry's fingerprint folds: the request id and kind, and for a load its range, so
-/// ranks that load different ranges of one request fail its agreement together.
+/// What an entry's fingerprint folds: the request id and kind; for a lookup the prompt length
+/// and the number of keyed chunks (the plan depends on both); for a load its range. Ranks that
+/// differ in any of them fail that step's agreement together.
 inline std::uint64_t entry_fingerprint(const connector_request& r) noexcept {
-  std::uint64_t h = step_fp_mix(step_fp_mix(0, r.id), r.lookup_agreed);
-  if (r.lookup_agreed) h = step_fp_mix(step_fp_mix(h, r.first_chunk), r.n);
-  return h;
+  const std::uint64_t h = step_fp_mix(step_fp_mix(0, r.id), r.lookup_agreed);
+  if (!r.lookup_agreed) return step_fp_mix(step_fp_mix(h, r.prompt_tokens), r.keys.size());
+  return step_fp_mix(step_fp_mix(h, r.first_chunk), r.n);
 }
 
 inline constexpr std::uint64_t step_top = ~std::uint64_t{0};
