@@ -304,6 +304,31 @@ class connector {
     return p.complete ? std::error_code{} : make_error_code(errc::timeout);
   }
 
+  /// Caps this rank's part of load `id` at its first `chunks` chunks (counted from the load's
+  /// first chunk): the agreed prefix is then at most the least cap over ranks, agreed through
+  /// the step like every other outcome, so every rank ends the load with the same prefix. A cap
+  /// only lowers (one above an earlier cap changes nothing). Local, never blocks.
+  /// errc::invalid_argument for an id with no load running (unknown, not started, or its
+  /// outcome already agreed).
+  ///
+  ///   conn.limit_load(id, 3);   // this rank takes at most 3 chunks: every rank loads <= 3
+  std::error_code limit_load(request_id id, std::size_t chunks) {
+    const auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second->loading || it->second->done)
+      return make_error_code(errc::invalid_argument);
+    it->second->cap = std::min(it->second->cap, chunks);
+    return {};
+  }
+
+  /// limit_load(id, 0), and this rank's fetch of the load is cancelled (TensorRT-LLM's
+  /// cancel_load): every rank's outcome is nothing loaded, the engine recomputes from the
+  /// load's first token. The same errors as limit_load.
+  std::error_code cancel_load(request_id id) {
+    if (std::error_code ec = limit_load(id, 0)) return ec;
+    if (const auto& r = *requests_.at(id); r.fetch.valid()) queue_.cancel(r.fetch);
+    return {};
+  }
+
   /// The agreed outcome of a load, or empty while it runs.
   std::optional<load_outcome> load_result(request_id id) const {
     const auto it = requests_.find(id);
@@ -513,10 +538,11 @@ class connector {
           std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.range_first_token)) / T);
       fetch_done = p.complete || expired(r.load_dl);
     }
+    fetched = std::min(fetched, r.cap);  // limit_load: never agree past this rank's cap
     std::lock_guard lock(shared_.mu);
     detail::load_words{
         .fetched = fetched,
-        .reachable = fetch_done ? fetched : r.n,
+        .reachable = std::min(fetch_done ? fetched : r.n, r.cap),
         .landed = r.local_failure ? 0 : r.landed_locked(),
         .ok = !(r.move_failed || r.local_failure),
         .elapsed_us = static_cast<std::uint64_t>(

@@ -231,3 +231,71 @@ TEST_CASE("connector prompt length: ranks with different prompt lengths fail the
   });
   CHECK(log.same());
 }
+
+namespace {
+
+/// Loads the whole plan of request 2 on W ranks; `after_load(conn, rank)` right after load().
+template <class After>
+std::vector<std::optional<load_outcome>> capped_load(rank_t W, After after_load) {
+  std::vector<std::optional<load_outcome>> out(W);
+  call_log log(W);
+  connector_options opt;
+  opt.load_deadline.base = std::chrono::seconds(30);  // only the caps end the loads short
+  on_ranks(W, opt, true, [&](auto& env, rank_t r) {
+    const bool looked = lookup_agreed(env.conn, 2, the_prompt).has_value();
+    LOCKED_REQUIRE(looked);
+    host_kv_cache::sequence seq;
+    LOCKED_REQUIRE(env.cache.reserve(seq, the_prompt.size()));
+    LOCKED_REQUIRE_FALSE(env.conn.load(2, slots_of(env.cache, seq, the_prompt.size())));
+    after_load(env.conn, r);
+    const bool ended = step_until(env.conn, [&] { return env.conn.load_result(2).has_value(); });
+    LOCKED_REQUIRE(ended);
+    const load_outcome o = *env.conn.load_result(2);
+    LOCKED_CHECK(wrong_bytes(env.cache, seq, 0, o.loaded_end_token) == 0);
+    LOCKED_CHECK(env.conn.limit_load(2, 1) == errc::invalid_argument);  // its outcome is agreed
+    env.conn.finish(2);
+    log.keep(r, env.ctrl);
+    std::lock_guard lock(log.mu);
+    out[r] = o;
+  });
+  CHECK(log.same());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("connector limit_load: one rank's cap ends every rank's load at the same prefix", "[connector]") {
+  for (rank_t W : {2u, 3u}) {
+    for (rank_t capped = 0; capped < W; ++capped) {
+      INFO("W = " << W << ", capped rank " << capped);
+      const auto out = capped_load(W, [&](auto& conn, rank_t r) {
+        if (r != capped) return;
+        LOCKED_CHECK_FALSE(conn.limit_load(2, 3));
+        LOCKED_CHECK_FALSE(conn.limit_load(2, 5));  // only lowers: 3 stays
+      });
+      for (const auto& o : out) {
+        REQUIRE(o);
+        CHECK(o->loaded_end_token == 3 * T);
+        CHECK(o->requested_end_token == 6 * T);
+      }
+    }
+  }
+  on_ranks(1, {}, false, [&](auto& env, rank_t) {
+    LOCKED_CHECK(env.conn.limit_load(9, 1) == errc::invalid_argument);  // unknown id
+    LOCKED_CHECK(env.conn.cancel_load(9) == errc::invalid_argument);
+  });
+}
+
+TEST_CASE("connector cancel_load: one rank cancels and no rank loads anything", "[connector]") {
+  for (rank_t W : {1u, 2u, 3u}) {
+    INFO("W = " << W);
+    const auto out = capped_load(W, [&](auto& conn, rank_t r) {
+      if (r == W - 1) LOCKED_CHECK_FALSE(conn.cancel_load(2));
+    });
+    for (const auto& o : out) {
+      REQUIRE(o);
+      CHECK(o->loaded_end_token == 0);
+      CHECK_FALSE(o->complete());
+    }
+  }
+}
