@@ -143,6 +143,20 @@ class connector {
   const connector_counters& counters() const noexcept { return counters_; }
   const load_estimator& estimator() const noexcept { return estimator_; }
 
+  /// Feeds the estimator one load of `bytes` that took `seconds` in the engine's own time (a
+  /// modeled clock, say; with connector_options::wall_clock_samples off they are the only
+  /// samples, so estimates are reproducible). The cost and split policies plan from the
+  /// estimator on each rank, so call it with the same samples in the same order on every rank:
+  /// under those policies a lookup entry's fingerprint folds the estimate, and ranks whose
+  /// estimates differ fail the lookup together (nothing cached). errc::invalid_argument for 0
+  /// bytes or seconds not positive and finite (nothing recorded).
+  ///
+  ///   conn.record_load_sample(c.bytes, modeled_clock.now() - c.load_started_s);  // every rank
+  std::error_code record_load_sample(std::uint64_t bytes, double seconds) {
+    return estimator_.record_bytes(bytes, seconds) ? std::error_code{}
+                                                   : make_error_code(errc::invalid_argument);
+  }
+
   /// Once at setup, on every rank (a collective on the control communicator): agrees that
   /// every rank has the same key namespace, ownership geometry, chunk size in tokens and bytes,
   /// and value format (the store's format() when it has one). A rank that differs makes every
@@ -431,9 +445,11 @@ class connector {
     }
     if (waiting.empty()) return {};
     detail::step_message msg(waiting.size());
+    const std::uint64_t plan_fingerprint =
+        opt_.policy == load_policy::always ? 0 : detail::estimate_fingerprint(estimator_.estimate());
     std::uint64_t fp = 0;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
-      fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i]));
+      fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i], plan_fingerprint));
       contribute(*waiting[i], msg.entry(i));
     }
     msg.seal(fp);
@@ -583,7 +599,7 @@ class connector {
     }
     r->target = d.target;
     if (!d.loaded_chunks) return;
-    if (d.sample)  // the slowest rank's time: the same sample on every rank
+    if (d.sample && opt_.wall_clock_samples)  // the slowest rank's time: the same sample on every rank
       estimator_.record_bytes(*d.loaded_chunks * geo_.chunk_bytes,
                               static_cast<double>(agreed.elapsed_us) * 1e-6);
     end_load(*r, *d.loaded_chunks);

@@ -299,3 +299,55 @@ TEST_CASE("connector cancel_load: one rank cancels and no rank loads anything", 
     }
   }
 }
+
+TEST_CASE("connector record_load_sample: the engine's samples only, with wall-clock samples off",
+          "[connector]") {
+  for (bool wall : {true, false}) {
+    INFO("wall_clock_samples = " << wall);
+    connector_options opt;
+    opt.wall_clock_samples = wall;
+    on_ranks(2, opt, true, [&](auto& env, rank_t) {
+      host_kv_cache::sequence seq;
+      const auto out = load_range(env, seq, 0, 6 * T);
+      LOCKED_REQUIRE(out);
+      LOCKED_CHECK(out->complete());
+      LOCKED_CHECK(env.conn.estimator().samples() == (wall ? 1u : 0u));
+      const load_path before = env.conn.estimator().estimate();
+      if (!wall) LOCKED_CHECK(before.bandwidth_gb_per_s == opt.prior.bandwidth_gb_per_s);
+      LOCKED_CHECK_FALSE(env.conn.record_load_sample(64 << 20, 0.5));  // 0.13 GB/s: far from the prior
+      LOCKED_CHECK(env.conn.estimator().samples() == (wall ? 2u : 1u));
+      const load_path after = env.conn.estimator().estimate();  // one size: T0 refits, B stays
+      LOCKED_CHECK(after.fixed_cost_s != before.fixed_cost_s);
+      const double nan = std::numeric_limits<double>::quiet_NaN(),
+                   inf = std::numeric_limits<double>::infinity();
+      for (const auto& [bytes, s] :
+           std::vector<std::pair<std::uint64_t, double>>{{0, 1.0}, {1, 0.0}, {1, -1.0}, {1, nan}, {1, inf}})
+        LOCKED_CHECK(env.conn.record_load_sample(bytes, s) == errc::invalid_argument);
+      LOCKED_CHECK(env.conn.estimator().samples() == (wall ? 2u : 1u));
+      env.conn.finish(2);
+    });
+  }
+}
+
+TEST_CASE("connector record_load_sample: ranks whose estimates differ fail the cost policy's lookup together",
+          "[connector]") {
+  for (bool same : {true, false}) {
+    INFO("the same samples on every rank: " << same);
+    connector_options opt;
+    opt.policy = load_policy::cost;
+    opt.node = {.kv_bytes_per_token = 1e3, .prefill_tokens_per_s = 100};  // recomputing is slow: load
+    opt.wall_clock_samples = false;
+    call_log log(2);
+    on_ranks(2, opt, true, [&](auto& env, rank_t r) {
+      if (same || r == 0) LOCKED_CHECK_FALSE(env.conn.record_load_sample(1 << 20, 0.01));
+      const auto plan = lookup_agreed(env.conn, 2, the_prompt);
+      LOCKED_REQUIRE(plan);
+      LOCKED_CHECK(plan->cached_tokens == (same ? 6 * T : 0));
+      LOCKED_CHECK(plan->tokens_to_load() == (same ? 6 * T : 0));
+      LOCKED_CHECK(env.conn.counters().agreement_failures.value() == (same ? 0u : 1u));
+      env.conn.finish(2);
+      log.keep(r, env.ctrl);
+    });
+    CHECK(log.same());
+  }
+}

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -41,12 +42,20 @@ inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
   return h ^ (h >> 31);
 }
 
-/// What an entry's fingerprint folds: the request id and kind; for a lookup the prompt length
-/// and the number of keyed chunks (the plan depends on both); for a load its range. Ranks that
-/// differ in any of them fail that step's agreement together.
-inline std::uint64_t entry_fingerprint(const connector_request& r) noexcept {
+/// The bits of an estimate (T0, B), for a fingerprint.
+inline std::uint64_t estimate_fingerprint(const load_path& p) noexcept {
+  return step_fp_mix(std::bit_cast<std::uint64_t>(p.fixed_cost_s),
+                     std::bit_cast<std::uint64_t>(p.bandwidth_gb_per_s));
+}
+
+/// What an entry's fingerprint folds: the request id and kind; for a lookup the prompt length,
+/// the number of keyed chunks and `plan_fp` (the estimate, under the cost and split policies:
+/// the plan depends on all three); for a load its range. Ranks that differ in any of them fail
+/// that step's agreement together.
+inline std::uint64_t entry_fingerprint(const connector_request& r, std::uint64_t plan_fp) noexcept {
   const std::uint64_t h = step_fp_mix(step_fp_mix(0, r.id), r.lookup_agreed);
-  if (!r.lookup_agreed) return step_fp_mix(step_fp_mix(h, r.prompt_tokens), r.keys.size());
+  if (!r.lookup_agreed)
+    return step_fp_mix(step_fp_mix(step_fp_mix(h, r.prompt_tokens), r.keys.size()), plan_fp);
   return step_fp_mix(step_fp_mix(h, r.first_chunk), r.n);
 }
 
