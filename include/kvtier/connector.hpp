@@ -436,15 +436,26 @@ class connector {
   /// Agrees, in one all-reduce on the control communicator, on every lookup and load waiting
   /// for it, and starts the moves that agreement allows. The error of a failed agreement (its
   /// lookups then plan nothing and its loads load nothing, on every rank); else empty.
-  std::error_code step(deadline dl) {
+  std::error_code step(deadline dl) { return step(dl, {}); }
+
+  /// step() with the engine's own words in the same all-reduce: `words` goes in as this rank's
+  /// values and comes back as the min over ranks (for a max, pass complements; to check that
+  /// every rank holds the same x, pass x and ~x). Pass the same number of words on every rank
+  /// (the fingerprint folds the count: a different count fails the step on every rank). On a
+  /// failed agreement every word is set to 0, so a rank never acts on values its peers did
+  /// not agree. With words, the step issues its all-reduce even when nothing else waits.
+  ///
+  ///   std::uint64_t w[2] = {l1_answer_tokens, first_mismatched_chunk};  // per request, say
+  ///   if (!conn.step(dl, w)) use(w[0], w[1]);                           // min over ranks
+  std::error_code step(deadline dl, std::span<std::uint64_t> words) {
     release_quarantine();
     std::vector<req_ptr> waiting;
     for (request_id id : order_) {
       const req_ptr& r = requests_.at(id);
       if (!r->lookup_agreed || (r->loading && !r->done)) waiting.push_back(r);
     }
-    if (waiting.empty()) return {};
-    detail::step_message msg(waiting.size());
+    if (waiting.empty() && words.empty()) return {};
+    detail::step_message msg(waiting.size(), words);
     const std::uint64_t plan_fingerprint =
         opt_.policy == load_policy::always ? 0 : detail::estimate_fingerprint(estimator_.estimate());
     std::uint64_t fp = 0;
@@ -452,11 +463,12 @@ class connector {
       fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i], plan_fingerprint));
       contribute(*waiting[i], msg.entry(i));
     }
-    msg.seal(fp);
+    msg.seal(detail::step_fp_mix(fp, words.size()));
     std::error_code ec = comm::all_reduce(ctrl_, std::span<const std::uint64_t>(msg.v), std::span(msg.v),
                                           comm::reduce_op::min, dl);
     if (!ec && !msg.consistent(waiting.size())) ec = make_error_code(errc::collective_mismatch);
     if (ec) counters_.agreement_failures.add();
+    msg.agreed_words(ec, words);
     std::vector<detail::move_item> batch;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       if (!waiting[i]->lookup_agreed)

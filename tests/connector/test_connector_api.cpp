@@ -351,3 +351,63 @@ TEST_CASE("connector record_load_sample: ranks whose estimates differ fail the c
     CHECK(log.same());
   }
 }
+
+namespace {
+
+std::size_t all_reduces(const recorded& c) {
+  std::size_t n = 0;
+  for (const comm::collective_call& k : c.calls()) n += k.op == comm::op_kind::all_reduce;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("connector step words: the engine's words are agreed (min) in the step's one all-reduce",
+          "[connector]") {
+  for (rank_t W : {1u, 2u, 3u}) {
+    INFO("W = " << W);
+    call_log log(W);
+    on_ranks(W, {}, true, [&](auto& env, rank_t r) {
+      const auto plan = lookup_agreed(env.conn, 2, the_prompt);
+      LOCKED_REQUIRE(plan);
+      host_kv_cache::sequence seq;
+      LOCKED_REQUIRE(env.cache.reserve(seq, the_prompt.size()));
+      LOCKED_REQUIRE_FALSE(env.conn.load(2, slots_of(env.cache, seq, the_prompt.size())));
+      // Step with words until the load's outcome is agreed (an agreed condition).
+      const std::size_t before = all_reduces(env.ctrl);
+      std::size_t steps = 0;
+      bool words_ok = true;
+      while (!env.conn.load_result(2) && steps < 20000) {
+        std::uint64_t w[3] = {10 + r, ~std::uint64_t{r}, 7};
+        const auto ec = env.conn.step(deadline_after(std::chrono::seconds(2)), w);
+        ++steps;
+        words_ok = words_ok && !ec && w[0] == 10 && ~w[1] == W - 1 && w[2] == 7;
+      }
+      LOCKED_CHECK(words_ok);
+      LOCKED_REQUIRE(env.conn.load_result(2));
+      LOCKED_CHECK(env.conn.load_result(2)->complete());
+      LOCKED_CHECK(all_reduces(env.ctrl) - before == steps);  // one collective per step, words included
+      env.conn.finish(2);
+      // Nothing waits: a step with words still agrees them; one without issues nothing.
+      std::uint64_t w[1] = {100 + r};
+      const auto ec = env.conn.step(deadline_after(std::chrono::seconds(2)), w);
+      LOCKED_CHECK_FALSE(ec);
+      LOCKED_CHECK(w[0] == 100);
+      const std::size_t quiet = all_reduces(env.ctrl);
+      LOCKED_CHECK_FALSE(env.conn.step(deadline_after(std::chrono::seconds(2))));
+      LOCKED_CHECK(all_reduces(env.ctrl) == quiet);
+      log.keep(r, env.ctrl);
+    });
+    CHECK(log.same());
+  }
+}
+
+TEST_CASE("connector step words: a different word count fails the step on every rank, words zeroed",
+          "[connector]") {
+  on_ranks(2, {}, false, [&](auto& env, rank_t r) {
+    std::vector<std::uint64_t> w(2 + r, 5);
+    const auto ec = env.conn.step(deadline_after(std::chrono::seconds(2)), w);
+    LOCKED_CHECK(ec);
+    LOCKED_CHECK(w == std::vector<std::uint64_t>(2 + r, 0));
+  });
+}

@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <system_error>
 #include <vector>
 
 #include "kvtier/connector/types.hpp"
@@ -20,17 +21,29 @@
 
 namespace kvtier::detail {
 
-/// One step's agreement: a header [entries, fp, ~fp] and five words per entry, all reduced by
-/// min. The fingerprint folds every entry's request id and kind, so ranks whose request lists
+/// One step's agreement: a header [entries, fp, ~fp], five words per entry, then the engine's
+/// own words (connector::step(dl, words)), all reduced by min. The fingerprint folds every
+/// entry's request id and kind and the engine's word count, so ranks whose request lists
 /// differ fail the agreement together instead of pairing one request's values with another's.
 /// A word that must be reduced by max travels as its complement.
 struct step_message {
   static constexpr std::size_t header = 3, words = 5;
   std::vector<std::uint64_t> v;
+  std::size_t entries = 0;
 
-  explicit step_message(std::size_t entries) : v(header + words * entries, 0) { v[0] = entries; }
+  step_message(std::size_t n, std::span<const std::uint64_t> engine_words)
+      : v(header + words * n + engine_words.size(), 0), entries(n) {
+    v[0] = n;
+    std::copy(engine_words.begin(), engine_words.end(),
+              v.begin() + static_cast<std::ptrdiff_t>(header + words * n));
+  }
   std::span<std::uint64_t> entry(std::size_t i) noexcept {
     return std::span(v).subspan(header + words * i, words);
+  }
+  /// The engine's words after the reduction, or 0s after a failed one.
+  void agreed_words(std::error_code ec, std::span<std::uint64_t> out) const noexcept {
+    if (ec) return std::fill(out.begin(), out.end(), 0);
+    std::copy(v.begin() + static_cast<std::ptrdiff_t>(header + words * entries), v.end(), out.begin());
   }
   void seal(std::uint64_t fp) noexcept { v[1] = fp, v[2] = ~fp; }
   bool consistent(std::size_t entries) const noexcept { return v[0] == entries && v[1] == ~v[2]; }
