@@ -43,7 +43,7 @@
 //
 // Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors and
 // drain_events never block (load and finish may wait for one scatter of one layer group to
-// end); step, wait_for_layer and wait_local take a deadline.
+// end); step, wait_for_layer, wait_local and wait_for_save take a deadline.
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
 // they decide in detail/connector_step.hpp; the moves in detail/connector_mover.hpp; the saves
@@ -76,6 +76,7 @@
 #include "kvtier/detail/connector_saver.hpp"
 #include "kvtier/detail/connector_state.hpp"
 #include "kvtier/detail/connector_step.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/kv_copy.hpp"
@@ -377,6 +378,28 @@ class connector {
     if (job.chunks.empty()) return {};
     job.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
     saver_.submit(std::move(job));
+    return {};
+  }
+
+  /// Blocks until every save of request `id` queued so far has ended (stored or failed; the
+  /// counters and events say which), or `dl` passes (errc::timeout). Local: no collective.
+  /// Before or after finish(), until finished() has listed the request's saves.
+  /// errc::invalid_argument for an id neither known nor finishing.
+  ///
+  ///   conn.save(id, slots, 0, tokens.size());
+  ///   conn.wait_for_save(id, kvtier::deadline_after(2s));  // vLLM's wait_for_save
+  std::error_code wait_for_save(request_id id, deadline dl) {
+    req_ptr r;
+    if (const auto it = requests_.find(id); it != requests_.end()) r = it->second;
+    std::unique_lock lock(shared_.mu);
+    if (!r)
+      if (const auto it = std::find_if(finishing_.begin(), finishing_.end(),
+                                       [&](const req_ptr& f) { return f->id == id; });
+          it != finishing_.end())
+        r = *it;
+    if (!r) return make_error_code(errc::invalid_argument);
+    if (!detail::wait_until(shared_.saved, lock, dl, [&] { return r->saves_pending == 0; }))
+      return make_error_code(errc::timeout);
     return {};
   }
 

@@ -411,3 +411,112 @@ TEST_CASE("connector step words: a different word count fails the step on every 
     LOCKED_CHECK(w == std::vector<std::uint64_t>(2 + r, 0));
   });
 }
+
+namespace {
+
+// The memory store with a gate on put() (a save that cannot end until opened) and, when
+// stall_gets, a get() that answers only at its deadline (a stalled server).
+struct gated_store {
+  memory_store& inner;
+  bool stall_gets = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = true;
+
+  std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> st, deadline dl) {
+    return inner.exists(k, st, dl);
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> st, deadline dl) {
+    if (!stall_gets) return inner.get(k, d, st, dl);
+    std::this_thread::sleep_until(std::min(dl, clock::now() + std::chrono::seconds(5)));
+    std::fill(st.begin(), st.end(), chunk_status::timeout);
+    return make_error_code(errc::timeout);
+  }
+  std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> s,
+                      std::span<chunk_status> st, deadline dl) {
+    {
+      std::unique_lock lock(mu);
+      cv.wait_for(lock, std::chrono::seconds(20), [&] { return open; });
+    }
+    return inner.put(k, s, st, dl);
+  }
+  void set_open(bool o) {
+    std::lock_guard lock(mu);
+    open = o;
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("connector wait_for_save: returns once the request's saves ended, before or after finish",
+          "[connector]") {
+  on_ranks(
+      1, {}, false, [](rank_t, memory_store& m) { return std::make_unique<gated_store>(m); },
+      [&](auto& env, rank_t) {
+        const auto plan = lookup_agreed(env.conn, 1, the_prompt);
+        LOCKED_REQUIRE(plan);
+        host_kv_cache::sequence seq;
+        LOCKED_REQUIRE(env.cache.reserve(seq, the_prompt.size()));
+        compute_into(env.cache, seq, 0, the_prompt.size());
+        const auto slots = slots_of(env.cache, seq, the_prompt.size());
+        const auto short_wait = [] { return deadline_after(std::chrono::milliseconds(30)); };
+        const auto long_wait = [] { return deadline_after(std::chrono::seconds(20)); };
+        env.store.set_open(false);
+        LOCKED_REQUIRE_FALSE(env.conn.save(1, slots, 0, 3 * T));
+        LOCKED_CHECK(env.conn.wait_for_save(1, short_wait()) == errc::timeout);  // the put cannot end yet
+        env.store.set_open(true);
+        LOCKED_CHECK_FALSE(env.conn.wait_for_save(1, long_wait()));
+        LOCKED_CHECK(env.conn.counters().chunks_saved.value() == 3);
+        env.store.set_open(false);  // and after finish()
+        LOCKED_REQUIRE_FALSE(env.conn.save(1, slots, 3 * T, 6 * T));
+        LOCKED_CHECK_FALSE(env.conn.finish(1).free_pages_now);
+        LOCKED_CHECK(env.conn.wait_for_save(1, short_wait()) == errc::timeout);
+        env.store.set_open(true);
+        LOCKED_CHECK_FALSE(env.conn.wait_for_save(1, long_wait()));
+        LOCKED_CHECK(env.conn.counters().chunks_saved.value() == 6);
+        LOCKED_CHECK(env.conn.finished().saves == std::vector<request_id>{1});
+        LOCKED_CHECK(env.conn.wait_for_save(1, short_wait()) == errc::invalid_argument);  // listed: gone
+        LOCKED_CHECK(env.conn.wait_for_save(99, short_wait()) == errc::invalid_argument);
+      });
+}
+
+TEST_CASE("connector wait_local: a stalled store's rank times out by the caller's deadline", "[connector]") {
+  connector_options opt;
+  opt.load_deadline = {std::chrono::milliseconds(300), std::chrono::milliseconds(0),
+                       std::chrono::milliseconds(300)};
+  call_log log(2);
+  on_ranks(
+      2, opt, true,
+      [](rank_t r, memory_store& m) {
+        auto s = std::make_unique<gated_store>(m);
+        s->stall_gets = r == 1;
+        return s;
+      },
+      [&](auto& env, rank_t r) {
+        LOCKED_CHECK(env.conn.wait_local(2, deadline_after(std::chrono::milliseconds(10))) ==
+                     errc::invalid_argument);  // unknown id
+        const auto plan = lookup_agreed(env.conn, 2, the_prompt);
+        LOCKED_REQUIRE(plan);
+        LOCKED_CHECK(env.conn.wait_local(2, deadline_after(std::chrono::milliseconds(10))) ==
+                     errc::invalid_argument);  // no load started
+        host_kv_cache::sequence seq;
+        LOCKED_REQUIRE(env.cache.reserve(seq, the_prompt.size()));
+        LOCKED_REQUIRE_FALSE(env.conn.load(2, slots_of(env.cache, seq, the_prompt.size())));
+        if (r == 1) {
+          const auto waited = env.conn.wait_local(2, deadline_after(std::chrono::milliseconds(30)));
+          LOCKED_CHECK(waited == errc::timeout);  // its get answers only at the load's deadline
+        } else {
+          const auto waited = env.conn.wait_local(2, deadline_after(std::chrono::seconds(20)));
+          LOCKED_CHECK_FALSE(waited);  // this rank's own fetch ended
+        }
+        const bool ended = step_until(env.conn, [&] { return env.conn.load_result(2).has_value(); });
+        LOCKED_REQUIRE(ended);
+        LOCKED_CHECK(env.conn.load_result(2)->loaded_end_token < 2 * T);  // rank 1 owns chunk 1
+        LOCKED_CHECK(wrong_bytes(env.cache, seq, 0, env.conn.load_result(2)->loaded_end_token) == 0);
+        env.conn.finish(2);
+        log.keep(r, env.ctrl);
+      });
+  CHECK(log.same());
+}
