@@ -8,12 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -148,6 +150,61 @@ struct connector_shared {
       stored_order.pop_front();
     }
   }
+};
+
+/// One thread that runs run(job) for each submitted job, in submission order: the mover's and
+/// the saver's. stop() runs the jobs already submitted, then joins (idempotent). Declare it
+/// after everything run() touches, so it stops before those go.
+template <class Job>
+class serial_worker {
+ public:
+  serial_worker() = default;
+  serial_worker(const serial_worker&) = delete;
+  serial_worker& operator=(const serial_worker&) = delete;
+  ~serial_worker() { stop(); }
+
+  void start(std::function<void(Job&)> run) {
+    run_ = std::move(run);
+    thread_ = std::thread([this] { loop(); });
+  }
+  bool running() const noexcept { return thread_.joinable(); }
+  void submit(Job job) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      closing_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return closing_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      run_(job);
+    }
+  }
+
+  std::function<void(Job&)> run_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool closing_ = false;
+  std::thread thread_;
 };
 
 /// What makes a connector over these parts impossible, in words (empty: nothing).
