@@ -51,6 +51,7 @@ class BoundTier:
         self.last_load_errors: list[int] = []
         self.last_events: list = []
         self.layer_waits: list[int] = []
+        self.layer_wait_total_s = 0.0  # this request's time in the forward's wait_for_layer calls
 
     def _step_until(self, done, what: str):
         for _ in range(MAX_STEPS):
@@ -67,6 +68,7 @@ class BoundTier:
         self._next_id += 1
         self.id, self.plan, self.outcome, self.last_load_errors = self._next_id, None, None, []
         self.layer_waits: list[int] = []
+        self.layer_wait_total_s = 0.0
         self.conn.begin_lookup(self.id, tokens.to(torch.int32))
         self._step_until(lambda: self.conn.lookup(self.id) is not None, "the lookup")
         self.plan = self.conn.lookup(self.id)
@@ -99,7 +101,9 @@ class BoundTier:
     def wait_for_layer(self, layer: int) -> None:
         """Returns once layer `layer` of every agreed chunk is in this rank's pages."""
         self.layer_waits.append(layer)  # what the forward asked for, in order (the tests check it)
+        t = time.perf_counter()
         self.conn.wait_for_layer(layer, self.layer_wait_s)
+        self.layer_wait_total_s += time.perf_counter() - t
 
     def finish_load(self) -> None:
         for layer in range(self.cache.cfg.n_layers):  # nothing lands in pages freed afterwards
