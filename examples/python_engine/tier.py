@@ -93,6 +93,10 @@ class BoundTier:
 
     def agreed_tokens(self) -> int:
         """Tokens [0, agreed) will be in the pages (the same on every rank)."""
+        try:  # this rank's fetch first: then the next step agrees the whole load, not a prefix
+            self.conn.wait_local(self.id, self.layer_wait_s)
+        except (kvtier.TimeoutError, kvtier.InvalidArgument):
+            pass  # a fetch still running (or none started here): the steps below settle it alike
         self._step_until(lambda: self.conn.load_result(self.id) is not None, "the load outcome")
         self.outcome = self.conn.load_result(self.id)
         self.last_load_errors = self.conn.load_errors(self.id)

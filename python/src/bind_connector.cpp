@@ -407,6 +407,24 @@ void bind_connector(py::module_& m) {
           "rank; a bad argument raises, and this rank still takes part (loading nothing).\n\n"
           "    conn.load(7, block_table=torch.tensor([3, 9], dtype=torch.int32))")
       .def(
+          "wait_local",
+          [](py_connector& p, kvtier::request_id id, py::handle deadline) {
+            const kvtier::deadline dl = deadline_of(deadline);
+            const std::error_code ec = p.with([&](auto& c) { return c.wait_local(id, dl); });
+            if (ec == kvtier::errc::invalid_argument)
+              raise_invalid("Connector.wait_local(request " + std::to_string(id) +
+                            "): no load started for it on this rank");
+            if (ec)
+              raise_error(ec, "Connector.wait_local(request " + std::to_string(id) +
+                                  "): this rank's fetch did not end before the deadline");
+          },
+          py::arg("id"), py::arg("deadline"),
+          "Returns once this rank's own part of load `id` has ended (its fetch done, or nothing of its "
+          "own to fetch); kvtier.TimeoutError when the deadline passes first. Local: no collective. Called "
+          "on "
+          "every rank before step(), the next step agrees the whole load.\n\n"
+          "    conn.load(7, slots); conn.wait_local(7, 1.0); conn.step(1.0)")
+      .def(
           "wait_for_layer",
           [](py_connector& p, std::uint32_t layer, py::handle deadline) {
             const kvtier::deadline dl = deadline_of(deadline);

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import kvtier
-from connector_rig import (BLOCK_SIZE, BLOCKS, LATENT, LAYERS, PROMPT, layout, make_pages, namespace, run_rank,
-                           step_until)
+from connector_rig import (BLOCK_SIZE, BLOCKS, LATENT, LAYERS, PROMPT, agree_after_wait_local, layout, make_pages,
+                           namespace, run_rank, step_until)
 
 
 def run_world(w, separate_data, tamper_rank=None):
@@ -49,6 +49,7 @@ def test_lifecycle_two_threads_byte_for_byte(separate_data):
         assert x["loaded"] == (0, PROMPT, PROMPT)
         assert x["load_errors"] == []
         assert x["wrong_loaded"] == 0
+        assert x["two_steps"]  # wait_local on every rank first: one step agrees the whole load
         assert x["finished_loads"] == [2]
         c = x["counters"]
         assert c["lookups"] == 2 and c["loads"] == 1 and c["tokens_loaded"] == PROMPT
@@ -64,6 +65,7 @@ def test_a_rank_without_its_chunks_shortens_every_rank_alike():
         assert x["warm_plan"] == (32, 0, 32)
         assert x["loaded"] == (0, 32, 32)
         assert x["wrong_loaded"] == 0
+        assert x["two_steps"]
 
 
 def one_rank(**kw):
@@ -153,6 +155,60 @@ def test_a_bad_load_still_takes_part():
     assert conn.load_result(2).loaded_end_token == 0
     assert conn.load_errors(2) == [0, 1]
     assert conn.counters()["local_load_failures"] == 1
+    conn.close()
+    store.close()
+
+
+def test_wait_local_bad_inputs():
+    conn, store = one_rank()
+    with pytest.raises(kvtier.InvalidArgument, match="no load started"):
+        conn.wait_local(99, 1.0)  # an unknown request
+    conn.begin_lookup(1, list(range(64)))
+    assert step_until(conn, lambda: conn.lookup(1) is not None)
+    with pytest.raises(kvtier.InvalidArgument, match="no load started"):
+        conn.wait_local(1, 1.0)  # looked up, never loaded
+    with pytest.raises(kvtier.InvalidArgument):
+        conn.wait_local(1, -1.0)
+    with pytest.raises(TypeError):
+        conn.wait_local(None, 1.0)
+    conn.close()
+    with pytest.raises(kvtier.ClosedError):
+        conn.wait_local(1, 1.0)
+    store.close()
+
+
+def test_wait_local_times_out_on_a_paused_server_then_returns(redis_server):
+    # The fetch of a load waits on a SIGSTOPped server: wait_local's deadline passes first
+    # (kvtier.TimeoutError, nothing agreed); once the server runs again the fetch ends, wait_local
+    # returns, and one step agrees the whole load (a second one its landing).
+    ns = namespace(1)
+    store = kvtier.RemoteStore(redis_server.url, ns)
+    comm = kvtier.InprocWorld(1).communicator(0)
+    pages = make_pages()
+    conn = kvtier.Connector(kvtier.Chunker(ns), store, comm, kvtier.KvCacheView.per_layer(layout(), pages),
+                            lookup_timeout=5.0, load_timeout=(20.0, 0.0, 20.0))
+    slots = list(range(64))
+    conn.begin_lookup(1, list(range(64)))
+    assert step_until(conn, lambda: conn.lookup(1) is not None)
+    conn.save(1, slots, 0, 64)
+    conn.finish(1)
+    for _ in range(2000):
+        if conn.counters()["chunks_saved"] == 2:
+            break
+        threading.Event().wait(0.005)
+    conn.begin_lookup(2, list(range(64)))
+    assert step_until(conn, lambda: conn.lookup(2) is not None)
+    assert conn.lookup(2).tokens_to_load == 64
+    redis_server.pause()
+    try:
+        conn.load(2, [s + 64 for s in slots])
+        with pytest.raises(kvtier.TimeoutError, match="did not end before the deadline"):
+            conn.wait_local(2, 0.2)
+        assert conn.load_result(2) is None
+    finally:
+        redis_server.resume()
+    assert agree_after_wait_local(conn, 2)
+    assert conn.load_result(2).loaded_end_token == 64
     conn.close()
     store.close()
 
