@@ -227,13 +227,14 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
 }
 
 std::string load_problem(const std::optional<kvtier::load_plan>& plan, std::size_t slots,
-                         kvtier::request_id id) {
+                         std::optional<std::uint64_t> range_end, kvtier::request_id id) {
   const std::string r = "Connector.load(request " + std::to_string(id) + "): ";
   if (!plan) return r + "no agreed plan (lookup() is None: unknown request or lookup not yet agreed)";
   if (plan->tokens_to_load() == 0) return r + "the plan loads nothing (tokens_to_load == 0)";
-  if (slots < plan->load_end_token)
-    return r + std::to_string(slots) +
-           " slots, the plan needs load_end_token = " + std::to_string(plan->load_end_token) +
+  const std::uint64_t end = range_end.value_or(plan->load_end_token);
+  if (slots < end)
+    return r + std::to_string(slots) + " slots, the load needs " +
+           (range_end ? "end_token" : "load_end_token") + " = " + std::to_string(end) +
            " (this rank takes part, loading nothing)";
   return r +
          "already loading, or its staging is over max_bytes_in_flight (this rank takes part, loading "
@@ -368,9 +369,14 @@ void bind_connector(py::module_& m) {
           "The agreed LoadPlan, or None while not agreed (or an unknown id).\n\n    plan = conn.lookup(7)")
       .def(
           "load",
-          [](py_connector& p, kvtier::request_id id, py::handle slots, py::handle block_table) {
+          [](py_connector& p, kvtier::request_id id, py::handle slots, py::handle block_table,
+             std::optional<std::uint64_t> first_token, std::optional<std::uint64_t> end_token) {
             if (slots.is_none() == block_table.is_none())
               raise_invalid("Connector.load: pass slots or block_table, one of them");
+            if (first_token.has_value() != end_token.has_value())
+              raise_invalid(
+                  "Connector.load: pass first_token and end_token together (a range), or neither "
+                  "(the plan's range)");
             const kvtier::kv_layout& lay = p.pages->view.layout;
             std::vector<std::int64_t> s;
             std::optional<std::string> bad;
@@ -390,22 +396,36 @@ void bind_connector(py::module_& m) {
               s.clear();
             }
             std::optional<kvtier::load_plan> plan;
+            std::optional<std::string> bad_range;
             const std::error_code ec = p.with([&](auto& c) {
               plan = c.lookup(id);
-              return c.load(id, std::span<const std::int64_t>(s));
+              if (!first_token) return c.load(id, std::span<const std::int64_t>(s));
+              try {
+                return c.load(id, std::span<const std::int64_t>(s), *first_token, *end_token);
+              } catch (const std::invalid_argument& e) {  // not whole chunks inside the plan
+                bad_range = e.what();
+                return std::error_code{};
+              }
             });
+            if (bad_range)
+              raise_invalid("Connector.load(request " + std::to_string(id) + "): " + *bad_range +
+                            " (this rank does not take part: pass the same range on every rank)");
             if (bad)
               raise_invalid("Connector.load(request " + std::to_string(id) + "): " + *bad +
                             " (this rank takes part, loading nothing)");
-            if (ec) raise_error(ec, load_problem(plan, s.size(), id));
+            if (ec) raise_error(ec, load_problem(plan, s.size(), end_token, id));
           },
           py::arg("id"), py::arg("slots") = py::none(), py::kw_only(), py::arg("block_table") = py::none(),
+          py::arg("first_token") = py::none(), py::arg("end_token") = py::none(),
           "Starts the load of a planned request into the pages: slots[i] is prompt position i's slot (block "
           "* "
           "block_size + offset), or block_table[b] the block of positions [b*block_size, ...). Call it on "
           "every "
-          "rank; a bad argument raises, and this rank still takes part (loading nothing).\n\n"
-          "    conn.load(7, block_table=torch.tensor([3, 9], dtype=torch.int32))")
+          "rank; a bad argument raises, and this rank still takes part (loading nothing). first_token, "
+          "end_token: load only that range of the plan, whole chunks (the same on every rank; a range "
+          "outside the plan raises kvtier.InvalidArgument and this rank does not take part).\n\n"
+          "    conn.load(7, block_table=torch.tensor([3, 9], dtype=torch.int32))\n"
+          "    conn.load(7, slots, first_token=0, end_token=64)   # a load capped below the hit")
       .def(
           "wait_local",
           [](py_connector& p, kvtier::request_id id, py::handle deadline) {

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import kvtier
-from connector_rig import (BLOCK_SIZE, BLOCKS, LATENT, LAYERS, PROMPT, agree_after_wait_local, layout, make_pages,
-                           namespace, run_rank, step_until)
+from connector_rig import (BLOCK_SIZE, BLOCKS, LATENT, LAYERS, PROMPT, agree_after_wait_local, compute_into, layout,
+                           make_pages, namespace, run_rank, slots_of, step_until, wrong_bytes)
 
 
 def run_world(w, separate_data, tamper_rank=None):
@@ -157,6 +157,47 @@ def test_a_bad_load_still_takes_part():
     assert conn.counters()["local_load_failures"] == 1
     conn.close()
     store.close()
+
+
+def saved_then_planned(conn, tokens, cold, pages):
+    """Request 1 computes `tokens` into blocks `cold` and saves them; request 2 looks the same up."""
+    conn.begin_lookup(1, tokens)
+    assert step_until(conn, lambda: conn.lookup(1) is not None)
+    compute_into(pages, cold, 0, len(tokens))
+    conn.save(1, slots_of(cold, len(tokens)), 0, len(tokens))
+    conn.finish(1)
+    for _ in range(2000):
+        if conn.counters()["chunks_saved"] == len(tokens) // 32:
+            break
+        threading.Event().wait(0.005)
+    conn.begin_lookup(2, tokens)
+    assert step_until(conn, lambda: conn.lookup(2) is not None)
+    return conn.lookup(2)
+
+
+def test_a_ranged_load_moves_only_its_chunks():
+    pages = make_pages()
+    conn = kvtier.Connector(kvtier.Chunker(namespace(1)), kvtier.MemoryStore(1 << 20),
+                            kvtier.InprocWorld(1).communicator(0), kvtier.KvCacheView.per_layer(layout(), pages))
+    tokens = list(range(500, 500 + PROMPT))
+    plan = saved_then_planned(conn, tokens, [0, 1, 2, 3, 4, 5, 6, 7], pages)
+    assert (plan.load_first_token, plan.load_end_token) == (0, PROMPT)
+    warm = [20, 9, 31, 12, 8, 17, 30, 25]
+    for bad, why in (((16, 96), "not whole chunks"), ((32, 32), "not whole chunks"), ((0, PROMPT + 32), "inside the plan")):
+        with pytest.raises(kvtier.InvalidArgument, match=why):
+            conn.load(2, slots_of(warm, PROMPT), first_token=bad[0], end_token=bad[1])
+    with pytest.raises(kvtier.InvalidArgument, match="together"):
+        conn.load(2, slots_of(warm, PROMPT), first_token=32)
+    conn.load(2, block_table=warm, first_token=32, end_token=96)  # chunks 1 and 2: the engine holds the rest
+    assert agree_after_wait_local(conn, 2)
+    out = conn.load_result(2)
+    assert (out.load_first_token, out.loaded_end_token, out.requested_end_token) == (32, 96, 96)
+    assert conn.counters()["tokens_loaded"] == 64
+    assert wrong_bytes(pages, warm, 32, 96) == 0
+    for layer in range(LAYERS):  # nothing outside the range was written: those rows are still zero
+        for p in list(range(0, 32)) + list(range(96, PROMPT)):
+            assert not pages[layer][warm[p // BLOCK_SIZE], p % BLOCK_SIZE].any(), (layer, p)
+    conn.close()
 
 
 def test_wait_local_bad_inputs():
