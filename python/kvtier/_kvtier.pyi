@@ -250,6 +250,7 @@ class Store:
     """status = store.get(keys, torch.empty(len(keys), 4096, dtype=torch.uint8), 0.5)"""
     closed: bool
     kind: str
+    identity: str  # 'host:port/db' of a RemoteStore's server ('' for memory, cluster, composed)
     def exists(self, keys: Sequence[ChunkKey], deadline: DeadlineLike) -> list[Status]: ...
     def get(self, keys: Sequence[ChunkKey], dst: Values, deadline: DeadlineLike, *,
             value_bytes: Optional[int] = None) -> list[Status]: ...
@@ -298,7 +299,8 @@ class ClusterStore(Store):
 class RendezvousStore(Store):
     """s = kvtier.RendezvousStore([kvtier.RemoteStore(u, ns) for u in urls])"""
     size: int
-    def __init__(self, instances: Sequence[Store], seed: int = 0) -> None: ...
+    names: list[str]
+    def __init__(self, instances: Sequence[Store], seed: int = 0, *, names: Optional[Sequence[str]] = None) -> None: ...
     def instance_of(self, key: ChunkKey) -> int: ...
 
 class TieredStore(Store):

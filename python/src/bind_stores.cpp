@@ -63,6 +63,9 @@ struct remote_parts {
   kvtier::remote_store_stats stats() const {
     return visit([](auto& s) { return s.stats(); });
   }
+  std::string identity() const {
+    return visit([](auto& s) { return std::string(s.pool().options().server.describe()); });
+  }
 };
 using remote_impl = owned_store<remote_parts>;
 using cluster_impl = owned_store<cluster>;
@@ -96,13 +99,12 @@ struct rendezvous_parts {
   std::vector<store_ref> refs;
   std::vector<store_ref*> ptrs;
   std::optional<kvtier::rendezvous_store<store_ref>> r;
-  rendezvous_parts(std::vector<std::shared_ptr<store_impl>> parts, std::uint64_t seed) {
+  // names[i]: instance i's lasting identity (its server, or the caller's name), so that a key
+  // keeps its instance when the list is reordered or another instance leaves.
+  rendezvous_parts(std::vector<std::shared_ptr<store_impl>> parts, std::vector<std::string> names,
+                   std::uint64_t seed) {
     for (auto& p : parts) refs.push_back({std::move(p)});
     for (auto& x : refs) ptrs.push_back(&x);
-    // rendezvous_store keys weights by each instance's name; a Python store has no server
-    // identity here yet, so its position names it (removing a middle one moves later keys).
-    std::vector<std::string> names;
-    for (std::size_t i = 0; i < ptrs.size(); ++i) names.push_back("#" + std::to_string(i));
     r.emplace(ptrs, std::move(names), seed);
   }
   template <class... A>
@@ -399,6 +401,9 @@ void bind_stores(py::module_& m) {
           "exit")
       .def_property_readonly("closed", &store_impl::is_closed)
       .def_property_readonly("kind", &store_impl::kind)
+      .def_property_readonly("identity", &store_impl::identity,
+                             "The server this store talks to, 'host:port/db' without credentials (how "
+                             "RendezvousStore names it); '' for memory, cluster and composed stores.")
       .def("last_error", &store_impl::last_error, "The store's last error text ('' if none).")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
@@ -500,7 +505,8 @@ void bind_stores(py::module_& m) {
       m, "RendezvousStore",
       "A rank's partition over K stores by rendezvous hashing of the key; batches split per instance and run "
       "in parallel.\n\n    s = kvtier.RendezvousStore([kvtier.RemoteStore(u, ns) for u in urls])")
-      .def(py::init([](py::handle instances, std::uint64_t seed) {
+      .def(py::init([](py::handle instances, std::uint64_t seed,
+                       std::optional<std::vector<std::string>> names) {
              if (instances.is_none() || !py::isinstance<py::sequence>(instances))
                raise_invalid("instances must be a list of kvtier.Store, not " + type_name(instances));
              std::vector<std::shared_ptr<store_impl>> parts;
@@ -508,18 +514,46 @@ void bind_stores(py::module_& m) {
              for (std::size_t i = 0; i < seq.size(); ++i)
                parts.push_back(store_arg(seq[i], "instances[" + std::to_string(i) + "]"));
              if (parts.empty()) raise_invalid("RendezvousStore needs at least one instance");
-             return std::make_shared<rendezvous_impl>("RendezvousStore", std::move(parts), seed);
+             if (!names) {  // each instance named by its server, as the C++ rendezvous_store does
+               names.emplace();
+               for (std::size_t i = 0; i < parts.size(); ++i) {
+                 names->push_back(parts[i]->identity());
+                 if (names->back().empty())
+                   raise_invalid("instances[" + std::to_string(i) + "] is a " + parts[i]->kind() +
+                                 ", which has no server identity: pass names=[...] (each instance's lasting "
+                                 "name)");
+               }
+             }
+             try {
+               return std::make_shared<rendezvous_impl>("RendezvousStore", std::move(parts),
+                                                        std::move(*names), seed);
+             } catch (const std::invalid_argument& e) {  // a count of names that differs, a name twice
+               raise_invalid(e.what());
+             }
            }),
-           py::arg("instances"), py::arg("seed") = 0)
+           py::arg("instances"), py::arg("seed") = 0, py::kw_only(), py::arg("names") = py::none(),
+           "Each instance is named by its server (RemoteStore: 'host:port/db') or by names[i]: a key "
+           "keeps its instance when the list is reordered or another instance leaves.")
       .def(
           "instance_of",
           [](rendezvous_impl& s, const kvtier::chunk_key& k) {
             return on_open(s, "instance_of", [&](rendezvous_parts& x) { return x.r->instance_of(k); });
           },
           py::arg("key"), "The instance (0..size-1) that holds `key`.")
-      .def_property_readonly("size", [](rendezvous_impl& s) {
-        return on_open(s, "size", [](rendezvous_parts& x) { return x.r->size(); });
-      });
+      .def_property_readonly("size",
+                             [](rendezvous_impl& s) {
+                               return on_open(s, "size", [](rendezvous_parts& x) { return x.r->size(); });
+                             })
+      .def_property_readonly(
+          "names",
+          [](rendezvous_impl& s) {
+            return on_open(s, "names", [](rendezvous_parts& x) {
+              std::vector<std::string> n;
+              for (std::size_t i = 0; i < x.r->size(); ++i) n.push_back(x.r->name(i));
+              return n;
+            });
+          },
+          "Each instance's identity, in the list's order.\n\n    s.names  # ['127.0.0.1:6379/0', ...]");
 
   py::class_<tiered_impl, store_impl, std::shared_ptr<tiered_impl>>(
       m, "TieredStore",

@@ -128,6 +128,21 @@ def test_tiered_and_rendezvous_over_real_servers(two_redis_servers):
     assert tiers.stats()["l2_hits"] == 16
 
 
+def test_rendezvous_names_remote_instances_by_their_servers(two_redis_servers):
+    # As the C++ rendezvous_store: each RemoteStore is named by its server (no credentials), so
+    # the list's order does not move a key: a key put through [a, b] is found through [b, a].
+    a, b = two_redis_servers
+    ra, rb = kvtier.RemoteStore(a.url, NS), kvtier.RemoteStore(b.url, NS)
+    assert ra.identity == f"127.0.0.1:{a.port}" and rb.identity == f"127.0.0.1:{b.port}"
+    assert kvtier.RemoteStore("resp://user:s3cret@127.0.0.1:1/2", NS).identity == "127.0.0.1:1/2"
+    ab, ba = kvtier.RendezvousStore([ra, rb]), kvtier.RendezvousStore([rb, ra])
+    assert ab.names == [ra.identity, rb.identity] and ba.names == [rb.identity, ra.identity]
+    keys, src = keys_of(16), payload(16)
+    assert ab.put(keys, src, 5.0) == [S] * 16
+    assert all(ab.names[ab.instance_of(k)] == ba.names[ba.instance_of(k)] for k in keys)
+    assert ba.exists(keys, 5.0) == [H] * 16
+
+
 def test_password_from_a_file(tmp_path, redis_server):
     redis_server.call("CONFIG", "SET", "requirepass", "s3cret")
     f = tmp_path / "pw"
