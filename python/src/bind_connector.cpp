@@ -21,8 +21,50 @@ namespace kvtier_py {
 
 namespace {
 
+// The connector's ownership, chosen at run time: modulo (c mod W), block interleave (runs of
+// `block` chunks per rank) or rendezvous hashing of the chunk index. One connector type for all
+// three; owner() is a visit per chunk, nothing next to a store call.
+class py_ownership {
+ public:
+  using policy = std::variant<kvtier::modulo_ownership, kvtier::block_interleave_ownership,
+                              kvtier::rendezvous_ownership>;
+  explicit py_ownership(policy p) : p_(std::move(p)) {}
+  kvtier::rank_t world_size() const noexcept {
+    return std::visit([](const auto& x) { return x.world_size(); }, p_);
+  }
+  kvtier::rank_t owner(std::size_t chunk) const noexcept {
+    return std::visit([&](const auto& x) { return x.owner(chunk); }, p_);
+  }
+  std::string geometry() const {
+    return std::visit([](const auto& x) { return x.geometry(); }, p_);
+  }
+
+ private:
+  policy p_;
+};
+
+// "mod" | "block:I" | "rendezvous" | "rendezvous:SEED" for a world of `world` ranks.
+py_ownership ownership_of(const std::string& s, kvtier::rank_t world) {
+  const auto number = [&](const std::string& digits, const char* what) -> std::uint64_t {
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 19)
+      raise_invalid("ownership '" + s + "': " + what + " must be a decimal number");
+    return std::stoull(digits);
+  };
+  try {
+    if (s == "mod") return py_ownership(kvtier::modulo_ownership(world));
+    if (s.rfind("block:", 0) == 0)
+      return py_ownership(kvtier::block_interleave_ownership(world, number(s.substr(6), "the block")));
+    if (s == "rendezvous") return py_ownership(kvtier::rendezvous_ownership(world));
+    if (s.rfind("rendezvous:", 0) == 0)
+      return py_ownership(kvtier::rendezvous_ownership(world, number(s.substr(11), "the seed")));
+  } catch (const std::invalid_argument& e) {
+    raise_invalid(e.what());
+  }
+  raise_invalid("ownership must be 'mod', 'block:I' or 'rendezvous[:SEED]', not '" + s + "'");
+}
+
 template <class Comm>
-using conn_t = kvtier::connector<store_ref, Comm, Comm, kvtier::modulo_ownership>;
+using conn_t = kvtier::connector<store_ref, Comm, Comm, py_ownership>;
 using inproc_conn = conn_t<kvtier::comm::inproc_communicator>;
 #if defined(KVTIER_PY_HAS_MPI)
 using mpi_conn = conn_t<kvtier::comm::mpi_communicator>;
@@ -147,28 +189,26 @@ std::vector<std::int64_t> ints_of(py::handle obj, const std::string& what, std::
 
 template <class Comm>
 std::unique_ptr<conn_t<Comm>> make(py_connector& pc, const py_chunker& ch, Comm& ctrl, Comm& data,
-                                   kvtier::connector_options opt) {
+                                   kvtier::connector_options opt, const std::string& ownership) {
   const auto* x = std::get_if<xxh_chunker>(&ch.impl);
   if (!x) raise_invalid("Connector needs an xxh3-128 Chunker, not " + ch.hash);
   if constexpr (requires { ctrl.last_error(); })
     pc.ctrl_error = [&ctrl] { return std::string(ctrl.last_error()); };
   try {
-    return std::make_unique<conn_t<Comm>>(*x, kvtier::modulo_ownership(ctrl.size()), pc.store, ctrl, data,
+    return std::make_unique<conn_t<Comm>>(*x, ownership_of(ownership, ctrl.size()), pc.store, ctrl, data,
                                           pc.pages->view, std::move(opt));
   } catch (const std::invalid_argument& e) {
     raise_invalid(e.what());
   }
 }
 
-std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle store, py::handle comm,
-                                             py::handle pages, py::handle data, const std::string& policy,
-                                             std::optional<kvtier::prefill_node> node,
-                                             std::optional<kvtier::load_path> prior, double lookup_timeout,
-                                             double save_timeout,
-                                             std::tuple<double, double, double> load_timeout,
-                                             const std::string& saves, std::uint32_t save_after_lookups,
-                                             std::uint32_t layers_per_group, std::size_t max_bytes_in_flight,
-                                             std::size_t fetch_workers, std::size_t fetch_batch_chunks) {
+std::shared_ptr<py_connector> make_connector(
+    py::handle chunker, py::handle store, py::handle comm, py::handle pages, py::handle data,
+    const std::string& policy, std::optional<kvtier::prefill_node> node,
+    std::optional<kvtier::load_path> prior, double lookup_timeout, double save_timeout,
+    std::tuple<double, double, double> load_timeout, const std::string& saves,
+    std::uint32_t save_after_lookups, std::uint32_t layers_per_group, std::size_t max_bytes_in_flight,
+    std::size_t fetch_workers, std::size_t fetch_batch_chunks, const std::string& ownership) {
   if (chunker.is_none() || !py::isinstance<py_chunker>(chunker))
     raise_invalid("chunker must be a kvtier.Chunker, not " + type_name(chunker));
   if (store.is_none() || !py::isinstance<store_impl>(store))
@@ -206,14 +246,14 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
       raise_invalid("data must be a kvtier.InprocCommunicator like comm, not " + type_name(data));
     auto& c = *comm.cast<py_inproc_comm&>().comm;
     auto& d = *pc->data_obj.cast<py_inproc_comm&>().comm;
-    pc->c = make(*pc, ch, c, d, std::move(o));
+    pc->c = make(*pc, ch, c, d, std::move(o), ownership);
 #if defined(KVTIER_PY_HAS_MPI)
   } else if (py::isinstance<py_mpi_comm>(comm)) {
     if (!data.is_none() && !py::isinstance<py_mpi_comm>(data))
       raise_invalid("data must be a kvtier.MpiCommunicator like comm, not " + type_name(data));
     auto& c = comm.cast<py_mpi_comm&>().comm;
     auto& d = pc->data_obj.cast<py_mpi_comm&>().comm;
-    pc->c = make(*pc, ch, c, d, std::move(o));
+    pc->c = make(*pc, ch, c, d, std::move(o), ownership);
 #endif
   } else {
     raise_invalid("comm must be a kvtier.InprocCommunicator or kvtier.MpiCommunicator, not " +
@@ -303,9 +343,11 @@ void bind_connector(py::module_& m) {
            py::arg("save_timeout") = 2.0, py::arg("load_timeout") = std::make_tuple(0.2, 0.02, 5.0),
            py::arg("saves") = "write_through", py::arg("save_after_lookups") = 2,
            py::arg("layers_per_group") = 0, py::arg("max_bytes_in_flight") = std::size_t{1} << 30,
-           py::arg("fetch_workers") = 2, py::arg("fetch_batch_chunks") = 1,
+           py::arg("fetch_workers") = 2, py::arg("fetch_batch_chunks") = 1, py::arg("ownership") = "mod",
            "policy: 'always', 'cost' or 'split' (the last two need node: kvtier.PrefillNode); load_timeout: "
-           "(base s, s per 1000 tokens, cap s); saves: 'write_through' or 'selective'.")
+           "(base s, s per 1000 tokens, cap s); saves: 'write_through' or 'selective'; ownership: which rank "
+           "owns chunk c, 'mod' (c mod W), 'block:I' ((c // I) mod W) or 'rendezvous[:SEED]' (hashing c), "
+           "the same on every rank (check_deployment compares it).")
       .def_property_readonly("rank",
                              [](py_connector& p) { return p.with([](auto& c) { return c.rank(); }, false); })
       .def_property_readonly(

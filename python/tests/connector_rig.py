@@ -75,7 +75,7 @@ def agree_after_wait_local(conn, id, layers=LAYERS):
     return conn.load_result(id) is not None
 
 
-def run_rank(comm, store, data=None, tamper=None):
+def run_rank(comm, store, data=None, tamper=None, ownership="mod"):
     """Cold request 1 computes and saves; request 2 (same prompt) loads it into other blocks."""
     world = comm.size
     pages = make_pages()
@@ -84,7 +84,7 @@ def run_rank(comm, store, data=None, tamper=None):
     tokens = list(range(1000, 1000 + PROMPT))
     res = {}
     conn = kvtier.Connector(chunker, store, comm, view, data=data, lookup_timeout=2.0,
-                            load_timeout=(5.0, 0.0, 5.0))
+                            load_timeout=(5.0, 0.0, 5.0), ownership=ownership)
     try:
         conn.check_deployment(5.0)
         cold = [0, 1, 2, 3, 4, 5, 6, 7]
@@ -99,6 +99,8 @@ def run_rank(comm, store, data=None, tamper=None):
                 break
             time.sleep(0.005)
         res["events"] = [(e.kind, e.rank, len(e.keys)) for e in conn.drain_events()]
+        keys = chunker.keys(tokens)  # the chunks this rank's own store now holds
+        res["stored_chunks"] = [c for c, st in enumerate(store.exists(keys, 5.0)) if st == kvtier.Status.hit]
         if tamper:
             tamper()
         warm = [20, 9, 31, 12, 8, 17, 30, 25]

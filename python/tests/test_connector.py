@@ -12,7 +12,7 @@ from connector_rig import (BLOCK_SIZE, BLOCKS, LATENT, LAYERS, PROMPT, agree_aft
                            make_pages, namespace, run_rank, slots_of, step_until, wrong_bytes)
 
 
-def run_world(w, separate_data, tamper_rank=None):
+def run_world(w, separate_data, tamper_rank=None, ownership="mod"):
     world = kvtier.InprocWorld(w)
     data_world = kvtier.InprocWorld(w) if separate_data else None
     stores = [kvtier.MemoryStore(64 << 20) for _ in range(w)]
@@ -25,7 +25,8 @@ def run_world(w, separate_data, tamper_rank=None):
                 def tamper():  # drop this rank's stored chunks: every rank then loads less
                     stores[r].close()
             results[r] = run_rank(world.communicator(r), stores[r],
-                                  data=data_world.communicator(r) if data_world else None, tamper=tamper)
+                                  data=data_world.communicator(r) if data_world else None, tamper=tamper,
+                                  ownership=ownership)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append((r, repr(e)))
 
@@ -55,6 +56,54 @@ def test_lifecycle_two_threads_byte_for_byte(separate_data):
         assert c["lookups"] == 2 and c["loads"] == 1 and c["tokens_loaded"] == PROMPT
         assert c["chunks_saved"] == 2 and c["save_failures"] == 0
         assert f'kvtier_connector_tokens_loaded_total{{rank="{r}"}} {PROMPT}' in x["prometheus"]
+
+
+def rendezvous_owner(chunk, world, seed):
+    """kvtier::rendezvous_ownership::owner, written again (splitmix64 of seed ^ chunk << 16 ^ r)."""
+    m = (1 << 64) - 1
+
+    def mix(x):
+        x = (x + 0x9E3779B97F4A7C15) & m
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+        return x ^ (x >> 31)
+    weights = [mix(seed ^ ((chunk << 16) & m) ^ r) for r in range(world)]
+    return weights.index(max(weights))
+
+
+@pytest.mark.parametrize("ownership,owners", [
+    ("mod", [0, 1, 0, 1]),
+    ("block:2", [0, 0, 1, 1]),
+    ("rendezvous:7", [rendezvous_owner(c, 2, 7) for c in range(4)]),
+])
+def test_ownership_policies_store_and_load_by_their_owners(ownership, owners):
+    res = run_world(2, True, ownership=ownership)
+    for r, x in enumerate(res):
+        assert x["stored_chunks"] == [c for c in range(4) if owners[c] == r], (ownership, r)
+        assert x["loaded"] == (0, PROMPT, PROMPT) and x["wrong_loaded"] == 0, x
+        assert x["two_steps"]
+
+
+def test_ranks_with_other_ownership_fail_check_deployment():
+    world = kvtier.InprocWorld(2)
+    errors = [None, None]
+
+    def rank(r):
+        conn = kvtier.Connector(kvtier.Chunker(namespace(2)), kvtier.MemoryStore(1 << 20), world.communicator(r),
+                                kvtier.KvCacheView.per_layer(layout(), make_pages()),
+                                ownership="mod" if r == 0 else "block:2")
+        try:
+            conn.check_deployment(5.0)
+        except kvtier.InvalidArgument as e:
+            errors[r] = str(e)
+        conn.close()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(e is not None and "ownership_geometry" in e for e in errors), errors
 
 
 def test_a_rank_without_its_chunks_shortens_every_rank_alike():
@@ -273,6 +322,10 @@ def test_connector_constructor_bad_inputs():
         kvtier.Connector(ch, store, comm, view, lookup_timeout=-1)
     with pytest.raises(kvtier.InvalidArgument, match="lookup_timeout"):
         kvtier.Connector(ch, store, comm, view, lookup_timeout=math.nan)
+    for bad, why in (("hash", "ownership must be"), ("block:0", "block must be > 0"), ("block:x", "decimal"),
+                     ("rendezvous:-1", "decimal"), ("block:", "decimal")):
+        with pytest.raises(kvtier.InvalidArgument, match=why):
+            kvtier.Connector(ch, store, comm, view, ownership=bad)
     store.close()
     with pytest.raises(kvtier.ClosedError):
         kvtier.Connector(ch, store, comm, view)
