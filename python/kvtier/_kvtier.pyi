@@ -293,7 +293,8 @@ class ClusterStore(Store):
     """l2 = kvtier.ClusterStore('resp+cluster://127.0.0.1:7000?placement=pinned', ns, rank=0)"""
     def __init__(self, url: str, namespace: KeyNamespace, *, rank: int = 0, connections: int = 4,
                  reserved_small: int = 1, connect_timeout: float = 2.0, protocol: int = 2, value_format: int = 1,
-                 group_bytes: int = 0, max_rounds: int = 6) -> None: ...
+                 group_bytes: int = 0, max_rounds: int = 6,
+                 tls: Optional[TlsOptions] = None) -> None: ...
     def stats(self) -> dict[str, int]: ...
 
 class RendezvousStore(Store):

@@ -68,7 +68,40 @@ struct remote_parts {
   }
 };
 using remote_impl = owned_store<remote_parts>;
-using cluster_impl = owned_store<cluster>;
+
+// ClusterStore over plain TCP, or TLS (resp+cluster+tls://) where kvtier::tls is built.
+struct cluster_parts {
+  std::unique_ptr<cluster> plain;
+#if defined(KVTIER_PY_HAS_TLS)
+  std::unique_ptr<kvtier::cluster_store<kvtier::resp::asio_tls_connection>> tls;
+#endif
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+#if defined(KVTIER_PY_HAS_TLS)
+    if (!plain) return f(*tls);
+#endif
+    return f(*plain);
+  }
+  template <class... A>
+  std::error_code exists(A&&... a) {
+    return visit([&](auto& s) { return s.exists(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  std::error_code get(A&&... a) {
+    return visit([&](auto& s) { return s.get(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  std::error_code put(A&&... a) {
+    return visit([&](auto& s) { return s.put(std::forward<A>(a)...); });
+  }
+  std::string last_error() const {
+    return visit([](auto& s) { return s.last_error(); });
+  }
+  kvtier::remote_store_stats stats() const {
+    return visit([](auto& s) { return s.stats(); });
+  }
+};
+using cluster_impl = owned_store<cluster_parts>;
 
 // A tiered_store over two Python stores; the refs outlive the tiered_store that points at them.
 struct tiered_parts {
@@ -324,18 +357,34 @@ std::shared_ptr<remote_impl> make_remote(const std::string& url, const kvtier::k
 std::shared_ptr<cluster_impl> make_cluster(const std::string& url, const kvtier::key_namespace& ns, int rank,
                                            std::size_t connections, std::size_t reserved_small,
                                            double connect_timeout, int protocol, int value_format,
-                                           std::uint64_t group_bytes, int max_rounds) {
+                                           std::uint64_t group_bytes, int max_rounds,
+                                           std::optional<kvtier::resp::tls_options> tls) {
   kvtier::resp::cluster_url u = kvtier::resp::parse_cluster_url(url);
   if (!u) raise_error(u.ec, u.message);
-  if (!u.seeds.empty() && u.seeds.front().tls)
-    raise_invalid("ClusterStore: TLS URLs are not bound in the Python module yet; use resp+cluster://");
+  const bool use_tls = !u.seeds.empty() && u.seeds.front().tls;
+  if (tls && !use_tls)
+    raise_invalid("ClusterStore: tls options given for " + kvtier::resp::redact_url(url) +
+                  ", which is not a TLS URL (resp+cluster+tls://)");
   if (max_rounds < 1) raise_invalid("max_rounds must be >= 1");
-  kvtier::cluster_options o =
-      kvtier::cluster_options_for(u, rank, connection_of(connect_timeout, protocol, ""));
+  kvtier::resp::connection_options c = connection_of(connect_timeout, protocol, "");
+  if (tls) c.tls = std::move(*tls);
+  kvtier::cluster_options o = kvtier::cluster_options_for(u, rank, std::move(c));
   o.pool = pool_of(connections, reserved_small);
   o.format = format_of(value_format, group_bytes);
   o.max_rounds = max_rounds;
-  return std::make_shared<cluster_impl>("ClusterStore", ns, std::move(o));
+  auto impl = std::make_shared<cluster_impl>("ClusterStore");
+  cluster_parts& p = impl->store();
+  if (!use_tls) {
+    p.plain = std::make_unique<cluster>(ns, std::move(o));
+  } else {
+#if defined(KVTIER_PY_HAS_TLS)
+    p.tls = std::make_unique<kvtier::cluster_store<kvtier::resp::asio_tls_connection>>(ns, std::move(o));
+#else
+    raise_invalid("ClusterStore: " + kvtier::resp::redact_url(url) +
+                  " needs TLS, and this module was built without kvtier::tls (OpenSSL)");
+#endif
+  }
+  return impl;
 }
 
 kvtier::write_policy writes_of(const std::string& s) {
@@ -496,9 +545,10 @@ void bind_stores(py::module_& m) {
       .def(py::init(&make_cluster), py::arg("url"), py::arg("namespace"), py::kw_only(), py::arg("rank") = 0,
            py::arg("connections") = 4, py::arg("reserved_small") = 1, py::arg("connect_timeout") = 2.0,
            py::arg("protocol") = 2, py::arg("value_format") = 1, py::arg("group_bytes") = 0,
-           py::arg("max_rounds") = 6)
+           py::arg("max_rounds") = 6, py::arg("tls") = py::none(),
+           "tls: kvtier.TlsOptions for resp+cluster+tls:// (every node, and the MOVED targets, over TLS).")
       .def("stats", [](cluster_impl& s) {
-        return remote_stats(on_open(s, "stats", [](cluster& x) { return x.stats(); }));
+        return remote_stats(on_open(s, "stats", [](cluster_parts& x) { return x.stats(); }));
       });
 
   py::class_<rendezvous_impl, store_impl, std::shared_ptr<rendezvous_impl>>(

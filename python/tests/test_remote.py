@@ -251,3 +251,29 @@ def test_cluster_round_trip(redis_cluster, placement):
     assert c.get(keys, dst, 10.0) == [H] * 12 and np.array_equal(dst.numpy(), src)
     assert c.exists(keys + keys_of(1, salt=5), 10.0) == [H] * 12 + [M]
     c.close()
+
+
+def test_cluster_over_tls(pki):
+    # A 3-master cluster whose nodes and bus speak TLS: resp+cluster+tls:// routes every key over
+    # TLS (the plain ports, used only by this harness, see the values land on the masters); a CA
+    # the client does not trust is a TLS failure, not a hang.
+    from redis_server import Cluster
+    cluster = Cluster(3, tls_args=pki.server_args(client_certs=False))
+    try:
+        c = kvtier.ClusterStore(cluster.tls_url, NS, tls=kvtier.TlsOptions(ca_file=pki.path("ca.pem")))
+        keys, src = keys_of(12), payload(12)
+        assert c.put(keys, src, 10.0) == [S] * 12
+        sizes = [n.call("DBSIZE") for n in cluster.nodes]
+        assert sum(sizes) == 12 and sum(1 for x in sizes if x) >= 2, sizes
+        dst = torch.zeros(12, VB, dtype=torch.uint8)
+        assert c.get(keys, dst, 10.0) == [H] * 12 and np.array_equal(dst.numpy(), src)
+        c.close()
+        other = kvtier.ClusterStore(cluster.tls_url, NS, connect_timeout=2.0,
+                                    tls=kvtier.TlsOptions(ca_file=pki.path("other-ca.pem")))
+        with pytest.raises(kvtier.Error) as e:
+            other.exists(keys, 5.0)
+        assert e.value.code == kvtier.Errc.tls_failed, str(e.value)
+        with pytest.raises(kvtier.InvalidArgument, match="not a TLS URL"):
+            kvtier.ClusterStore(cluster.url, NS, tls=kvtier.TlsOptions(ca_file=pki.path("ca.pem")))
+    finally:
+        cluster.stop()
