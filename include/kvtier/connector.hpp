@@ -143,6 +143,20 @@ class connector {
   const connector_counters& counters() const noexcept { return counters_; }
   const load_estimator& estimator() const noexcept { return estimator_; }
 
+  /// Feeds the estimator one load of `bytes` that took `seconds` in the engine's own time (a
+  /// modeled clock, say; with connector_options::wall_clock_samples off they are the only
+  /// samples, so estimates are reproducible). The cost and split policies plan from the
+  /// estimator on each rank, so call it with the same samples in the same order on every rank:
+  /// under those policies a lookup entry's fingerprint folds the estimate, and ranks whose
+  /// estimates differ fail the lookup together (nothing cached). errc::invalid_argument for 0
+  /// bytes or seconds not positive and finite (nothing recorded).
+  ///
+  ///   conn.record_load_sample(c.bytes, modeled_clock.now() - c.load_started_s);  // every rank
+  std::error_code record_load_sample(std::uint64_t bytes, double seconds) {
+    return estimator_.record_bytes(bytes, seconds) ? std::error_code{}
+                                                   : make_error_code(errc::invalid_argument);
+  }
+
   /// Once at setup, on every rank (a collective on the control communicator): agrees that
   /// every rank has the same key namespace, ownership geometry, chunk size in tokens and bytes,
   /// and value format (the store's format() when it has one). A rank that differs makes every
@@ -162,11 +176,28 @@ class connector {
   /// Starts the lookup of a request: this rank asks its store about the chunks it owns. Never
   /// blocks. errc::invalid_argument for an id already known (nothing changes then).
   std::error_code begin_lookup(request_id id, std::span<const token_id> tokens, const key_material& m = {}) {
+    return begin_lookup(id, tokens, tokens.size(), m);
+  }
+
+  /// begin_lookup() of a request whose prompt has `prompt_tokens` tokens of which only the
+  /// first keyed_tokens.size() are keyed (looked up and loadable): the policy plans with the
+  /// whole prompt (the split point, what is left to compute) and the plan reports it. Call it
+  /// with the same figures on every rank: ranks whose prompt lengths or key counts differ fail
+  /// the lookup's agreement together (nothing cached). Throws std::invalid_argument when
+  /// prompt_tokens is less than the keyed tokens.
+  ///
+  ///   conn.begin_lookup(id, std::span(tokens).first(4096), tokens.size());  // key 4,096 of 6,000
+  std::error_code begin_lookup(request_id id, std::span<const token_id> keyed_tokens,
+                               std::uint64_t prompt_tokens, const key_material& m = {}) {
+    if (prompt_tokens < keyed_tokens.size())
+      throw std::invalid_argument("kvtier::connector::begin_lookup: prompt_tokens " +
+                                  std::to_string(prompt_tokens) + " < the " +
+                                  std::to_string(keyed_tokens.size()) + " keyed tokens");
     if (requests_.count(id)) return make_error_code(errc::invalid_argument);
     auto r = std::make_shared<detail::connector_request>();
     r->id = id;
-    r->prompt_tokens = tokens.size();
-    r->keys = chunk_.keys(tokens, m);
+    r->prompt_tokens = prompt_tokens;
+    r->keys = chunk_.keys(keyed_tokens, m);
     r->owned = owned_chunks(own_, rank(), r->keys.size());
     r->lookup_dl = deadline_after(opt_.lookup_timeout);
     if (!r->owned.empty()) {
@@ -186,7 +217,7 @@ class connector {
     const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->lookup_agreed) return std::nullopt;
     const auto& r = *it->second;
-    return load_plan{r.agreed_cached_tokens, r.load_first_token, r.load_end_token};
+    return load_plan{r.agreed_cached_tokens, r.load_first_token, r.load_end_token, r.prompt_tokens};
   }
 
   /// Starts the load of a planned request into the pages at `slots` (slot of prompt position
@@ -287,6 +318,31 @@ class connector {
     return p.complete ? std::error_code{} : make_error_code(errc::timeout);
   }
 
+  /// Caps this rank's part of load `id` at its first `chunks` chunks (counted from the load's
+  /// first chunk): the agreed prefix is then at most the least cap over ranks, agreed through
+  /// the step like every other outcome, so every rank ends the load with the same prefix. A cap
+  /// only lowers (one above an earlier cap changes nothing). Local, never blocks.
+  /// errc::invalid_argument for an id with no load running (unknown, not started, or its
+  /// outcome already agreed).
+  ///
+  ///   conn.limit_load(id, 3);   // this rank takes at most 3 chunks: every rank loads <= 3
+  std::error_code limit_load(request_id id, std::size_t chunks) {
+    const auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second->loading || it->second->done)
+      return make_error_code(errc::invalid_argument);
+    it->second->cap = std::min(it->second->cap, chunks);
+    return {};
+  }
+
+  /// limit_load(id, 0), and this rank's fetch of the load is cancelled (TensorRT-LLM's
+  /// cancel_load): every rank's outcome is nothing loaded, the engine recomputes from the
+  /// load's first token. The same errors as limit_load.
+  std::error_code cancel_load(request_id id) {
+    if (std::error_code ec = limit_load(id, 0)) return ec;
+    if (const auto& r = *requests_.at(id); r.fetch.valid()) queue_.cancel(r.fetch);
+    return {};
+  }
+
   /// The agreed outcome of a load, or empty while it runs.
   std::optional<load_outcome> load_result(request_id id) const {
     const auto it = requests_.find(id);
@@ -380,25 +436,39 @@ class connector {
   /// Agrees, in one all-reduce on the control communicator, on every lookup and load waiting
   /// for it, and starts the moves that agreement allows. The error of a failed agreement (its
   /// lookups then plan nothing and its loads load nothing, on every rank); else empty.
-  std::error_code step(deadline dl) {
+  std::error_code step(deadline dl) { return step(dl, {}); }
+
+  /// step() with the engine's own words in the same all-reduce: `words` goes in as this rank's
+  /// values and comes back as the min over ranks (for a max, pass complements; to check that
+  /// every rank holds the same x, pass x and ~x). Pass the same number of words on every rank
+  /// (the fingerprint folds the count: a different count fails the step on every rank). On a
+  /// failed agreement every word is set to 0, so a rank never acts on values its peers did
+  /// not agree. With words, the step issues its all-reduce even when nothing else waits.
+  ///
+  ///   std::uint64_t w[2] = {l1_answer_tokens, first_mismatched_chunk};  // per request, say
+  ///   if (!conn.step(dl, w)) use(w[0], w[1]);                           // min over ranks
+  std::error_code step(deadline dl, std::span<std::uint64_t> words) {
     release_quarantine();
     std::vector<req_ptr> waiting;
     for (request_id id : order_) {
       const req_ptr& r = requests_.at(id);
       if (!r->lookup_agreed || (r->loading && !r->done)) waiting.push_back(r);
     }
-    if (waiting.empty()) return {};
-    detail::step_message msg(waiting.size());
+    if (waiting.empty() && words.empty()) return {};
+    detail::step_message msg(waiting.size(), words);
+    const std::uint64_t plan_fingerprint =
+        opt_.policy == load_policy::always ? 0 : detail::estimate_fingerprint(estimator_.estimate());
     std::uint64_t fp = 0;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
-      fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i]));
+      fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i], plan_fingerprint));
       contribute(*waiting[i], msg.entry(i));
     }
-    msg.seal(fp);
+    msg.seal(detail::step_fp_mix(fp, words.size()));
     std::error_code ec = comm::all_reduce(ctrl_, std::span<const std::uint64_t>(msg.v), std::span(msg.v),
                                           comm::reduce_op::min, dl);
     if (!ec && !msg.consistent(waiting.size())) ec = make_error_code(errc::collective_mismatch);
     if (ec) counters_.agreement_failures.add();
+    msg.agreed_words(ec, words);
     std::vector<detail::move_item> batch;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       if (!waiting[i]->lookup_agreed)
@@ -496,10 +566,11 @@ class connector {
           std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.range_first_token)) / T);
       fetch_done = p.complete || expired(r.load_dl);
     }
+    fetched = std::min(fetched, r.cap);  // limit_load: never agree past this rank's cap
     std::lock_guard lock(shared_.mu);
     detail::load_words{
         .fetched = fetched,
-        .reachable = fetch_done ? fetched : r.n,
+        .reachable = std::min(fetch_done ? fetched : r.n, r.cap),
         .landed = r.local_failure ? 0 : r.landed_locked(),
         .ok = !(r.move_failed || r.local_failure),
         .elapsed_us = static_cast<std::uint64_t>(
@@ -540,7 +611,7 @@ class connector {
     }
     r->target = d.target;
     if (!d.loaded_chunks) return;
-    if (d.sample)  // the slowest rank's time: the same sample on every rank
+    if (d.sample && opt_.wall_clock_samples)  // the slowest rank's time: the same sample on every rank
       estimator_.record_bytes(*d.loaded_chunks * geo_.chunk_bytes,
                               static_cast<double>(agreed.elapsed_us) * 1e-6);
     end_load(*r, *d.loaded_chunks);

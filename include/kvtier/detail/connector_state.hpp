@@ -53,7 +53,8 @@ struct connector_request {
   fetch_handle fetch;                    // empty when this rank owns no chunk of the range
   deadline load_dl{};
   clock::time_point load_started{};
-  std::size_t enqueued = 0;  // chunks agreed fetched and given to the mover
+  std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
+  std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
   std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
