@@ -202,13 +202,16 @@ std::unique_ptr<conn_t<Comm>> make(py_connector& pc, const py_chunker& ch, Comm&
   }
 }
 
-std::shared_ptr<py_connector> make_connector(
-    py::handle chunker, py::handle store, py::handle comm, py::handle pages, py::handle data,
-    const std::string& policy, std::optional<kvtier::prefill_node> node,
-    std::optional<kvtier::load_path> prior, double lookup_timeout, double save_timeout,
-    std::tuple<double, double, double> load_timeout, const std::string& saves,
-    std::uint32_t save_after_lookups, std::uint32_t layers_per_group, std::size_t max_bytes_in_flight,
-    std::size_t fetch_workers, std::size_t fetch_batch_chunks, const std::string& ownership) {
+std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle store, py::handle comm,
+                                             py::handle pages, py::handle data, const std::string& policy,
+                                             std::optional<kvtier::prefill_node> node,
+                                             std::optional<kvtier::load_path> prior, double lookup_timeout,
+                                             double save_timeout,
+                                             std::tuple<double, double, double> load_timeout,
+                                             const std::string& saves, std::uint32_t save_after_lookups,
+                                             std::uint32_t layers_per_group, std::size_t max_bytes_in_flight,
+                                             std::size_t fetch_workers, std::size_t fetch_batch_chunks,
+                                             const std::string& ownership, bool wall_clock_samples) {
   if (chunker.is_none() || !py::isinstance<py_chunker>(chunker))
     raise_invalid("chunker must be a kvtier.Chunker, not " + type_name(chunker));
   if (store.is_none() || !py::isinstance<store_impl>(store))
@@ -234,6 +237,7 @@ std::shared_ptr<py_connector> make_connector(
   o.max_bytes_in_flight = max_bytes_in_flight;
   o.fetch_workers = fetch_workers;
   o.fetch_batch_chunks = fetch_batch_chunks;
+  o.wall_clock_samples = wall_clock_samples;
 
   auto pc = std::make_shared<py_connector>();
   pc->store = store_ref{std::move(s)};
@@ -288,6 +292,7 @@ void bind_connector(py::module_& m) {
                                 "A request's agreed lookup: load [load_first_token, load_end_token), compute "
                                 "the rest.\n\n    plan = conn.lookup(7)   # None until agreed")
       .def_readonly("cached_tokens", &kvtier::load_plan::cached_tokens)
+      .def_readonly("prompt_tokens", &kvtier::load_plan::prompt_tokens)
       .def_readonly("load_first_token", &kvtier::load_plan::load_first_token)
       .def_readonly("load_end_token", &kvtier::load_plan::load_end_token)
       .def_property_readonly("tokens_to_load", &kvtier::load_plan::tokens_to_load)
@@ -344,10 +349,13 @@ void bind_connector(py::module_& m) {
            py::arg("saves") = "write_through", py::arg("save_after_lookups") = 2,
            py::arg("layers_per_group") = 0, py::arg("max_bytes_in_flight") = std::size_t{1} << 30,
            py::arg("fetch_workers") = 2, py::arg("fetch_batch_chunks") = 1, py::arg("ownership") = "mod",
+           py::arg("wall_clock_samples") = true,
            "policy: 'always', 'cost' or 'split' (the last two need node: kvtier.PrefillNode); load_timeout: "
            "(base s, s per 1000 tokens, cap s); saves: 'write_through' or 'selective'; ownership: which rank "
            "owns chunk c, 'mod' (c mod W), 'block:I' ((c // I) mod W) or 'rendezvous[:SEED]' (hashing c), "
-           "the same on every rank (check_deployment compares it).")
+           "the same on every rank (check_deployment compares it); wall_clock_samples: False keeps each "
+           "load's "
+           "wall time out of the estimator (record_load_sample's are then the only samples).")
       .def_property_readonly("rank",
                              [](py_connector& p) { return p.with([](auto& c) { return c.rank(); }, false); })
       .def_property_readonly(
@@ -370,24 +378,37 @@ void bind_connector(py::module_& m) {
       .def(
           "begin_lookup",
           [](py_connector& p, kvtier::request_id id, py::handle tokens, const std::string& adapter,
-             const std::string& tenant_salt) {
+             const std::string& tenant_salt, std::optional<std::uint64_t> prompt_tokens) {
             buffer_hold hold;
             std::vector<kvtier::token_id> storage;
             const std::span<const kvtier::token_id> t = tokens_of(tokens, storage, hold);
             const kvtier::key_material km{adapter, tenant_salt, {}};
-            const std::error_code ec = p.with([&](auto& c) { return c.begin_lookup(id, t, km); });
+            std::optional<std::string> bad;
+            const std::error_code ec = p.with([&](auto& c) {
+              if (!prompt_tokens) return c.begin_lookup(id, t, km);
+              try {
+                return c.begin_lookup(id, t, *prompt_tokens, km);
+              } catch (const std::invalid_argument& e) {  // fewer prompt tokens than keyed ones
+                bad = e.what();
+                return std::error_code{};
+              }
+            });
+            if (bad) raise_invalid("Connector.begin_lookup(request " + std::to_string(id) + "): " + *bad);
             if (ec)
               raise_error(ec, "Connector.begin_lookup: request " + std::to_string(id) + " is already known");
           },
           py::arg("id"), py::arg("tokens"), py::kw_only(), py::arg("adapter") = "",
-          py::arg("tenant_salt") = "",
-          "Starts a request's lookup (this rank asks its store about the chunks it owns). Never blocks.\n\n"
+          py::arg("tenant_salt") = "", py::arg("prompt_tokens") = py::none(),
+          "Starts a request's lookup (this rank asks its store about the chunks it owns). Never blocks. "
+          "prompt_tokens: the whole prompt's length when only `tokens` (a prefix) is keyed.\n\n"
           "    conn.begin_lookup(7, torch.tensor(ids))")
       .def(
           "step",
-          [](py_connector& p, py::handle deadline) {
+          [](py_connector& p, py::handle deadline,
+             std::optional<std::vector<std::uint64_t>> words) -> py::object {
             const kvtier::deadline dl = deadline_of(deadline);
-            const std::error_code ec = p.with([&](auto& c) { return c.step(dl); });
+            const std::error_code ec = p.with(
+                [&](auto& c) { return words ? c.step(dl, std::span<std::uint64_t>(*words)) : c.step(dl); });
             if (ec) {
               const std::string e = p.ctrl_error ? p.ctrl_error() : std::string();
               raise_error(ec,
@@ -395,13 +416,18 @@ void bind_connector(py::module_& m) {
                           "nothing, on every rank): " +
                               (e.empty() ? ec.message() : e));
             }
+            if (!words) return py::none();
+            return py::cast(*words);
           },
-          py::arg("deadline"),
+          py::arg("deadline"), py::arg("words") = py::none(),
           "Once per engine step on every rank: one all-reduce agrees on every waiting lookup and load and "
           "starts "
           "the moves. Raises kvtier.Error (TimeoutError for a deadline) when the agreement failed; the "
           "requests "
-          "are settled then (nothing cached / nothing loaded, on every rank).\n\n    conn.step(0.05)")
+          "are settled then (nothing cached / nothing loaded, on every rank). words: the engine's own 64-bit "
+          "values in the same all-reduce (the same count on every rank); returns their min over ranks "
+          "(for a max pass complements).\n\n    conn.step(0.05)\n    low, = conn.step(0.05, "
+          "words=[my_free_blocks])")
       .def(
           "lookup",
           [](py_connector& p, kvtier::request_id id) {
@@ -486,6 +512,39 @@ void bind_connector(py::module_& m) {
           "on "
           "every rank before step(), the next step agrees the whole load.\n\n"
           "    conn.load(7, slots); conn.wait_local(7, 1.0); conn.step(1.0)")
+      .def(
+          "limit_load",
+          [](py_connector& p, kvtier::request_id id, std::size_t chunks) {
+            const std::error_code ec = p.with([&](auto& c) { return c.limit_load(id, chunks); });
+            if (ec)
+              raise_invalid("Connector.limit_load(request " + std::to_string(id) +
+                            "): no load running for it on this rank (unknown, not started, or agreed)");
+          },
+          py::arg("id"), py::arg("chunks"),
+          "Caps this rank's part of a running load at its first `chunks` chunks; the agreed prefix is at "
+          "most the least cap over ranks. Only lowers; local, never blocks.\n\n    conn.limit_load(7, 3)")
+      .def(
+          "cancel_load",
+          [](py_connector& p, kvtier::request_id id) {
+            const std::error_code ec = p.with([&](auto& c) { return c.cancel_load(id); });
+            if (ec)
+              raise_invalid("Connector.cancel_load(request " + std::to_string(id) +
+                            "): no load running for it on this rank (unknown, not started, or agreed)");
+          },
+          py::arg("id"),
+          "limit_load(id, 0) and this rank's fetch cancelled: every rank's outcome is nothing loaded.\n\n"
+          "    conn.cancel_load(7)")
+      .def(
+          "record_load_sample",
+          [](py_connector& p, std::uint64_t bytes, double seconds) {
+            const std::error_code ec = p.with([&](auto& c) { return c.record_load_sample(bytes, seconds); });
+            if (ec)
+              raise_invalid("Connector.record_load_sample: needs bytes > 0 and seconds > 0 and finite, got " +
+                            std::to_string(bytes) + " and " + std::to_string(seconds));
+          },
+          py::arg("bytes"), py::arg("seconds"),
+          "Feeds the cost/split policies' estimator one load in the engine's own time (the same samples in "
+          "the same order on every rank).\n\n    conn.record_load_sample(64 << 20, 0.031)")
       .def(
           "wait_for_layer",
           [](py_connector& p, std::uint32_t layer, py::handle deadline) {

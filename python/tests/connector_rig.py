@@ -75,7 +75,7 @@ def agree_after_wait_local(conn, id, layers=LAYERS):
     return conn.load_result(id) is not None
 
 
-def run_rank(comm, store, data=None, tamper=None, ownership="mod"):
+def run_rank(comm, store, data=None, tamper=None, ownership="mod", after_load=None):
     """Cold request 1 computes and saves; request 2 (same prompt) loads it into other blocks."""
     world = comm.size
     pages = make_pages()
@@ -110,6 +110,8 @@ def run_rank(comm, store, data=None, tamper=None, ownership="mod"):
         res["warm_plan"] = (plan.cached_tokens, plan.load_first_token, plan.load_end_token)
         if plan.tokens_to_load:
             conn.load(2, block_table=torch.tensor(warm, dtype=torch.int32))
+            if after_load:
+                after_load(conn, comm.rank)  # e.g. limit_load / cancel_load on one rank
             res["two_steps"] = agree_after_wait_local(conn, 2)
             assert step_until(conn, lambda: conn.load_result(2) is not None)
             out = conn.load_result(2)

@@ -12,7 +12,7 @@ from connector_rig import (BLOCK_SIZE, BLOCKS, LATENT, LAYERS, PROMPT, agree_aft
                            make_pages, namespace, run_rank, slots_of, step_until, wrong_bytes)
 
 
-def run_world(w, separate_data, tamper_rank=None, ownership="mod"):
+def run_world(w, separate_data, tamper_rank=None, ownership="mod", after_load=None):
     world = kvtier.InprocWorld(w)
     data_world = kvtier.InprocWorld(w) if separate_data else None
     stores = [kvtier.MemoryStore(64 << 20) for _ in range(w)]
@@ -26,7 +26,7 @@ def run_world(w, separate_data, tamper_rank=None, ownership="mod"):
                     stores[r].close()
             results[r] = run_rank(world.communicator(r), stores[r],
                                   data=data_world.communicator(r) if data_world else None, tamper=tamper,
-                                  ownership=ownership)
+                                  ownership=ownership, after_load=after_load)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append((r, repr(e)))
 
@@ -104,6 +104,79 @@ def test_ranks_with_other_ownership_fail_check_deployment():
     for t in threads:
         t.join(60)
     assert all(e is not None and "ownership_geometry" in e for e in errors), errors
+
+
+def test_limit_load_on_one_rank_caps_every_rank():
+    res = run_world(2, True, after_load=lambda conn, r: conn.limit_load(2, 1) if r == 1 else None)
+    for x in res:
+        assert x["loaded"] == (0, 32, PROMPT) and x["wrong_loaded"] == 0, x
+        assert x["load_errors"] == [1, 2, 3] and x["counters"]["loads_cut_short"] == 1
+
+
+def test_cancel_load_on_one_rank_loads_nothing_anywhere():
+    res = run_world(2, False, after_load=lambda conn, r: conn.cancel_load(2) if r == 0 else None)
+    for x in res:
+        assert x["loaded"] == (0, 0, PROMPT), x
+        assert x["counters"]["tokens_to_recompute"] == PROMPT
+
+
+def in_two_threads(body):
+    world = kvtier.InprocWorld(2)
+    out, errors = [None, None], []
+
+    def rank(r):
+        conn = kvtier.Connector(kvtier.Chunker(namespace(2)), kvtier.MemoryStore(1 << 20), world.communicator(r),
+                                kvtier.KvCacheView.per_layer(layout(), make_pages()))
+        try:
+            out[r] = body(conn, r)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((r, repr(e)))
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    return out, errors
+
+
+def test_step_words_are_agreed_as_the_min():
+    top = (1 << 64) - 1
+
+    def body(conn, r):
+        first = conn.step(2.0, words=[10 + r, top ^ (10 + r)])  # min of x, and max through ~x
+        plain = conn.step(2.0)  # nothing waits: no words, no collective, None
+        return first, plain
+    out, errors = in_two_threads(body)
+    assert not errors, errors
+    assert out == [([10, top ^ 11], None)] * 2
+
+
+def test_step_words_of_different_counts_fail_on_every_rank():
+    out, errors = in_two_threads(lambda conn, r: conn.step(2.0, words=[1] * (r + 1)))
+    assert sorted(r for r, _ in errors) == [0, 1], (out, errors)
+
+
+def test_record_load_sample_and_prompt_tokens():
+    conn, store = one_rank(wall_clock_samples=False)
+    conn.record_load_sample(64 << 20, 0.03)
+    for b, sec in ((0, 0.1), (1, 0.0), (1, -1.0), (1, math.inf), (1, math.nan)):
+        with pytest.raises(kvtier.InvalidArgument, match="record_load_sample"):
+            conn.record_load_sample(b, sec)
+    conn.begin_lookup(1, list(range(64)), prompt_tokens=70)
+    conn.begin_lookup(2, list(range(64)))
+    assert step_until(conn, lambda: conn.lookup(1) is not None and conn.lookup(2) is not None)
+    assert conn.lookup(1).prompt_tokens == 70 and conn.lookup(2).prompt_tokens == 64
+    with pytest.raises(kvtier.InvalidArgument, match="prompt_tokens 63"):
+        conn.begin_lookup(3, list(range(64)), prompt_tokens=63)
+    for bad in (lambda: conn.limit_load(1, 1), lambda: conn.cancel_load(99)):
+        with pytest.raises(kvtier.InvalidArgument, match="no load running"):
+            bad()
+    conn.close()
+    store.close()
 
 
 def test_a_rank_without_its_chunks_shortens_every_rank_alike():
