@@ -33,9 +33,10 @@ The held-out configurations (other prompt lengths, 1 and 2 servers, another chun
 predicted and printed against their medians of 5, as ratios. Every case's hit and recompute runs
 are taken round-robin, so drifts of the machine's load hit all cases alike.
 
-Hits shorter than the prompt (the fit's h = n/4, n/2) come from prompts of which only the first h
-tokens were stored; those runs write nothing back (Engine.run(save=False)), so each repeat finds
-the same hit.
+Hits shorter than the prompt (the fit's h = n/4, n/2) are loads capped below the hit: the whole
+prompt is stored, and the connector's ranged load fetches only the first h tokens' chunks
+(Engine.run(max_load=h) -> Connector.load(id, slots, first_token=0, end_token=h)); those runs write
+nothing back (save=False).
 """
 from __future__ import annotations
 
@@ -120,12 +121,12 @@ class Case:
         self.load = Engine(model, cp, self.tier, policy=lambda h, nn: True)
         self.recompute = Engine(model, cp, self.tier, policy=lambda h, nn: False)
         self.tokens = torch.randint(0, cfg.vocab, (n,), generator=torch.Generator().manual_seed(seed))
-        self.full = hit_len is None
-        self.load.run(self.tokens if self.full else self.tokens[:hit_len], steps=1, keep_kv=False)  # cold
+        self.full, self.cap = hit_len is None, hit_len
+        self.load.run(self.tokens, steps=1, keep_kv=False)  # cold: stores every full chunk
         self.hits, self.loads, self.computes, self.recs, self.agreed = [], [], [], [], set()
 
     def measure(self):
-        r = self.load.run(self.tokens, steps=1, keep_kv=False, save=False)
+        r = self.load.run(self.tokens, steps=1, keep_kv=False, save=False, max_load=self.cap)
         t = r.timings
         load_s = t["lookup_s"] + t["load_wait_s"] + t["layer_wait_s"]
         self.hits.append(t["prefill_s"])

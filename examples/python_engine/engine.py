@@ -47,10 +47,11 @@ class Engine:
         self.policy = policy or (lambda hit, n: hit > 0)
 
     def run(self, tokens: torch.Tensor, steps: int = 16, split: int = 0, deadline_s: float = 10.0,
-            keep_kv: bool = True, save: bool = True) -> RequestResult:
+            keep_kv: bool = True, save: bool = True, max_load: int | None = None) -> RequestResult:
         """One request. split > 0 (a chunk boundary below the hit) computes [0, split) while the
         tier loads [split, hit). save=False writes nothing back (a measurement that must find the
-        same hit again)."""
+        same hit again). max_load caps the tokens taken from the tier below the hit (the tier
+        loads only the whole chunks below it: the connector's ranged load)."""
         n = tokens.numel()
         t_start = time.perf_counter()
         table = self.cache.allocate(n + steps)
@@ -61,6 +62,8 @@ class Engine:
                 hit = conn.lookup(tokens, dl)
             t_lookup = time.perf_counter()
             upto = min(hit, n - 1)  # the last prompt token is always computed: its logits are needed
+            if max_load is not None:
+                upto = min(upto, max_load)
             front = conn.load_front(split) if conn is not None else 0
             loading = conn is not None and upto > front and self.policy(upto, n)
             wait = None

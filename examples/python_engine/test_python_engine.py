@@ -106,7 +106,7 @@ def test_engine_two_processes_context_parallel():
 
 
 def test_measurement_run_writes_nothing_back():
-    """cost_model_check's capped hits: a prompt of which only a prefix was stored, run with
+    """cost_model_check's runs: a prompt of which only a prefix was stored, run with
     save=False, finds the same hit every time (save=True would store the rest: the next hit grows);
     its time in the forward's layer waits is counted for the load part."""
     import scenarios
@@ -132,6 +132,11 @@ def test_measurement_run_writes_nothing_back():
             assert r.timings["layer_wait_s"] >= 0.0 and len(tier.layer_waits) == cfg.n_layers
         assert hits == [(32, 32, 2), (32, 32, 2)], hits
         assert eng.run(tokens, steps=1).hit == 32 and eng.run(tokens, steps=1).hit == 80  # save=True stores the rest
+        # a load capped below the hit: the connector fetches only the chunks below the cap
+        before = tier.counters()["tokens_loaded"]
+        r = eng.run(tokens, steps=1, save=False, max_load=32)
+        assert (r.hit, r.agreed, tier.counters()["tokens_loaded"] - before) == (80, 32, 32)
+        assert tier.outcome.requested_end_token == 32
         tier.close()
         store.close()
     finally:

@@ -80,14 +80,22 @@ class BoundTier:
         return self.plan.load_first_token
 
     def start_load(self, tokens: torch.Tensor, table: list[int], first: int, upto: int, deadline) -> None:
-        """Starts the plan's load [load_first_token, load_end_token) into the pages; returns at once.
-        Rows past `upto` that land are recomputed by the forward (it writes them after the wait)."""
+        """Starts the load into the pages; returns at once. The plan's range [load_first_token,
+        load_end_token), or, when `upto` ends whole chunks earlier, only the chunks covering
+        [first, upto). Rows past `upto` that land are recomputed by the forward (it writes them
+        after the wait)."""
         if first != self.plan.load_first_token:
             raise ValueError(f"first ({first}) must be the plan's load_first_token ({self.plan.load_first_token})")
         self._upto, self._first = upto, first
         if self.before_load is not None:
             self.before_load()
-        self.conn.load(self.id, self.cache.slots(table, 0, tokens.numel()))
+        C, plan_end = self.chunk_tokens, self.plan.load_end_token
+        end = min(plan_end, -(-upto // C) * C)  # the whole chunks that cover [first, upto)
+        slots = self.cache.slots(table, 0, tokens.numel())
+        if first < end < plan_end:  # capped below the plan: fetch only those chunks (a ranged load)
+            self.conn.load(self.id, slots, first_token=first, end_token=end)
+        else:
+            self.conn.load(self.id, slots)
 
     # ---- worker side --------------------------------------------------------------------------
 

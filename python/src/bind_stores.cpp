@@ -30,13 +30,16 @@ using cluster = kvtier::cluster_store<kvtier::resp::asio_connection>;
 using memory_impl = owned_store<kvtier::memory_store>;
 #if defined(KVTIER_PY_HAS_TLS)
 using remote_tls = kvtier::remote_store<kvtier::resp::asio_tls_connection>;
+using cluster_tls = kvtier::cluster_store<kvtier::resp::asio_tls_connection>;
 #endif
 
-// RemoteStore over plain TCP / Unix sockets, or TLS (rediss://, resp+tls://) where kvtier::tls is built.
-struct remote_parts {
-  std::unique_ptr<remote> plain;
+// One store over plain TCP / Unix sockets, or over TLS where kvtier::tls is built: `plain` or
+// `tls` is set (RemoteStore: rediss://, resp+tls://; ClusterStore: resp+cluster+tls://).
+template <template <kvtier::resp::connection> class Store>
+struct transport_parts {
+  std::unique_ptr<Store<kvtier::resp::asio_connection>> plain;
 #if defined(KVTIER_PY_HAS_TLS)
-  std::unique_ptr<remote_tls> tls;
+  std::unique_ptr<Store<kvtier::resp::asio_tls_connection>> tls;
 #endif
   template <class F>
   decltype(auto) visit(F&& f) const {
@@ -63,44 +66,18 @@ struct remote_parts {
   kvtier::remote_store_stats stats() const {
     return visit([](auto& s) { return s.stats(); });
   }
-  std::string identity() const {
-    return visit([](auto& s) { return std::string(s.pool().options().server.describe()); });
+  std::string identity() const {  // a single server's: a cluster has none
+    return visit([](auto& s) {
+      if constexpr (requires { s.pool(); })
+        return std::string(s.pool().options().server.describe());
+      else
+        return std::string();
+    });
   }
 };
+using remote_parts = transport_parts<kvtier::remote_store>;
 using remote_impl = owned_store<remote_parts>;
-
-// ClusterStore over plain TCP, or TLS (resp+cluster+tls://) where kvtier::tls is built.
-struct cluster_parts {
-  std::unique_ptr<cluster> plain;
-#if defined(KVTIER_PY_HAS_TLS)
-  std::unique_ptr<kvtier::cluster_store<kvtier::resp::asio_tls_connection>> tls;
-#endif
-  template <class F>
-  decltype(auto) visit(F&& f) const {
-#if defined(KVTIER_PY_HAS_TLS)
-    if (!plain) return f(*tls);
-#endif
-    return f(*plain);
-  }
-  template <class... A>
-  std::error_code exists(A&&... a) {
-    return visit([&](auto& s) { return s.exists(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  std::error_code get(A&&... a) {
-    return visit([&](auto& s) { return s.get(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  std::error_code put(A&&... a) {
-    return visit([&](auto& s) { return s.put(std::forward<A>(a)...); });
-  }
-  std::string last_error() const {
-    return visit([](auto& s) { return s.last_error(); });
-  }
-  kvtier::remote_store_stats stats() const {
-    return visit([](auto& s) { return s.stats(); });
-  }
-};
+using cluster_parts = transport_parts<kvtier::cluster_store>;
 using cluster_impl = owned_store<cluster_parts>;
 
 // A tiered_store over two Python stores; the refs outlive the tiered_store that points at them.
@@ -378,7 +355,7 @@ std::shared_ptr<cluster_impl> make_cluster(const std::string& url, const kvtier:
     p.plain = std::make_unique<cluster>(ns, std::move(o));
   } else {
 #if defined(KVTIER_PY_HAS_TLS)
-    p.tls = std::make_unique<kvtier::cluster_store<kvtier::resp::asio_tls_connection>>(ns, std::move(o));
+    p.tls = std::make_unique<cluster_tls>(ns, std::move(o));
 #else
     raise_invalid("ClusterStore: " + kvtier::resp::redact_url(url) +
                   " needs TLS, and this module was built without kvtier::tls (OpenSSL)");

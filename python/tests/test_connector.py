@@ -84,49 +84,15 @@ def test_ownership_policies_store_and_load_by_their_owners(ownership, owners):
         assert x["two_steps"]
 
 
-def test_ranks_with_other_ownership_fail_check_deployment():
-    world = kvtier.InprocWorld(2)
-    errors = [None, None]
-
-    def rank(r):
-        conn = kvtier.Connector(kvtier.Chunker(namespace(2)), kvtier.MemoryStore(1 << 20), world.communicator(r),
-                                kvtier.KvCacheView.per_layer(layout(), make_pages()),
-                                ownership="mod" if r == 0 else "block:2")
-        try:
-            conn.check_deployment(5.0)
-        except kvtier.InvalidArgument as e:
-            errors[r] = str(e)
-        conn.close()
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert all(e is not None and "ownership_geometry" in e for e in errors), errors
-
-
-def test_limit_load_on_one_rank_caps_every_rank():
-    res = run_world(2, True, after_load=lambda conn, r: conn.limit_load(2, 1) if r == 1 else None)
-    for x in res:
-        assert x["loaded"] == (0, 32, PROMPT) and x["wrong_loaded"] == 0, x
-        assert x["load_errors"] == [1, 2, 3] and x["counters"]["loads_cut_short"] == 1
-
-
-def test_cancel_load_on_one_rank_loads_nothing_anywhere():
-    res = run_world(2, False, after_load=lambda conn, r: conn.cancel_load(2) if r == 0 else None)
-    for x in res:
-        assert x["loaded"] == (0, 0, PROMPT), x
-        assert x["counters"]["tokens_to_recompute"] == PROMPT
-
-
-def in_two_threads(body):
+def in_two_threads(body, options=lambda r: {}):
+    """body(conn, r) on 2 rank threads, each with its own connector (options(r) its keywords);
+    returns (what each body returned, [(rank, repr of what it raised)])."""
     world = kvtier.InprocWorld(2)
     out, errors = [None, None], []
 
     def rank(r):
         conn = kvtier.Connector(kvtier.Chunker(namespace(2)), kvtier.MemoryStore(1 << 20), world.communicator(r),
-                                kvtier.KvCacheView.per_layer(layout(), make_pages()))
+                                kvtier.KvCacheView.per_layer(layout(), make_pages()), **options(r))
         try:
             out[r] = body(conn, r)
         except BaseException as e:  # noqa: BLE001 - reported below
@@ -141,6 +107,27 @@ def in_two_threads(body):
         t.join(60)
     assert not any(t.is_alive() for t in threads)
     return out, errors
+
+
+def test_ranks_with_other_ownership_fail_check_deployment():
+    out, errors = in_two_threads(lambda conn, r: conn.check_deployment(5.0),
+                                 options=lambda r: dict(ownership="mod" if r == 0 else "block:2"))
+    assert sorted(r for r, _ in errors) == [0, 1], (out, errors)
+    assert all("InvalidArgument" in e and "ownership_geometry" in e for _, e in errors), errors
+
+
+def test_limit_load_on_one_rank_caps_every_rank():
+    res = run_world(2, True, after_load=lambda conn, r: conn.limit_load(2, 1) if r == 1 else None)
+    for x in res:
+        assert x["loaded"] == (0, 32, PROMPT) and x["wrong_loaded"] == 0, x
+        assert x["load_errors"] == [1, 2, 3] and x["counters"]["loads_cut_short"] == 1
+
+
+def test_cancel_load_on_one_rank_loads_nothing_anywhere():
+    res = run_world(2, False, after_load=lambda conn, r: conn.cancel_load(2) if r == 0 else None)
+    for x in res:
+        assert x["loaded"] == (0, 0, PROMPT), x
+        assert x["counters"]["tokens_to_recompute"] == PROMPT
 
 
 def test_step_words_are_agreed_as_the_min():
@@ -351,17 +338,7 @@ def test_wait_local_times_out_on_a_paused_server_then_returns(redis_server):
     conn = kvtier.Connector(kvtier.Chunker(ns), store, comm, kvtier.KvCacheView.per_layer(layout(), pages),
                             lookup_timeout=5.0, load_timeout=(20.0, 0.0, 20.0))
     slots = list(range(64))
-    conn.begin_lookup(1, list(range(64)))
-    assert step_until(conn, lambda: conn.lookup(1) is not None)
-    conn.save(1, slots, 0, 64)
-    conn.finish(1)
-    for _ in range(2000):
-        if conn.counters()["chunks_saved"] == 2:
-            break
-        threading.Event().wait(0.005)
-    conn.begin_lookup(2, list(range(64)))
-    assert step_until(conn, lambda: conn.lookup(2) is not None)
-    assert conn.lookup(2).tokens_to_load == 64
+    assert saved_then_planned(conn, list(range(64)), [0, 1, 2, 3], pages).tokens_to_load == 64
     redis_server.pause()
     try:
         conn.load(2, [s + 64 for s in slots])
