@@ -403,6 +403,22 @@ void bind_connector(py::module_& m) {
           "every rank before step(), the next step agrees the whole load.\n\n"
           "    conn.load(7, slots); conn.wait_local(7, 1.0); conn.step(1.0)")
       .def(
+          "wait_for_save",
+          [](py_connector& p, kvtier::request_id id, py::handle deadline) {
+            const kvtier::deadline dl = deadline_of(deadline);
+            const std::error_code ec = p.with([&](auto& c) { return c.wait_for_save(id, dl); });
+            if (ec == kvtier::errc::invalid_argument)
+              raise_invalid("Connector.wait_for_save(request " + std::to_string(id) +
+                            "): neither known nor finishing on this rank");
+            if (ec)
+              raise_error(ec, "Connector.wait_for_save(request " + std::to_string(id) +
+                                  "): its saves did not end before the deadline");
+          },
+          py::arg("id"), py::arg("deadline"),
+          "Returns once every save of the request queued so far has ended (stored or failed: counters() "
+          "says which); kvtier.TimeoutError when the deadline passes first. Local. vLLM's wait_for_save.\n\n"
+          "    conn.save(7, slots, 0, n); conn.wait_for_save(7, 2.0)")
+      .def(
           "limit_load",
           [](py_connector& p, kvtier::request_id id, std::size_t chunks) {
             const std::error_code ec = p.with([&](auto& c) { return c.limit_load(id, chunks); });

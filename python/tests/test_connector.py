@@ -353,6 +353,34 @@ def test_wait_local_times_out_on_a_paused_server_then_returns(redis_server):
     store.close()
 
 
+def test_wait_for_save_waits_for_a_paused_server(redis_server):
+    # A save whose put waits on a SIGSTOPped server: wait_for_save's deadline passes first
+    # (kvtier.TimeoutError, nothing saved yet); resumed, the put ends and wait_for_save returns.
+    ns = namespace(1)
+    store = kvtier.RemoteStore(redis_server.url, ns)
+    pages = make_pages()
+    conn = kvtier.Connector(kvtier.Chunker(ns), store, kvtier.InprocWorld(1).communicator(0),
+                            kvtier.KvCacheView.per_layer(layout(), pages), lookup_timeout=5.0, save_timeout=20.0)
+    with pytest.raises(kvtier.InvalidArgument, match="neither known nor finishing"):
+        conn.wait_for_save(99, 1.0)
+    conn.begin_lookup(1, list(range(64)))
+    assert step_until(conn, lambda: conn.lookup(1) is not None)
+    assert store.exists(kvtier.Chunker(ns).keys(list(range(64))), 5.0) == [kvtier.Status.miss] * 2  # connected
+    redis_server.pause()
+    try:
+        conn.save(1, list(range(64)), 0, 64)
+        with pytest.raises(kvtier.TimeoutError, match="did not end before the deadline"):
+            conn.wait_for_save(1, 0.2)
+        assert conn.counters()["chunks_saved"] == 0
+    finally:
+        redis_server.resume()
+    conn.wait_for_save(1, 20.0)
+    assert conn.counters()["chunks_saved"] == 2
+    conn.finish(1)
+    conn.close()
+    store.close()
+
+
 def test_connector_constructor_bad_inputs():
     comm = kvtier.InprocWorld(2).communicator(0)
     store = kvtier.MemoryStore(1 << 20)
