@@ -1,21 +1,33 @@
-// kvtier/detail/connector_state.hpp: the per-request state and the step agreement's encoding
-// behind kvtier::connector (kvtier/connector.hpp). Not public API.
+// kvtier/detail/connector_state.hpp: the per-request state behind kvtier::connector
+// (kvtier/connector.hpp), what its engine thread shares with the mover and saver threads, and
+// its staging blocks. Not public API.
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <span>
+#include <string>
+#include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
+#include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/fetch_types.hpp"
+#include "kvtier/kv_copy.hpp"
+#include "kvtier/kv_layout.hpp"
+#include "kvtier/ownership.hpp"
+#include "kvtier/store/chunk_store.hpp"
 
 namespace kvtier::detail {
 
@@ -35,8 +47,10 @@ struct connector_request {
   std::uint64_t load_first_token = 0;      // the policy's load range [first, end)
   std::uint64_t load_end_token = 0;
 
-  // Load (relative chunk indexes i in [0, n) stand for chunks first_chunk + i).
+  // Load of tokens [range_first_token, range_end_token) inside the plan (relative chunk
+  // indexes i in [0, n) stand for chunks first_chunk + i).
   bool loading = false;
+  std::uint64_t range_first_token = 0, range_end_token = 0;
   bool local_failure = false;  // this rank could not start its part (bad slots, no staging)
   std::size_t first_chunk = 0, n = 0;
   std::shared_ptr<std::byte[]> staging;  // n chunk values; the mover holds copies while moving
@@ -44,7 +58,8 @@ struct connector_request {
   fetch_handle fetch;                    // empty when this rank owns no chunk of the range
   deadline load_dl{};
   clock::time_point load_started{};
-  std::size_t enqueued = 0;  // chunks agreed fetched and given to the mover
+  std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
+  std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
   std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
@@ -70,27 +85,197 @@ struct connector_request {
   }
 };
 
-/// One step's agreement: a header [entries, fp, ~fp] and five words per entry, all reduced by
-/// min. The fingerprint folds every entry's request id and kind, so ranks whose request lists
-/// differ fail the agreement together instead of pairing one request's values with another's.
-/// A word that must be reduced by max travels as its complement.
-struct step_message {
-  static constexpr std::size_t header = 3, words = 5;
-  std::vector<std::uint64_t> v;
+using connector_request_ptr = std::shared_ptr<connector_request>;
 
-  explicit step_message(std::size_t entries) : v(header + words * entries, 0) { v[0] = entries; }
-  std::span<std::uint64_t> entry(std::size_t i) noexcept {
-    return std::span(v).subspan(header + words * i, words);
+/// The cache and chunk geometry every part of a connector reads: the pages, the chunk size in
+/// tokens and bytes, and how layers group for the moves (per_group layers in each of groups).
+struct connector_geometry {
+  kv_cache_view cache;
+  std::size_t chunk_tokens = 0, chunk_bytes = 0;
+  std::uint32_t per_group = 1, groups = 1;
+
+  connector_geometry(kv_cache_view c, std::size_t tokens, std::uint32_t layers_per_group)
+      : cache(std::move(c)), chunk_tokens(tokens) {
+    const std::uint32_t layers = cache.layout.num_layers;
+    per_group = std::max(1u, layers_per_group == 0 ? layers : std::min(layers_per_group, layers));
+    groups = (layers + per_group - 1) / per_group;
+    chunk_bytes = cache.layout.bytes_per_token() * chunk_tokens;
   }
-  void seal(std::uint64_t fp) noexcept { v[1] = fp, v[2] = ~fp; }
-  bool consistent(std::size_t entries) const noexcept { return v[0] == entries && v[1] == ~v[2]; }
+  layer_range group_layers(std::uint32_t g) const noexcept {
+    return {g * per_group, std::min(cache.layout.num_layers, (g + 1) * per_group)};
+  }
+  /// Chunk i of a load's staging block, and layer group g of it.
+  std::span<std::byte> staged(const connector_request& r, std::size_t i) const noexcept {
+    return {r.staging.get() + i * chunk_bytes, chunk_bytes};
+  }
+  std::span<std::byte> staged_group(const connector_request& r, std::size_t i,
+                                    std::uint32_t g) const noexcept {
+    return chunk_layers(cache.layout, chunk_tokens, staged(r, i), group_layers(g));
+  }
+  /// The slots of prompt chunk c.
+  std::span<const std::int64_t> chunk_slots(std::span<const std::int64_t> slots,
+                                            std::size_t c) const noexcept {
+    return slots.subspan(c * chunk_tokens, chunk_tokens);
+  }
 };
 
-inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
-  h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  h *= 0xBF58476D1CE4E5B9ull;
-  return h ^ (h >> 31);
+/// What the engine thread shares with the mover and saver threads, under `mu`: the running
+/// loads (wait_for_layer waits on `landed` for them), router events, and the keys this rank
+/// stored (so a later miss is reported evicted).
+struct connector_shared {
+  std::mutex mu;
+  std::condition_variable landed;  // a layer group landed, a move failed, or a load ended
+  std::condition_variable saved;   // a save ended
+  std::vector<connector_request_ptr> active_loads;
+  std::vector<kv_event> events;
+  std::unordered_set<chunk_key, chunk_key_hash> stored;
+  std::deque<chunk_key> stored_order;
+
+  /// A completed lookup's statuses: keys this rank stored that now miss are reported evicted.
+  void note_evictions(const connector_request& r, const std::vector<chunk_status>& status, rank_t rank) {
+    std::vector<chunk_key> gone;
+    std::lock_guard lock(mu);
+    for (std::size_t k = 0; k < status.size() && k < r.owned.size(); ++k)
+      if (status[k] == chunk_status::miss && stored.erase(r.keys[r.owned[k]]))
+        gone.push_back(r.keys[r.owned[k]]);
+    if (!gone.empty()) events.push_back({kv_event::kind::evicted, rank, std::move(gone)});
+  }
+
+  // Under mu: remembers a key this rank stored (the newest 65,536).
+  void remember_stored_locked(const chunk_key& k) {
+    if (!stored.insert(k).second) return;
+    stored_order.push_back(k);
+    if (stored_order.size() > (std::size_t{1} << 16)) {
+      stored.erase(stored_order.front());
+      stored_order.pop_front();
+    }
+  }
+};
+
+/// One thread that runs run(job) for each submitted job, in submission order: the mover's and
+/// the saver's. stop() runs the jobs already submitted, then joins (idempotent). Declare it
+/// after everything run() touches, so it stops before those go.
+template <class Job>
+class serial_worker {
+ public:
+  serial_worker() = default;
+  serial_worker(const serial_worker&) = delete;
+  serial_worker& operator=(const serial_worker&) = delete;
+  ~serial_worker() { stop(); }
+
+  void start(std::function<void(Job&)> run) {
+    run_ = std::move(run);
+    thread_ = std::thread([this] { loop(); });
+  }
+  bool running() const noexcept { return thread_.joinable(); }
+  void submit(Job job) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      closing_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return closing_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      run_(job);
+    }
+  }
+
+  std::function<void(Job&)> run_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool closing_ = false;
+  std::thread thread_;
+};
+
+/// What makes a connector over these parts impossible, in words (empty: nothing).
+template <class Own, class Control, class Data>
+std::string connector_setup_problem(const Own& own, const Control& ctrl, const Data& data,
+                                    const kv_cache_view& cache, const connector_options& opt) {
+  if (static_cast<rank_t>(own.world_size()) != static_cast<rank_t>(ctrl.size()))
+    return "ownership world size " + std::to_string(own.world_size()) + " != communicator size " +
+           std::to_string(ctrl.size());
+  if (ctrl.rank() != data.rank() || ctrl.size() != data.size())
+    return "control and data communicators differ in rank or size";
+  if (auto e = cache.validate()) return e.message;
+  if (opt.policy != load_policy::always &&
+      !(opt.node.prefill_tokens_per_s > 0 && opt.node.kv_bytes_per_token > 0))
+    return "the cost and split policies need node figures";
+  return {};
 }
+
+/// Starts this rank's fetch of its owned chunks of load r into their staging slots (an empty
+/// handle when it owns none of them).
+template <class Queue, class Own>
+fetch_handle fetch_owned(connector_request& r, Queue& queue, const Own& own, rank_t rank,
+                         const connector_geometry& geo) {
+  std::vector<chunk_key> keys;
+  std::vector<std::span<std::byte>> dst;
+  std::vector<std::uint64_t> starts;
+  for (std::size_t i = 0; i < r.n; ++i) {
+    const std::size_t c = r.first_chunk + i;
+    if (static_cast<rank_t>(own.owner(c)) != rank) continue;
+    keys.push_back(r.keys[c]);
+    dst.push_back(geo.staged(r, i));
+    starts.push_back(static_cast<std::uint64_t>(c) * geo.chunk_tokens);
+  }
+  if (keys.empty()) return {};
+  return queue.submit(r.id, keys, dst, chunk_layout::owned(std::move(starts), r.range_end_token), r.load_dl);
+}
+
+/// How often each chunk was looked up on this rank, for the selective save policy: saturating
+/// 8-bit counts in 65,536 slots by key hash (a collision only counts a chunk higher).
+class lookup_counts {
+ public:
+  void note(const chunk_key& k) noexcept {
+    std::uint8_t& n = seen_[slot(k)];
+    if (n < 255) ++n;
+  }
+  std::uint8_t of(const chunk_key& k) const noexcept { return seen_[slot(k)]; }
+
+ private:
+  static std::size_t slot(const chunk_key& k) noexcept { return chunk_key_hash{}(k)&0xFFFF; }
+  std::vector<std::uint8_t> seen_ = std::vector<std::uint8_t>(std::size_t{1} << 16, 0);
+};
+
+/// Staging blocks of finished loads whose fetch may still write them: each is held until its
+/// fetch has completed, and only then goes back to the pool.
+class quarantine {
+ public:
+  void hold(fetch_handle fetch, std::shared_ptr<std::byte[]> staging) {
+    held_.push_back({std::move(fetch), std::move(staging)});
+  }
+  template <class Queue>
+  void release_completed(const Queue& queue) {
+    std::erase_if(held_, [&](const entry& q) { return queue.poll(q.fetch).has_value(); });
+  }
+
+ private:
+  struct entry {
+    fetch_handle fetch;
+    std::shared_ptr<std::byte[]> staging;
+  };
+  std::vector<entry> held_;
+};
 
 /// The staging blocks of a connector's loads. A block goes back to the pool only when its last
 /// holder (the request, a mover batch, the quarantine) lets go, so a block that an abandoned
