@@ -10,7 +10,8 @@
 //   conn staged the connector, data communicator MPI staged (mpi_options default: every byte
 //               through the communicator's memory on the way in and out);
 //   conn direct the connector, data communicator with stage = false: the broadcast lands in the
-//               connector's staging block (a block a failed move may still write is quarantined).
+//               connector's staging block (connector_options::data_writes_after_failure: a block
+//               a failed move may still write is never reused).
 // Both connectors: a control communicator for the step, a data communicator for the mover
 // thread (MPI_THREAD_MULTIPLE). For each connector: the time this rank's own fetch ended (max over
 // ranks) and what came after it; for every variant the CPU seconds of all ranks and their servers
@@ -127,8 +128,9 @@ int run(int reps) {
   rank_view view(store, rig.own, r, rig.ns);
   connector conn_staged(rig.chunk, rig.own, store, ctrl, data_staged, cache.view(),
                         load_rig::connector_options());
-  connector conn_direct(rig.chunk, rig.own, store, ctrl, data_direct, cache.view(),
-                        load_rig::connector_options());
+  connector_options direct_opt = load_rig::connector_options();
+  direct_opt.data_writes_after_failure = true;  // MPI stage = false may write after a failed call
+  connector conn_direct(rig.chunk, rig.own, store, ctrl, data_direct, cache.view(), direct_opt);
   const auto dl = [] { return deadline_after(std::chrono::seconds(30)); };
 
   samples s;
