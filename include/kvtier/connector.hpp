@@ -45,7 +45,7 @@
 //
 // Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors and
 // drain_events never block (load and finish may wait for one scatter of one layer group to
-// end); step, wait_for_layer and wait_local take a deadline.
+// end); step, wait_for_layer, wait_local and wait_for_save take a deadline.
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
 // they decide in detail/connector_step.hpp; the moves in detail/connector_mover.hpp; the saves
@@ -78,6 +78,7 @@
 #include "kvtier/detail/connector_saver.hpp"
 #include "kvtier/detail/connector_state.hpp"
 #include "kvtier/detail/connector_step.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/kv_copy.hpp"
@@ -146,6 +147,20 @@ class connector {
   const connector_counters& counters() const noexcept { return counters_; }
   const load_estimator& estimator() const noexcept { return estimator_; }
 
+  /// Feeds the estimator one load of `bytes` that took `seconds` in the engine's own time (a
+  /// modeled clock, say; with connector_options::wall_clock_samples off they are the only
+  /// samples, so estimates are reproducible). The cost and split policies plan from the
+  /// estimator on each rank, so call it with the same samples in the same order on every rank:
+  /// under those policies a lookup entry's fingerprint folds the estimate, and ranks whose
+  /// estimates differ fail the lookup together (nothing cached). errc::invalid_argument for 0
+  /// bytes or seconds not positive and finite (nothing recorded).
+  ///
+  ///   conn.record_load_sample(c.bytes, modeled_clock.now() - c.load_started_s);  // every rank
+  std::error_code record_load_sample(std::uint64_t bytes, double seconds) {
+    return estimator_.record_bytes(bytes, seconds) ? std::error_code{}
+                                                   : make_error_code(errc::invalid_argument);
+  }
+
   /// Once at setup, on every rank (a collective on the control communicator): agrees that
   /// every rank has the same key namespace, ownership geometry, chunk size in tokens and bytes,
   /// and value format (the store's format() when it has one). A rank that differs makes every
@@ -165,11 +180,28 @@ class connector {
   /// Starts the lookup of a request: this rank asks its store about the chunks it owns. Never
   /// blocks. errc::invalid_argument for an id already known (nothing changes then).
   std::error_code begin_lookup(request_id id, std::span<const token_id> tokens, const key_material& m = {}) {
+    return begin_lookup(id, tokens, tokens.size(), m);
+  }
+
+  /// begin_lookup() of a request whose prompt has `prompt_tokens` tokens of which only the
+  /// first keyed_tokens.size() are keyed (looked up and loadable): the policy plans with the
+  /// whole prompt (the split point, what is left to compute) and the plan reports it. Call it
+  /// with the same figures on every rank: ranks whose prompt lengths or key counts differ fail
+  /// the lookup's agreement together (nothing cached). Throws std::invalid_argument when
+  /// prompt_tokens is less than the keyed tokens.
+  ///
+  ///   conn.begin_lookup(id, std::span(tokens).first(4096), tokens.size());  // key 4,096 of 6,000
+  std::error_code begin_lookup(request_id id, std::span<const token_id> keyed_tokens,
+                               std::uint64_t prompt_tokens, const key_material& m = {}) {
+    if (prompt_tokens < keyed_tokens.size())
+      throw std::invalid_argument("kvtier::connector::begin_lookup: prompt_tokens " +
+                                  std::to_string(prompt_tokens) + " < the " +
+                                  std::to_string(keyed_tokens.size()) + " keyed tokens");
     if (requests_.count(id)) return make_error_code(errc::invalid_argument);
     auto r = std::make_shared<detail::connector_request>();
     r->id = id;
-    r->prompt_tokens = tokens.size();
-    r->keys = chunk_.keys(tokens, m);
+    r->prompt_tokens = prompt_tokens;
+    r->keys = chunk_.keys(keyed_tokens, m);
     r->owned = owned_chunks(own_, rank(), r->keys.size());
     r->lookup_dl = deadline_after(opt_.lookup_timeout);
     if (!r->owned.empty()) {
@@ -189,7 +221,7 @@ class connector {
     const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->lookup_agreed) return std::nullopt;
     const auto& r = *it->second;
-    return load_plan{r.agreed_cached_tokens, r.load_first_token, r.load_end_token};
+    return load_plan{r.agreed_cached_tokens, r.load_first_token, r.load_end_token, r.prompt_tokens};
   }
 
   /// Starts the load of a planned request into the pages at `slots` (slot of prompt position
@@ -199,20 +231,46 @@ class connector {
   /// its peers agree on nothing loaded instead of waiting for it.
   std::error_code load(request_id id, std::span<const std::int64_t> slots) {
     const auto it = requests_.find(id);
+    if (it == requests_.end()) return make_error_code(errc::invalid_argument);
+    return load(id, slots, it->second->load_first_token, it->second->load_end_token);
+  }
+
+  /// load() of tokens [first_token, end_token) only: a range the engine chooses inside the plan,
+  /// in whole chunks (both multiples of the chunk size, plan.load_first_token <= first_token <
+  /// end_token <= plan.load_end_token), e.g. only what its own L1 lacks. `slots` needs at least
+  /// end_token entries. Call it with the same range on every rank: ranks whose ranges differ
+  /// fail the load's agreement together (nothing loaded, on every rank). Throws
+  /// std::invalid_argument naming the range when it is not whole chunks inside the plan;
+  /// otherwise as load(id, slots), and the outcome's requested_end_token is end_token.
+  ///
+  ///   auto plan = conn.lookup(id);        // [0, 192) cached, chunks of 32 tokens
+  ///   conn.load(id, slots, 64, 160);      // chunks 2, 3, 4; the engine has [0, 64) already
+  std::error_code load(request_id id, std::span<const std::int64_t> slots, std::uint64_t first_token,
+                       std::uint64_t end_token) {
+    const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->lookup_agreed || it->second->loading ||
         it->second->load_end_token <= it->second->load_first_token)
       return make_error_code(errc::invalid_argument);
     detail::connector_request& r = *it->second;
     const std::size_t T = chunk_.chunk_tokens();
+    if (first_token % T || end_token % T || first_token >= end_token || first_token < r.load_first_token ||
+        end_token > r.load_end_token)
+      throw std::invalid_argument("kvtier::connector::load: tokens [" + std::to_string(first_token) + ", " +
+                                  std::to_string(end_token) + ") are not whole chunks of " +
+                                  std::to_string(T) + " tokens inside the plan [" +
+                                  std::to_string(r.load_first_token) + ", " +
+                                  std::to_string(r.load_end_token) + ")");
     r.loading = true;
-    r.first_chunk = r.load_first_token / T;
-    r.n = r.load_end_token / T - r.first_chunk;
+    r.range_first_token = first_token;
+    r.range_end_token = end_token;
+    r.first_chunk = first_token / T;
+    r.n = end_token / T - r.first_chunk;
     r.load_started = clock::now();
-    r.load_dl = r.load_started + opt_.load_deadline.after(r.load_end_token - r.load_first_token);
+    r.load_dl = r.load_started + opt_.load_deadline.after(end_token - first_token);
     r.group_landed.assign(geo_.groups, 0);
     counters_.loads.add();
     std::error_code ec;
-    if (slots.size() < r.load_end_token || !slots_fit(slots.first(r.load_end_token))) {
+    if (slots.size() < end_token || !slots_fit(slots.first(end_token))) {
       ec = make_error_code(errc::invalid_argument);
     } else if (!reserve_staging(r)) {
       ec = make_error_code(errc::queue_full);
@@ -222,7 +280,7 @@ class connector {
       counters_.local_load_failures.add();
       return ec;
     }
-    r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(r.load_end_token));
+    r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
     std::vector<chunk_key> keys;
     std::vector<std::span<std::byte>> dst;
     std::vector<std::uint64_t> starts;
@@ -234,8 +292,7 @@ class connector {
       starts.push_back(static_cast<std::uint64_t>(c) * T);
     }
     if (!keys.empty())
-      r.fetch =
-          queue_.submit(id, keys, dst, chunk_layout::owned(std::move(starts), r.load_end_token), r.load_dl);
+      r.fetch = queue_.submit(id, keys, dst, chunk_layout::owned(std::move(starts), end_token), r.load_dl);
     std::lock_guard lock(shared_.mu);
     shared_.active_loads.push_back(it->second);
     return {};
@@ -265,12 +322,37 @@ class connector {
     return p.complete ? std::error_code{} : make_error_code(errc::timeout);
   }
 
+  /// Caps this rank's part of load `id` at its first `chunks` chunks (counted from the load's
+  /// first chunk): the agreed prefix is then at most the least cap over ranks, agreed through
+  /// the step like every other outcome, so every rank ends the load with the same prefix. A cap
+  /// only lowers (one above an earlier cap changes nothing). Local, never blocks.
+  /// errc::invalid_argument for an id with no load running (unknown, not started, or its
+  /// outcome already agreed).
+  ///
+  ///   conn.limit_load(id, 3);   // this rank takes at most 3 chunks: every rank loads <= 3
+  std::error_code limit_load(request_id id, std::size_t chunks) {
+    const auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second->loading || it->second->done)
+      return make_error_code(errc::invalid_argument);
+    it->second->cap = std::min(it->second->cap, chunks);
+    return {};
+  }
+
+  /// limit_load(id, 0), and this rank's fetch of the load is cancelled (TensorRT-LLM's
+  /// cancel_load): every rank's outcome is nothing loaded, the engine recomputes from the
+  /// load's first token. The same errors as limit_load.
+  std::error_code cancel_load(request_id id) {
+    if (std::error_code ec = limit_load(id, 0)) return ec;
+    if (const auto& r = *requests_.at(id); r.fetch.valid()) queue_.cancel(r.fetch);
+    return {};
+  }
+
   /// The agreed outcome of a load, or empty while it runs.
   std::optional<load_outcome> load_result(request_id id) const {
     const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->done) return std::nullopt;
     const auto& r = *it->second;
-    return load_outcome{r.load_first_token, r.loaded_end_token, r.load_end_token};
+    return load_outcome{r.range_first_token, r.loaded_end_token, r.range_end_token};
   }
 
   /// The chunks of a load that failed (agreed on every rank): recompute from the first one.
@@ -299,6 +381,28 @@ class connector {
     if (job.chunks.empty()) return {};
     job.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
     saver_.submit(std::move(job));
+    return {};
+  }
+
+  /// Blocks until every save of request `id` queued so far has ended (stored or failed; the
+  /// counters and events say which), or `dl` passes (errc::timeout). Local: no collective.
+  /// Before or after finish(), until finished() has listed the request's saves.
+  /// errc::invalid_argument for an id neither known nor finishing.
+  ///
+  ///   conn.save(id, slots, 0, tokens.size());
+  ///   conn.wait_for_save(id, kvtier::deadline_after(2s));  // vLLM's wait_for_save
+  std::error_code wait_for_save(request_id id, deadline dl) {
+    req_ptr r;
+    if (const auto it = requests_.find(id); it != requests_.end()) r = it->second;
+    std::unique_lock lock(shared_.mu);
+    if (!r)
+      if (const auto it = std::find_if(finishing_.begin(), finishing_.end(),
+                                       [&](const req_ptr& f) { return f->id == id; });
+          it != finishing_.end())
+        r = *it;
+    if (!r) return make_error_code(errc::invalid_argument);
+    if (!detail::wait_until(shared_.saved, lock, dl, [&] { return r->saves_pending == 0; }))
+      return make_error_code(errc::timeout);
     return {};
   }
 
@@ -358,25 +462,39 @@ class connector {
   /// Agrees, in one all-reduce on the control communicator, on every lookup and load waiting
   /// for it, and starts the moves that agreement allows. The error of a failed agreement (its
   /// lookups then plan nothing and its loads load nothing, on every rank); else empty.
-  std::error_code step(deadline dl) {
+  std::error_code step(deadline dl) { return step(dl, {}); }
+
+  /// step() with the engine's own words in the same all-reduce: `words` goes in as this rank's
+  /// values and comes back as the min over ranks (for a max, pass complements; to check that
+  /// every rank holds the same x, pass x and ~x). Pass the same number of words on every rank
+  /// (the fingerprint folds the count: a different count fails the step on every rank). On a
+  /// failed agreement every word is set to 0, so a rank never acts on values its peers did
+  /// not agree. With words, the step issues its all-reduce even when nothing else waits.
+  ///
+  ///   std::uint64_t w[2] = {l1_answer_tokens, first_mismatched_chunk};  // per request, say
+  ///   if (!conn.step(dl, w)) use(w[0], w[1]);                           // min over ranks
+  std::error_code step(deadline dl, std::span<std::uint64_t> words) {
     release_quarantine();
     std::vector<req_ptr> waiting;
     for (request_id id : order_) {
       const req_ptr& r = requests_.at(id);
       if (!r->lookup_agreed || (r->loading && !r->done)) waiting.push_back(r);
     }
-    if (waiting.empty()) return {};
-    detail::step_message msg(waiting.size());
+    if (waiting.empty() && words.empty()) return {};
+    detail::step_message msg(waiting.size(), words);
+    const std::uint64_t plan_fingerprint =
+        opt_.policy == load_policy::always ? 0 : detail::estimate_fingerprint(estimator_.estimate());
     std::uint64_t fp = 0;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
-      fp = detail::step_fp_mix(detail::step_fp_mix(fp, waiting[i]->id), waiting[i]->lookup_agreed);
+      fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i], plan_fingerprint));
       contribute(*waiting[i], msg.entry(i));
     }
-    msg.seal(fp);
+    msg.seal(detail::step_fp_mix(fp, words.size()));
     std::error_code ec = comm::all_reduce(ctrl_, std::span<const std::uint64_t>(msg.v), std::span(msg.v),
                                           comm::reduce_op::min, dl);
     if (!ec && !msg.consistent(waiting.size())) ec = make_error_code(errc::collective_mismatch);
     if (ec) counters_.agreement_failures.add();
+    msg.agreed_words(ec, words);
     std::vector<detail::move_item> batch;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       if (!waiting[i]->lookup_agreed)
@@ -471,13 +589,14 @@ class connector {
       const fetch_progress p = queue_.progress(r.fetch);
       const std::size_t T = chunk_.chunk_tokens();
       fetched =
-          std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.load_first_token)) / T);
+          std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.range_first_token)) / T);
       fetch_done = p.complete || expired(r.load_dl);
     }
+    fetched = std::min(fetched, r.cap);  // limit_load: never agree past this rank's cap
     std::lock_guard lock(shared_.mu);
     detail::load_words{
         .fetched = fetched,
-        .reachable = fetch_done ? fetched : r.n,
+        .reachable = std::min(fetch_done ? fetched : r.n, r.cap),
         .landed = r.local_failure ? 0 : r.landed_locked(),
         .ok = !(r.move_failed || r.local_failure),
         .elapsed_us = static_cast<std::uint64_t>(
@@ -518,7 +637,7 @@ class connector {
     }
     r->target = d.target;
     if (!d.loaded_chunks) return;
-    if (d.sample)  // the slowest rank's time: the same sample on every rank
+    if (d.sample && opt_.wall_clock_samples)  // the slowest rank's time: the same sample on every rank
       estimator_.record_bytes(*d.loaded_chunks * geo_.chunk_bytes,
                               static_cast<double>(agreed.elapsed_us) * 1e-6);
     end_load(*r, *d.loaded_chunks);
@@ -530,11 +649,11 @@ class connector {
       if (chunks < r.n) r.abandoned = true;
     }
     r.done = true;
-    r.loaded_end_token = r.load_first_token + static_cast<std::uint64_t>(chunks) * chunk_.chunk_tokens();
-    counters_.tokens_loaded.add(r.loaded_end_token - r.load_first_token);
+    r.loaded_end_token = r.range_first_token + static_cast<std::uint64_t>(chunks) * chunk_.chunk_tokens();
+    counters_.tokens_loaded.add(r.loaded_end_token - r.range_first_token);
     if (chunks < r.n) {
       counters_.loads_cut_short.add();
-      counters_.tokens_to_recompute.add(r.load_end_token - r.loaded_end_token);
+      counters_.tokens_to_recompute.add(r.range_end_token - r.loaded_end_token);
     }
     std::lock_guard lock(shared_.mu);
     std::erase_if(shared_.active_loads, [&](const req_ptr& p) { return p.get() == &r; });

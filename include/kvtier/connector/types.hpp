@@ -43,9 +43,11 @@ struct load_timeout {
 
 struct connector_options {
   load_policy policy = load_policy::always;
-  prefill_node node{};           ///< cost and split: KV bytes per token, prefill speed
-  load_path prior{0.001, 1.0};   ///< the estimator's prior (T0 s, GB/s), e.g. from a probe
-  load_timeout load_deadline{};  ///< per load, from load()
+  prefill_node node{};             ///< cost and split: KV bytes per token, prefill speed
+  load_path prior{0.001, 1.0};     ///< the estimator's prior (T0 s, GB/s), e.g. from a probe
+  bool wall_clock_samples = true;  ///< each load's agreed wall time feeds the estimator; off:
+                                   ///< only connector::record_load_sample does (a modeled clock)
+  load_timeout load_deadline{};    ///< per load, from load()
   std::chrono::milliseconds lookup_timeout{50};
   std::chrono::milliseconds save_timeout{2000};
   save_policy saves = save_policy::write_through;
@@ -67,6 +69,7 @@ struct load_plan {
   std::uint64_t cached_tokens = 0;  ///< the agreed cached prefix, before the policy
   std::uint64_t load_first_token = 0;
   std::uint64_t load_end_token = 0;
+  std::uint64_t prompt_tokens = 0;  ///< the whole prompt (keyed or not); past the load, computed
   std::uint64_t tokens_to_load() const noexcept { return load_end_token - load_first_token; }
 };
 

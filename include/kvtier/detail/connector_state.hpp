@@ -42,8 +42,10 @@ struct connector_request {
   std::uint64_t load_first_token = 0;      // the policy's load range [first, end)
   std::uint64_t load_end_token = 0;
 
-  // Load (relative chunk indexes i in [0, n) stand for chunks first_chunk + i).
+  // Load of tokens [range_first_token, range_end_token) inside the plan (relative chunk
+  // indexes i in [0, n) stand for chunks first_chunk + i).
   bool loading = false;
+  std::uint64_t range_first_token = 0, range_end_token = 0;
   bool local_failure = false;  // this rank could not start its part (bad slots, no staging)
   std::size_t first_chunk = 0, n = 0;
   std::shared_ptr<std::byte[]> staging;  // n chunk values; the mover holds copies while moving
@@ -51,7 +53,8 @@ struct connector_request {
   fetch_handle fetch;                    // empty when this rank owns no chunk of the range
   deadline load_dl{};
   clock::time_point load_started{};
-  std::size_t enqueued = 0;  // chunks agreed fetched and given to the mover
+  std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
+  std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
   std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)

@@ -6,29 +6,44 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <span>
+#include <system_error>
 #include <vector>
 
 #include "kvtier/connector/types.hpp"
 #include "kvtier/cost_model.hpp"
+#include "kvtier/detail/connector_state.hpp"
 
 namespace kvtier::detail {
 
-/// One step's agreement: a header [entries, fp, ~fp] and five words per entry, all reduced by
-/// min. The fingerprint folds every entry's request id and kind, so ranks whose request lists
+/// One step's agreement: a header [entries, fp, ~fp], five words per entry, then the engine's
+/// own words (connector::step(dl, words)), all reduced by min. The fingerprint folds every
+/// entry's request id and kind and the engine's word count, so ranks whose request lists
 /// differ fail the agreement together instead of pairing one request's values with another's.
 /// A word that must be reduced by max travels as its complement.
 struct step_message {
   static constexpr std::size_t header = 3, words = 5;
   std::vector<std::uint64_t> v;
+  std::size_t entries = 0;
 
-  explicit step_message(std::size_t entries) : v(header + words * entries, 0) { v[0] = entries; }
+  step_message(std::size_t n, std::span<const std::uint64_t> engine_words)
+      : v(header + words * n + engine_words.size(), 0), entries(n) {
+    v[0] = n;
+    std::copy(engine_words.begin(), engine_words.end(),
+              v.begin() + static_cast<std::ptrdiff_t>(header + words * n));
+  }
   std::span<std::uint64_t> entry(std::size_t i) noexcept {
     return std::span(v).subspan(header + words * i, words);
+  }
+  /// The engine's words after the reduction, or 0s after a failed one.
+  void agreed_words(std::error_code ec, std::span<std::uint64_t> out) const noexcept {
+    if (ec) return std::fill(out.begin(), out.end(), 0);
+    std::copy(v.begin() + static_cast<std::ptrdiff_t>(header + words * entries), v.end(), out.begin());
   }
   void seal(std::uint64_t fp) noexcept { v[1] = fp, v[2] = ~fp; }
   bool consistent(std::size_t entries) const noexcept { return v[0] == entries && v[1] == ~v[2]; }
@@ -38,6 +53,23 @@ inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
   h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
   h *= 0xBF58476D1CE4E5B9ull;
   return h ^ (h >> 31);
+}
+
+/// The bits of an estimate (T0, B), for a fingerprint.
+inline std::uint64_t estimate_fingerprint(const load_path& p) noexcept {
+  return step_fp_mix(std::bit_cast<std::uint64_t>(p.fixed_cost_s),
+                     std::bit_cast<std::uint64_t>(p.bandwidth_gb_per_s));
+}
+
+/// What an entry's fingerprint folds: the request id and kind; for a lookup the prompt length,
+/// the number of keyed chunks and `plan_fp` (the estimate, under the cost and split policies:
+/// the plan depends on all three); for a load its range. Ranks that differ in any of them fail
+/// that step's agreement together.
+inline std::uint64_t entry_fingerprint(const connector_request& r, std::uint64_t plan_fp) noexcept {
+  const std::uint64_t h = step_fp_mix(step_fp_mix(0, r.id), r.lookup_agreed);
+  if (!r.lookup_agreed)
+    return step_fp_mix(step_fp_mix(step_fp_mix(h, r.prompt_tokens), r.keys.size()), plan_fp);
+  return step_fp_mix(step_fp_mix(h, r.first_chunk), r.n);
 }
 
 inline constexpr std::uint64_t step_top = ~std::uint64_t{0};
