@@ -16,14 +16,11 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,6 +37,12 @@ namespace kvtier::detail {
 struct move_item {
   connector_request_ptr r;
   std::size_t begin = 0, end = 0;
+};
+
+/// One layer group of a batch, broadcast and waiting for its scatter.
+struct landed_group {
+  std::shared_ptr<const std::vector<move_item>> batch;
+  std::uint32_t g = 0;
 };
 
 /// Staging blocks a communicator may still write after a failed call: held for the rest of the
@@ -67,76 +70,27 @@ class connector_mover {
         keep_failed_(keep_failed),
         quarantined_(quarantined) {
     if (!threaded) return;
-    thread_ = std::thread([this] { loop(); });
-    scatter_thread_ = std::thread([this] { scatter_loop(); });
+    scatterer_.start([this](landed_group& job) {
+      for (const move_item& m : *job.batch) scatter_group(*m.r, m.begin, m.end, job.g);
+    });
+    worker_.start([this](std::vector<move_item>& batch) { run(batch); });
   }
-  connector_mover(const connector_mover&) = delete;
-  connector_mover& operator=(const connector_mover&) = delete;
-  ~connector_mover() { stop(); }
 
   /// Moves what a step agreed (every rank submits the same batches in the same order).
   void submit(std::vector<move_item> batch) {
     if (batch.empty()) return;
-    if (!thread_.joinable()) return run(batch);
-    {
-      std::lock_guard lock(mu_);
-      batches_.push_back(std::move(batch));
-    }
-    cv_.notify_all();
+    if (!worker_.running()) return run(batch);
+    worker_.submit(std::move(batch));
   }
 
-  /// Runs the batches already submitted (and scatters what they moved), then joins the
-  /// threads (idempotent).
+  /// Runs the batches already submitted and scatters what they moved, then joins the threads
+  /// (idempotent).
   void stop() {
-    {
-      std::lock_guard lock(mu_);
-      closing_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    {
-      std::lock_guard lock(mu_);
-      moves_ended_ = true;
-    }
-    cv_.notify_all();
-    if (scatter_thread_.joinable()) scatter_thread_.join();
+    worker_.stop();
+    scatterer_.stop();
   }
 
  private:
-  void loop() {
-    for (;;) {
-      std::vector<move_item> batch;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return closing_ || !batches_.empty(); });
-        if (batches_.empty()) return;
-        batch = std::move(batches_.front());
-        batches_.pop_front();
-      }
-      run(batch);
-    }
-  }
-
-  // One layer group of a batch, broadcast and waiting for its scatter.
-  struct landed_group {
-    std::shared_ptr<const std::vector<move_item>> batch;
-    std::uint32_t g = 0;
-  };
-
-  void scatter_loop() {
-    for (;;) {
-      landed_group job;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return moves_ended_ || !scatters_.empty(); });
-        if (scatters_.empty()) return;
-        job = std::move(scatters_.front());
-        scatters_.pop_front();
-      }
-      for (const move_item& m : *job.batch) scatter_group(*m.r, m.begin, m.end, job.g);
-    }
-  }
-
   void run(const std::vector<move_item>& items) {
     const auto batch = std::make_shared<const std::vector<move_item>>(items);
     const auto me = static_cast<rank_t>(data_.rank());
@@ -160,15 +114,10 @@ class connector_mover {
         shared_.landed.notify_all();
         return;
       }
-      if (!threaded_) {
+      if (threaded_)
+        scatterer_.submit({batch, g});
+      else
         for (const move_item& m : *batch) scatter_group(*m.r, m.begin, m.end, g);
-        continue;
-      }
-      {
-        std::lock_guard lock(mu_);
-        scatters_.push_back({batch, g});
-      }
-      cv_.notify_all();
     }
   }
 
@@ -207,12 +156,10 @@ class connector_mover {
   connector_shared& shared_;
   const bool threaded_, keep_failed_;
   counter& quarantined_;
-  std::mutex mu_;
-  std::condition_variable cv_;  // a batch to move, a group to scatter, or closing
-  std::deque<std::vector<move_item>> batches_;
-  std::deque<landed_group> scatters_;
-  bool closing_ = false, moves_ended_ = false;
-  std::thread thread_, scatter_thread_;
+  // Last, the scatterer before the worker that feeds it: they stop (worker first) before the
+  // members above go.
+  serial_worker<landed_group> scatterer_;
+  serial_worker<std::vector<move_item>> worker_;
 };
 
 }  // namespace kvtier::detail
