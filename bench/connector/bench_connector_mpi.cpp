@@ -19,7 +19,6 @@
 // checked byte for byte in the warm-up round. Prints medians, connector / fetch alone, the machine's load
 // average, one JSON line.
 #include <mpi.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +31,7 @@
 #include "connector/load_rig.hpp"
 #include "kvtier/comm/mpi.hpp"
 #include "kvtier/resp/asio_connection.hpp"
+#include "support/machine.hpp"
 #include "support/redis_server.hpp"
 #include "support/stats.hpp"
 
@@ -40,15 +40,6 @@ using kvtier_bench::load_rig;
 using clk = std::chrono::steady_clock;
 
 namespace {
-
-double load_average() {
-  double l = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return l;
-}
 
 double seconds_since(clk::time_point t0, clk::time_point t) {
   return std::chrono::duration<double>(t - t0).count();
@@ -68,17 +59,7 @@ double sum_over_ranks(double v) {
 // CPU seconds of this process (every thread) plus its redis-server's (INFO cpu): what a load
 // costs whatever else the machine runs.
 double cpu_s(const kvtier::test::redis_server& srv) {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto tv = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  const std::string info = srv.call({"INFO", "cpu"});
-  auto field = [&](const char* name) {
-    const std::size_t at = info.find(name);
-    return at == std::string::npos ? 0.0 : std::strtod(info.c_str() + at + std::strlen(name), nullptr);
-  };
-  return tv(u.ru_utime) + tv(u.ru_stime) + field("used_cpu_sys:") + field("used_cpu_user:");
+  return kvtier_bench::cpu_self_s() + kvtier_bench::server_cpu_s(srv);
 }
 
 comm::mpi_communicator make_comm(bool stage) {
@@ -202,7 +183,7 @@ int run(int reps) {
   if (r == 0) {
     using kvtier_bench::median;
     const auto ms = [](const std::vector<double>& v) { return median(v) * 1e3; };
-    const double f = ms(s.total[fetch]), load = load_average();
+    const double f = ms(s.total[fetch]), load = kvtier_bench::load_average();
     std::printf(
         "bench_connector_mpi: %zu chunks x %.2f MiB, W = %u processes, own redis-server each, "
         "%d reps (medians), load average %.2f\n",

@@ -18,8 +18,6 @@
 // layer engine can start). Writes too: one SET per chunk against G SETs. Rounds interleave the
 // layouts (the order rotates), medians over --reps, ratios against whole GET and getrange against
 // per-group. The last stdout line is one JSON object.
-#include <sys/resource.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,43 +28,19 @@
 #include "kvtier/chunker.hpp"
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/store/value_header.hpp"
+#include "support/machine.hpp"
 #include "support/redis_server.hpp"
 #include "support/stats.hpp"
 
 namespace {
 
 using namespace kvtier;
+using kvtier_bench::cpu_self_s;
+using kvtier_bench::load_average;
+using kvtier_bench::server_cpu_s;
 using clk = std::chrono::steady_clock;
 
 double now_s() { return std::chrono::duration<double>(clk::now().time_since_epoch()).count(); }
-
-double cpu_self_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto s = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  return s(u.ru_utime) + s(u.ru_stime);
-}
-
-// used_cpu_sys + used_cpu_user of the server (INFO cpu), seconds.
-double server_cpu_s(const kvtier::test::redis_server& srv) {
-  const std::string info = srv.call({"INFO", "cpu"});
-  auto field = [&](const char* name) {
-    const std::size_t at = info.find(name);
-    return at == std::string::npos ? 0.0 : std::strtod(info.c_str() + at + std::strlen(name), nullptr);
-  };
-  return field("used_cpu_sys:") + field("used_cpu_user:");
-}
-
-double load_average() {
-  double l = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return l;
-}
 
 [[noreturn]] void fail(const std::string& why) {
   std::fprintf(stderr, "bench_layer_groups: %s\n", why.c_str());
