@@ -1,16 +1,19 @@
 // bench_connector: the connector's load path against the same request composed by hand, and
 // against the fetch alone, over the same stores and data, interleaved, medians of each.
 //
-// One prompt of 64 chunks x 2 MiB (vLLM MLA pages: 8 layers x 512 latent bf16 x 256 tokens) on
-// W = 2 rank threads (in-process communicators: control, and data for the connector's mover),
+// One prompt of 64 chunks x 2 MiB (load_rig.hpp: vLLM MLA pages, 8 layers x 512 latent bf16 x 256
+// tokens) on W = 2 rank threads (in-process communicators: control, and data for the connector's mover),
 // each rank with its own store holding the chunks it owns:
 //   fetch     this rank's owned chunks through a fetch_queue into staging (the floor);
 //   by hand   lookup + all-reduce, fetch, wait, chunk_broadcast (grouped), kv_scatter into pages;
 //   connector begin_lookup .. step .. load .. step until load_result (moves overlapped with the
 //             fetch: each step agrees the fetched prefix and the mover broadcasts and scatters it).
-// Stores: memory_store, and (when redis-server is installed) one redis-server per rank.
+// Stores: memory_store, and (when redis-server is installed) one redis-server per rank (value
+// format 2, a checksum per layer group). The warm-up round checks the pages byte for byte.
+// Ranks as processes: bench_connector_mpi.
 //
 //   build/release/bench/bench_connector [reps]      (default 7)
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "connector/load_rig.hpp"
 #include "kvtier/kvtier.hpp"
 #if KVTIER_BENCH_HAS_REDIS
 #include "kvtier/resp/asio_connection.hpp"
@@ -33,14 +37,8 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
+using kvtier_bench::load_rig;
 constexpr rank_t W = 2;
-constexpr std::size_t T = 256, C = 64;
-constexpr std::uint32_t page = 64;
-
-kv_layout layout() {
-  return kv_layout::vllm_mla(8, /*num_blocks=*/C * T / page + 8, page, 2, /*latent=*/512);
-}
-key_namespace ns() { return {.model = "bench", .kv_format = "mla", .chunk_tokens = T, .ownership = "mod:2"}; }
 
 struct figures {
   std::vector<double> fetch, hand, conn;
@@ -53,45 +51,28 @@ void barrier(comm::inproc_communicator& c) {
 
 template <class Store>
 void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int reps, figures& fig) {
-  const std::vector<token_id> prompt = [] {
-    std::vector<token_id> t(C * T);
-    for (std::size_t i = 0; i < t.size(); ++i) t[i] = token_id(i * 7919 % 151552);
-    return t;
-  }();
-  const chunker<> chunk(ns());
-  const std::vector<chunk_key> keys = chunk.keys(prompt);
-  const modulo_ownership own(W);
-  const std::size_t bytes = layout().bytes_per_token() * T;
+  const load_rig rig(W);
+  const std::size_t T = load_rig::T, C = load_rig::C, bytes = load_rig::chunk_bytes();
+  const auto& prompt = rig.prompt;
+  const auto& keys = rig.keys;
+  const auto& own = rig.own;
+  std::atomic<std::size_t> wrong{0};
   comm::inproc_world ctrl_world(W), data_world(W);
   comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
     const rank_t r = c.rank();
     comm::inproc_communicator d = data_world.communicator_for(r);
     Store& store = *stores[r];
-    {  // this rank's chunks in its store
-      std::vector<std::byte> v(bytes);
-      for (std::size_t k = r; k < C; k += W) {
-        for (std::size_t i = 0; i < bytes; ++i) v[i] = std::byte(k * 131 + i);
-        chunk_status st{};
-        const std::span<const std::byte> src(v);
-        store.put(std::span(&keys[k], 1), std::span(&src, 1), std::span(&st, 1),
-                  deadline_after(std::chrono::seconds(10)));
-      }
-    }
-    host_kv_cache cache(layout());
+    rig.put_owned(store, r);
+    host_kv_cache cache(load_rig::layout());
     host_kv_cache::sequence seq;
     cache.reserve(seq, prompt.size());
-    const auto slots = slots_from_block_table({seq.blocks, 0, prompt.size()}, page);
+    const auto slots = slots_from_block_table({seq.blocks, 0, prompt.size()}, load_rig::page);
     std::vector<std::byte> staging(C * bytes);
     std::vector<std::span<std::byte>> chunk_kv;
     for (std::size_t k = 0; k < C; ++k) chunk_kv.push_back(std::span(staging).subspan(k * bytes, bytes));
     fetch_queue<Store> queue(store, {.workers = 2, .max_batch_chunks = 1});
-    rank_view view(store, own, r, chunk.ns());
-    connector_options opt;
-    opt.layers_per_group = 2;
-    opt.max_bytes_in_flight = std::size_t{2} * C * bytes;
-    opt.load_deadline.base = std::chrono::seconds(10);  // the figures are of loads that finish
-    opt.load_deadline.cap = std::chrono::seconds(30);
-    connector conn(chunk, own, store, c, d, cache.view(), opt);
+    rank_view view(store, own, r, rig.ns);
+    connector conn(rig.chunk, own, store, c, d, cache.view(), load_rig::connector_options());
     const auto dl = [] { return deadline_after(std::chrono::seconds(30)); };
 
     auto fetch_owned = [&](request_id id) {
@@ -119,20 +100,7 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
         kv_scatter(cache.view(), std::span<const std::int64_t>(slots).subspan(k * T, T), chunk_kv[k]);
       return b.agreed_tokens;
     };
-    auto by_connector = [&](request_id id) {
-      conn.begin_lookup(id, prompt);
-      // An engine steps once per forward pass; 100 us between steps stands for one here.
-      const auto engine_step = [&] {
-        conn.step(dl());
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      };
-      while (!conn.lookup(id)) engine_step();
-      conn.load(id, slots);
-      while (!conn.load_result(id)) engine_step();
-      const std::uint64_t got = conn.load_result(id)->loaded_end_token;
-      conn.finish(id);
-      return got;
-    };
+    auto by_connector = [&](request_id id) { return kvtier_bench::connector_load(conn, id, prompt, slots); };
     auto time = [&](auto&& f, request_id id, std::vector<double>& out) {
       barrier(c);
       const auto t0 = clk::now();
@@ -143,11 +111,14 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
         std::fprintf(stderr, "rank %u: request %llu loaded %llu tokens\n", r, (unsigned long long)id,
                      (unsigned long long)got);
     };
-    for (int i = 0; i < reps + 1; ++i) {  // the first round warms up and is dropped
+    for (int i = 0; i < reps + 1; ++i) {  // the first round warms up (checking bytes) and is dropped
       std::vector<double> f, h, k;
       time(fetch_owned, 1000 + 3 * i, f);
+      if (i == 0) load_rig::clear(cache.view(), slots);
       time(by_hand, 1001 + 3 * i, h);
+      if (i == 0) wrong += rig.wrong_chunks(cache.view(), slots), load_rig::clear(cache.view(), slots);
       time(by_connector, 1002 + 3 * i, k);
+      if (i == 0) wrong += rig.wrong_chunks(cache.view(), slots);
       if (r == 0 && i > 0) fig.fetch.push_back(f[0]), fig.hand.push_back(h[0]), fig.conn.push_back(k[0]);
     }
   });
@@ -155,16 +126,16 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
                k = kvtier_bench::median(fig.conn);
   std::printf(
       "%-12s fetch alone %7.1f ms | by hand %7.1f ms | connector %7.1f ms | connector / by hand %.2fx | "
-      "connector / fetch %.2fx\n",
-      label, f * 1e3, h * 1e3, k * 1e3, k / h, k / f);
+      "connector / fetch %.2fx (wrong chunks %zu)\n",
+      label, f * 1e3, h * 1e3, k * 1e3, k / h, k / f, wrong.load());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
-  std::printf("bench_connector: %zu chunks x %.2f MiB, W = %u threads, %d reps (medians)\n", C,
-              layout().bytes_per_token() * T / 1048576.0, W, reps);
+  std::printf("bench_connector: %zu chunks x %.2f MiB, W = %u threads, %d reps (medians)\n", load_rig::C,
+              load_rig::chunk_bytes() / 1048576.0, W, reps);
   figures mem;
   {
     std::vector<std::unique_ptr<memory_store>> stores;
@@ -179,7 +150,8 @@ int main(int argc, char** argv) {
     for (rank_t r = 0; r < W; ++r) {
       servers.push_back(std::make_unique<kvtier::test::redis_server>());
       stores.push_back(std::make_unique<remote_store<resp::asio_connection>>(
-          ns(), resp::connection_options{.server = resp::parse_url(servers[r]->url()).value}));
+          load_rig(W).ns, resp::connection_options{.server = resp::parse_url(servers[r]->url()).value},
+          value_format::v2(layer_group_bytes(load_rig::layout(), load_rig::T, load_rig::layers_per_group))));
     }
     run("redis", stores, reps, red);
   }
@@ -189,6 +161,6 @@ int main(int argc, char** argv) {
       "{\"bench\":\"connector\",\"chunks\":%zu,\"chunk_bytes\":%zu,\"ranks\":%u,\"reps\":%d,"
       "\"memory\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f},"
       "\"redis\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f}}\n",
-      C, static_cast<std::size_t>(layout().bytes_per_token() * T), W, reps, m(mem.fetch), m(mem.hand),
-      m(mem.conn), m(red.fetch), m(red.hand), m(red.conn));
+      load_rig::C, load_rig::chunk_bytes(), W, reps, m(mem.fetch), m(mem.hand), m(mem.conn), m(red.fetch),
+      m(red.hand), m(red.conn));
 }

@@ -32,14 +32,16 @@
 // nothing loaded, on every rank (in-process rounds fail together; on MPI a failed rank's peers
 // fail their next step by its deadline).
 //
-// Layer by layer. With a data communicator distinct from the control one, a mover thread
-// runs the broadcasts and scatters while the engine computes; wait_for_layer(l, dl) returns
-// once layer l of every chunk agreed so far is in this rank's pages. With one communicator
-// the moves run inside step().
+// Layer by layer. With a data communicator distinct from the control one, the mover's threads
+// run the broadcasts and, overlapped with the next group's broadcast, the scatters while the
+// engine computes; wait_for_layer(l, dl) returns once layer l of every chunk agreed so far is
+// in this rank's pages. With one communicator the moves run inside step().
 //
 // Staging. A load's chunk values land in one staging block the connector owns; it lives until
 // nothing can write it any more: a load cut short by its deadline leaves its block in
-// quarantine until its fetch has completed, and the block is never reused before that.
+// quarantine until its fetch has completed, and the block is never reused before that. With
+// options.data_writes_after_failure, the blocks of a failed move are never reused at all, so
+// the data communicator may write straight into them (MPI with mpi_options::stage = false).
 //
 // Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors and
 // drain_events never block (load and finish may wait for one scatter of one layer group to
@@ -111,7 +113,8 @@ class connector {
                        .max_batch_chunks = opt_.fetch_batch_chunks,
                        .metrics = opt_.metrics}),
         estimator_(opt_.prior),
-        mover_(data_, own_, geo_, shared_, separate_data()),
+        mover_(data_, own_, geo_, shared_, separate_data(), opt_.data_writes_after_failure,
+               counters_.quarantined_blocks),
         saver_(store_, geo_, shared_, counters_, opt_.save_timeout, rank()) {
     if (std::string why = detail::connector_setup_problem(own_, ctrl_, data_, cache_, opt_); !why.empty())
       throw std::invalid_argument("kvtier::connector: " + why);

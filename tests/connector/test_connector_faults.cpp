@@ -153,10 +153,11 @@ TEST_CASE("connector faults: one rank at a time, every rank agrees and no byte i
 namespace {
 
 // A data communicator whose group_end number `held` (0-based) waits until released: the moves
-// of one layer group arrive late.
+// of one layer group arrive late; and whose group_end number `failed` completes, then reports a
+// transport error (on every rank alike, so the ranks stay in step).
 struct held_group {
   comm::inproc_communicator inner;
-  int held = -1;
+  int held = -1, failed = -1;
   int ends = 0;
   std::mutex mu;
   std::condition_variable cv;
@@ -178,6 +179,11 @@ struct held_group {
   }
   std::error_code group_start() { return inner.group_start(); }
   std::error_code group_end(deadline dl) {
+    if (ends == failed) {
+      ++ends;
+      const std::error_code ec = inner.group_end(dl);
+      return ec ? ec : make_error_code(errc::backend_error);
+    }
     if (ends++ == held) {
       std::unique_lock lock(mu);
       reached = true;
@@ -259,4 +265,58 @@ TEST_CASE("connector layer by layer: a layer below a late layer group is ready b
     LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);
     conn.finish(2);
   });
+}
+
+TEST_CASE(
+    "connector: a failed move's staging block is kept out of use when the data communicator may write late",
+    "[connector]") {
+  constexpr rank_t W = 2;
+  for (bool writes_late : {false, true}) {
+    INFO("data_writes_after_failure = " << writes_late);
+    comm::inproc_world ctrl_world(W), data_world(W);
+    const std::vector<token_id> prompt = rig_prompt(6 * T + 7);
+    comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
+      held_group data{data_world.communicator_for(c.rank())};
+      memory_store store(64 << 20);
+      host_kv_cache cache(rig_layout());
+      connector_options opt;
+      opt.layers_per_group = 1;
+      opt.fetch_batch_chunks = 0;  // one store call: the whole load is agreed, and moved, at once
+      opt.load_deadline.base = std::chrono::seconds(30);
+      opt.data_writes_after_failure = writes_late;
+      opt.lookup_timeout = std::chrono::seconds(10);  // a memory store answers at once; TSan may be slow
+      connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, c, data, cache.view(), opt);
+      const auto saved = compute_and_save(conn, cache, 1, prompt);  // outside the lock: it may wait
+      LOCKED_REQUIRE(saved);
+      data.failed = data.ends + 1;  // the load's second layer group fails to move
+      const auto plan = lookup_agreed(conn, 2, prompt);
+      LOCKED_REQUIRE(plan);
+      LOCKED_REQUIRE(plan->tokens_to_load() == 6 * T);
+      host_kv_cache::sequence seq;
+      LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+      LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
+      const auto fetched = conn.wait_local(2, deadline_after(std::chrono::seconds(10)));
+      LOCKED_REQUIRE_FALSE(fetched);
+      const auto agreed = step_until(conn, [&] { return conn.load_result(2).has_value(); });  // may wait
+      LOCKED_REQUIRE(agreed);
+      // Group 1 never landed: nothing is in every rank's pages, on every rank alike.
+      LOCKED_CHECK(conn.load_result(2)->loaded_end_token == 0);
+      LOCKED_CHECK(conn.load_errors(2).size() == 6);
+      conn.finish(2);  // the fetch completed: finish quarantines nothing of its own
+      cache.release(seq);
+      // A second load, moved by the same mover thread after the failed batch was handled (so
+      // the count below is final), lands whole: the data communicator keeps working.
+      const auto plan3 = lookup_agreed(conn, 3, prompt);
+      LOCKED_REQUIRE(plan3);
+      LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+      LOCKED_REQUIRE_FALSE(conn.load(3, slots_of(cache, seq, prompt.size())));
+      const auto agreed3 = step_until(conn, [&] { return conn.load_result(3).has_value(); });  // may wait
+      LOCKED_REQUIRE(agreed3);
+      LOCKED_CHECK(conn.load_result(3)->complete());
+      LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);
+      conn.finish(3);
+      LOCKED_CHECK(conn.counters().quarantined_blocks.value() == (writes_late ? 1u : 0u));
+      cache.release(seq);
+    });
+  }
 }

@@ -57,6 +57,10 @@ struct connector_options {
   std::size_t fetch_workers = 2;
   std::size_t fetch_batch_chunks = 1;  ///< keys per store call (progress granularity; 0: one call)
   kvtier::metrics* metrics = nullptr;  ///< shared with the fetch queue (optional)
+  /// The data communicator may still write a receive buffer after a call to it failed (MPI
+  /// created with mpi_options::stage = false, which then skips its own two staging copies):
+  /// the staging block of a failed move is never reused or freed (counted as quarantined).
+  bool data_writes_after_failure = false;
 };
 
 /// What a request's agreed lookup says to do: load tokens [load_first_token, load_end_token);

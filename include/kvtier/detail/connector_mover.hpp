@@ -3,12 +3,21 @@
 // the data communicator, into the load's staging block, and each layer group is kv_scatter'ed
 // into the pages as soon as its broadcast ended. Not public API.
 //
-// With a data communicator distinct from the control one the moves run on the mover's thread
-// (the engine computes meanwhile); with one communicator they run inside step().
+// With a data communicator distinct from the control one the moves run on the mover's own
+// threads (the engine computes meanwhile): one issues the broadcasts, the other scatters each
+// layer group that has landed, in order, so the scatter of group g (a CPU copy) runs while the
+// broadcast of group g + 1 (mostly waiting on the peers and the transport) is in flight. With
+// one communicator the moves run inside step(), one group after the other.
+//
+// A failed move. With connector_options::data_writes_after_failure (a data communicator that
+// may still write a receive buffer after a call to it failed, e.g. MPI with
+// mpi_options::stage = false), the staging blocks of a failed batch are never reused or freed:
+// the communicator can then move bytes without staging copies of its own.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <system_error>
@@ -19,6 +28,7 @@
 #include "kvtier/deadline.hpp"
 #include "kvtier/detail/connector_state.hpp"
 #include "kvtier/kv_copy.hpp"
+#include "kvtier/metrics.hpp"
 #include "kvtier/ownership.hpp"
 
 namespace kvtier::detail {
@@ -29,15 +39,41 @@ struct move_item {
   std::size_t begin = 0, end = 0;
 };
 
+/// One layer group of a batch, broadcast and waiting for its scatter.
+struct landed_group {
+  std::shared_ptr<const std::vector<move_item>> batch;
+  std::uint32_t g = 0;
+};
+
+/// Staging blocks a communicator may still write after a failed call: held for the rest of the
+/// process (reachable, so leak checkers stay quiet), never handed out or freed again.
+inline void keep_forever(std::vector<std::shared_ptr<std::byte[]>> blocks) {
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<std::byte[]>> kept;
+  std::lock_guard lock(mu);
+  for (auto& b : blocks) kept.push_back(std::move(b));
+}
+
 template <comm::communicator Data, ownership_policy Own>
 class connector_mover {
  public:
-  /// `threaded`: run the moves on a thread of the mover's own (a data communicator distinct
+  /// `threaded`: run the moves on threads of the mover's own (a data communicator distinct
   /// from the control one); else submit() runs them at once, in the caller's thread.
+  /// `keep_failed`: a failed batch's staging blocks are kept forever (counted in `quarantined`).
   connector_mover(Data& data, const Own& own, const connector_geometry& geo, connector_shared& shared,
-                  bool threaded)
-      : data_(data), own_(own), geo_(geo), shared_(shared) {
-    if (threaded) worker_.start([this](std::vector<move_item>& batch) { run(batch); });
+                  bool threaded, bool keep_failed, counter& quarantined)
+      : data_(data),
+        own_(own),
+        geo_(geo),
+        shared_(shared),
+        threaded_(threaded),
+        keep_failed_(keep_failed),
+        quarantined_(quarantined) {
+    if (!threaded) return;
+    scatterer_.start([this](landed_group& job) {
+      for (const move_item& m : *job.batch) scatter_group(*m.r, m.begin, m.end, job.g);
+    });
+    worker_.start([this](std::vector<move_item>& batch) { run(batch); });
   }
 
   /// Moves what a step agreed (every rank submits the same batches in the same order).
@@ -47,17 +83,22 @@ class connector_mover {
     worker_.submit(std::move(batch));
   }
 
-  /// Runs the batches already submitted, then joins the thread (idempotent).
-  void stop() { worker_.stop(); }
+  /// Runs the batches already submitted and scatters what they moved, then joins the threads
+  /// (idempotent).
+  void stop() {
+    worker_.stop();
+    scatterer_.stop();
+  }
 
  private:
-  void run(const std::vector<move_item>& batch) {
+  void run(const std::vector<move_item>& items) {
+    const auto batch = std::make_shared<const std::vector<move_item>>(items);
     const auto me = static_cast<rank_t>(data_.rank());
     deadline dl = deadline::min();
-    for (const move_item& m : batch) dl = std::max(dl, m.r->load_dl);
+    for (const move_item& m : *batch) dl = std::max(dl, m.r->load_dl);
     for (std::uint32_t g = 0; g < geo_.groups; ++g) {
       std::error_code ec = data_.group_start();
-      for (const move_item& m : batch)
+      for (const move_item& m : *batch)
         for (std::size_t i = m.begin; i < m.end; ++i) {
           const auto owner = static_cast<rank_t>(own_.owner(m.r->first_chunk + i));
           const std::span<std::byte> s = geo_.staged_group(*m.r, i, g);
@@ -67,13 +108,27 @@ class connector_mover {
         }
       if (std::error_code e = data_.group_end(dl); e && !ec) ec = e;
       if (ec) {  // no later group of this batch runs: its failure is agreed at the next step
+        if (keep_failed_) keep_failed_blocks(*batch);
         std::lock_guard lock(shared_.mu);
-        for (const move_item& m : batch) m.r->move_failed = true;
+        for (const move_item& m : *batch) m.r->move_failed = true;
         shared_.landed.notify_all();
         return;
       }
-      for (const move_item& m : batch) scatter_group(*m.r, m.begin, m.end, g);
+      if (threaded_)
+        scatterer_.submit({batch, g});
+      else
+        for (const move_item& m : *batch) scatter_group(*m.r, m.begin, m.end, g);
     }
+  }
+
+  // The failed batch's blocks (each once), out of the pool for good.
+  void keep_failed_blocks(const std::vector<move_item>& batch) {
+    std::vector<std::shared_ptr<std::byte[]>> blocks;
+    for (const move_item& m : batch)
+      if (m.r->staging && std::find(blocks.begin(), blocks.end(), m.r->staging) == blocks.end())
+        blocks.push_back(m.r->staging);
+    quarantined_.add(blocks.size());
+    keep_forever(std::move(blocks));
   }
 
   void scatter_group(connector_request& r, std::size_t begin, std::size_t end, std::uint32_t g) {
@@ -99,7 +154,12 @@ class connector_mover {
   const Own& own_;
   const connector_geometry& geo_;
   connector_shared& shared_;
-  serial_worker<std::vector<move_item>> worker_;  // last: it stops before the members above go
+  const bool threaded_, keep_failed_;
+  counter& quarantined_;
+  // Last, the scatterer before the worker that feeds it: they stop (worker first) before the
+  // members above go.
+  serial_worker<landed_group> scatterer_;
+  serial_worker<std::vector<move_item>> worker_;
 };
 
 }  // namespace kvtier::detail
