@@ -43,6 +43,7 @@
 
 #include "engine_types.hpp"
 #include "kvtier/chunk_broadcast.hpp"
+#include "kvtier/comm/recover.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/lookup.hpp"
@@ -75,15 +76,19 @@ class request_lifecycle {
   /// their modeled end (their real I/O has finished when this returns).
   void issue_lookups(env_t& env, const std::vector<std::size_t>& ids) {
     if (ids.empty()) return;
-    if (!modeled) {  // one real deadline per request, from an agreed instant (the latest rank's now)
-      std::vector<double> t0 = agree_max_s(
-          env, std::vector<double>(
-                   1, std::chrono::duration<double>(kvtier::clock::now().time_since_epoch()).count()));
-      const auto at = kvtier::clock::time_point(
-          std::chrono::duration_cast<kvtier::clock::duration>(std::chrono::duration<double>(t0[0])));
-      for (std::size_t i : ids)
-        env.loc[i].real_dl = at + std::chrono::duration_cast<kvtier::clock::duration>(
-                                      std::chrono::duration<double>(opt_.load_timeout_s));
+    if (!modeled) {
+      // One real deadline per request: an agreed budget (a duration, the min over ranks), which
+      // each rank turns into a deadline on its own clock as the agreement returns, not an
+      // agreed steady_clock instant (each host's clock counts from its own boot).
+      ++env.collectives;
+      const kvtier::comm::agreed_budget b =
+          kvtier::comm::agree_budget(*env.comm,
+                                     std::chrono::duration_cast<kvtier::clock::duration>(
+                                         std::chrono::duration<double>(opt_.load_timeout_s)),
+                                     coll_dl());
+      if (b.ec) throw std::runtime_error(b.message);
+      const kvtier::deadline dl = b.local_deadline();
+      for (std::size_t i : ids) env.loc[i].real_dl = dl;
     }
     const kvtier::rank_t me = env.comm->rank();
     std::vector<kvtier::fetch_handle> hs;
