@@ -51,6 +51,7 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -231,6 +232,23 @@ class engine {
         1, ((opt_.kv_cache_tokens ? std::min(trace_tokens, opt_.kv_cache_tokens) : trace_tokens) + bt - 1) /
                bt)));
     env.cache = &cache;
+    // The connector runs each request's lookup and its agreement (one all-reduce per step for
+    // every lookup that became ready). Modeled stores take no real time, so their lookups get a
+    // generous real deadline (the modeled one is applied to the agreed answer); real servers
+    // get the request's own.
+    if (!reqs_.empty() && !reqs_.front().chunk)
+      throw std::invalid_argument("engine: prepared requests without their chunker (use pcp::prepare)");
+    std::optional<typename env_t::conn_t> conn;
+    if (!reqs_.empty())
+      conn.emplace(*reqs_.front().chunk, own_, tiers, comm, cache.view(),
+                   kvtier::connector_options{
+                       .lookup_timeout = lifecycle_t::modeled
+                                             ? std::chrono::milliseconds(60'000)
+                                             : std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   std::chrono::duration<double>(opt_.load_timeout_s)),
+                       .fetch_workers = std::min<std::size_t>(2, opt_.fetch_workers),
+                       .fetch_batch_chunks = 0});
+    env.conn = conn ? &*conn : nullptr;
     try {
       loop(env);
     } catch (const std::exception& e) {

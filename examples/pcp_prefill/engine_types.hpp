@@ -79,6 +79,7 @@ struct engine_options {
 struct prepared_request {
   const request* src = nullptr;
   std::vector<kvtier::chunk_key> keys;
+  const kvtier::chunker<>* chunk = nullptr;  ///< what made the keys (the connector keys them alike)
   std::size_t n_chunks() const { return keys.size(); }
 };
 
@@ -88,6 +89,7 @@ inline std::vector<prepared_request> prepare(const std::vector<request>& reqs,
   const std::size_t c = chunk.chunk_tokens();
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     out[i].src = &reqs[i];
+    out[i].chunk = &chunk;
     const std::size_t cacheable = (reqs[i].tokens.size() - 1) / c * c;
     out[i].keys = chunk.keys(std::span<const std::uint32_t>(reqs[i].tokens).first(cacheable));
   }

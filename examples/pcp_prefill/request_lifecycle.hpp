@@ -38,6 +38,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -90,38 +91,39 @@ class request_lifecycle {
       const kvtier::deadline dl = b.local_deadline();
       for (std::size_t i : ids) env.loc[i].real_dl = dl;
     }
-    const kvtier::rank_t me = env.comm->rank();
-    std::vector<kvtier::fetch_handle> hs;
-    std::vector<kvtier::clock::time_point> began;
+    // The connector: each rank's owners ask their stores (never blocks), then steps until every
+    // one of these lookups is agreed (the min over ranks), a condition every rank sees alike, so
+    // every rank takes the same steps. A failed agreement ends them with nothing cached.
+    const auto began = kvtier::clock::now();
     for (std::size_t i : ids) {
       ctl_state& c = env.ctl[i];
       c.io_start = env.clock.now;
       c.deadline = env.clock.now + opt_.load_timeout_s;
-      std::vector<kvtier::chunk_key> keys;
-      for (std::size_t k = 0; k < reqs_[i].n_chunks(); ++k)
-        if (own_.owner(k) == me) keys.push_back(reqs_[i].keys[k]);
-      began.push_back(kvtier::clock::now());
-      hs.push_back(env.queue->lookup(i, keys,
-                                     kvtier::chunk_layout::owned(owned_starts_in(me, 0, reqs_[i].n_chunks()),
-                                                                 reqs_[i].n_chunks() * tm_.chunk_tokens),
-                                     real_dl(env, i)));
+      const std::span<const std::uint32_t> keyed =
+          std::span<const std::uint32_t>(reqs_[i].src->tokens).first(reqs_[i].n_chunks() * tm_.chunk_tokens);
+      if (auto ec = env.conn->begin_lookup(i, keyed))
+        throw std::runtime_error("connector: begin_lookup of request " + std::to_string(i) + ": " +
+                                 ec.message());
     }
-    std::vector<double> took;
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      const std::size_t i = ids[k];
-      const auto res = completed(env, hs[k], real_dl(env, i));
-      took.push_back(std::chrono::duration<double>(kvtier::clock::now() - began[k]).count());
-      note_error(env, res.ec, "lookup");
-      const bool ok = res.state == kvtier::fetch_state::done;
-      env.loc[i].lookup_answer = ok ? res.answer_tokens : first_start(me, 0, reqs_[i].n_chunks());
+    const auto agreed = [&] {
+      return std::all_of(ids.begin(), ids.end(),
+                         [&](std::size_t i) { return env.conn->lookup(i).has_value(); });
+    };
+    for (std::size_t steps = 0; !agreed(); ++steps) {  // bounded: each lookup by its deadline
+      if (steps == max_steps) throw std::runtime_error("connector: lookups not agreed after max_steps steps");
+      if (auto ec = env.conn->step(coll_dl())) note_error(env, ec, "lookup agreement");
+      if (!agreed()) std::this_thread::yield();  // an engine computes its batch here
     }
+    std::vector<double> took(ids.size(), std::chrono::duration<double>(kvtier::clock::now() - began).count());
     if (!modeled) took = agree_max_s(env, took);
     for (std::size_t k = 0; k < ids.size(); ++k) {
       ctl_state& c = env.ctl[ids[k]];
+      env.loc[ids[k]].lookup_answer = env.conn->lookup(ids[k])->cached_tokens;  // agreed
       const double end =
           modeled ? env.io->lookup_end(reqs_[ids[k]].n_chunks(), env.clock.now) : env.clock.now + took[k];
-      // Past the request's deadline the lookup counts as failed: nothing cached.
-      if (end > c.deadline) env.loc[ids[k]].lookup_answer = first_start(me, 0, reqs_[ids[k]].n_chunks());
+      // Past the request's deadline the lookup counts as failed: nothing cached (on every rank:
+      // the modeled and the agreed times are the same everywhere).
+      if (end > c.deadline) env.loc[ids[k]].lookup_answer = 0;
       c.lookup_end = std::min(end, c.deadline);
       env.costs.lookup_s += c.lookup_end - env.clock.now;
       ++env.costs.lookups;
@@ -131,8 +133,10 @@ class request_lifecycle {
   /// The lookups of `done` (in this order) finished on every rank: agree on their
   /// answers, decide load / split / recompute, and start the loads.
   void decide(env_t& env, const std::vector<std::size_t>& done) {
+    // The lookups' answers are agreed (issue_lookups); the L1 answers are not part of the
+    // connector's step, so one all-reduce agrees them (the min: the L1 prefix on every rank).
     std::vector<std::uint64_t> v;
-    for (std::size_t i : done) v.push_back(env.loc[i].lookup_answer), v.push_back(l1_answer(env, i));
+    for (std::size_t i : done) v.push_back(l1_answer(env, i));
     all_reduce_min(env, v);
     const double g = static_cast<double>(opt_.world) * tm_.chunk_tokens;  // one round of owners
     const kvtier::load_path configured{.fixed_cost_s = tm_.l2_t0_s,
@@ -141,8 +145,8 @@ class request_lifecycle {
       const std::size_t i = done[k];
       ctl_state& c = env.ctl[i];
       const double n = static_cast<double>(reqs_[i].src->tokens.size());
-      c.hit = v[2 * k];
-      c.l1_hit = std::min(v[2 * k + 1], c.hit);
+      c.hit = env.loc[i].lookup_answer;
+      c.l1_hit = std::min(v[k], c.hit);
       if (env.lead) tally_.result.requests[i].lookup_tokens = c.hit;
       bool load = c.hit > 0;
       const double l2_part = static_cast<double>(c.hit - c.l1_hit);
@@ -323,12 +327,14 @@ class request_lifecycle {
       env.costs.writebacks += has_l2() || !modeled;
       if (opt_.mode == load_mode::sync) env.clock.wait_until(end);
     }
+    if (env.conn) env.conn->finish(i);  // nothing of it is agreed or written by the connector any more
     env.cache->release(env.loc[i].seq);
     env.loc[i] = local_request{};
   }
 
  private:
   static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
+  static constexpr std::size_t max_steps = 10'000'000;  ///< steps to agree one step's lookups
 
   /// Starts the loads of `ids` (owned chunks in [split, hit)) at the current modeled
   /// time and sets their modeled end (their real I/O has finished when this returns).
