@@ -12,3 +12,6 @@ if(COMMAND kvtier_add_mpi_test AND TARGET kvtier::asio)
   kvtier_add_mpi_test(test_connector_mpi SOURCES connector/test_connector_mpi.cpp RANKS 2 TIMEOUT 120
                       LIBS kvtier::asio)
 endif()
+# The calls an engine with its own schedule needs (load range, prompt length, cap and cancel,
+# its own estimator samples, extra agreed words, wait_for_save, wait_local).
+kvtier_add_test(test_connector_api SOURCES connector/test_connector_api.cpp LABELS unit tsan)

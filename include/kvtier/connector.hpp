@@ -44,36 +44,38 @@
 // Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors and
 // drain_events never block (load and finish may wait for one scatter of one layer group to
 // end); step, wait_for_layer and wait_local take a deadline.
+//
+// Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
+// they decide in detail/connector_step.hpp; the moves in detail/connector_mover.hpp; the saves
+// in detail/connector_saver.hpp; the per-request state in detail/connector_state.hpp.
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
 #include "kvtier/comm/communicator.hpp"
+#include "kvtier/connector/types.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/deployment_check.hpp"
+#include "kvtier/detail/connector_mover.hpp"
+#include "kvtier/detail/connector_saver.hpp"
 #include "kvtier/detail/connector_state.hpp"
+#include "kvtier/detail/connector_step.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/kv_copy.hpp"
@@ -84,103 +86,6 @@
 #include "kvtier/store/chunk_store.hpp"
 
 namespace kvtier {
-
-/// Whether a cached prefix is loaded: always, when the cost model says loading beats
-/// recomputing (load_estimator::decide), or split (compute [0, k) while loading [k, hit)).
-enum class load_policy : std::uint8_t { always, cost, split };
-
-/// Which chunks save() writes: all of them, or only those looked up at least
-/// connector_options::save_after_lookups times (SGLang HiCache's "selective").
-enum class save_policy : std::uint8_t { write_through, selective };
-
-/// A load's deadline: base + per_thousand_tokens x (tokens / 1000), at most cap.
-/// Example: {200ms, 20ms, 5s}.after(16'384) is 527 ms.
-struct load_timeout {
-  std::chrono::milliseconds base{200};
-  std::chrono::milliseconds per_thousand_tokens{20};
-  std::chrono::milliseconds cap{5000};
-  clock::duration after(std::uint64_t tokens) const noexcept {
-    const auto d = base + std::chrono::duration_cast<clock::duration>(per_thousand_tokens) *
-                              static_cast<std::int64_t>(tokens) / 1000;
-    return std::min<clock::duration>(d, cap);
-  }
-};
-
-struct connector_options {
-  load_policy policy = load_policy::always;
-  prefill_node node{};           ///< cost and split: KV bytes per token, prefill speed
-  load_path prior{0.001, 1.0};   ///< the estimator's prior (T0 s, GB/s), e.g. from a probe
-  load_timeout load_deadline{};  ///< per load, from load()
-  std::chrono::milliseconds lookup_timeout{50};
-  std::chrono::milliseconds save_timeout{2000};
-  save_policy saves = save_policy::write_through;
-  std::uint32_t save_after_lookups = 2;  ///< selective: lookups of a chunk before it is saved
-  std::uint32_t layers_per_group = 0;    ///< layers moved and scattered together (0: all)
-  std::size_t max_bytes_in_flight = std::size_t{1} << 30;  ///< staging of running loads
-  std::size_t fetch_workers = 2;
-  std::size_t fetch_batch_chunks = 1;  ///< keys per store call (progress granularity; 0: one call)
-  kvtier::metrics* metrics = nullptr;  ///< shared with the fetch queue (optional)
-};
-
-/// What a request's agreed lookup says to do: load tokens [load_first_token, load_end_token);
-/// tokens below load_first_token are computed (split mode), and so is everything past the end.
-struct load_plan {
-  std::uint64_t cached_tokens = 0;  ///< the agreed cached prefix, before the policy
-  std::uint64_t load_first_token = 0;
-  std::uint64_t load_end_token = 0;
-  std::uint64_t tokens_to_load() const noexcept { return load_end_token - load_first_token; }
-};
-
-/// A load's agreed outcome: pages hold tokens [load_first_token, loaded_end_token) on every
-/// rank; tokens [loaded_end_token, requested_end_token) failed and must be recomputed.
-struct load_outcome {
-  std::uint64_t load_first_token = 0;
-  std::uint64_t loaded_end_token = 0;
-  std::uint64_t requested_end_token = 0;
-  bool complete() const noexcept { return loaded_end_token == requested_end_token; }
-};
-
-struct finish_result {
-  bool free_pages_now = true;  ///< false: saves still read the pages; wait for finished()
-};
-
-/// Requests whose work ended since the previous finished() call.
-struct finished_requests {
-  std::vector<request_id> loads;  ///< load outcome agreed (load_result has a value)
-  std::vector<request_id> saves;  ///< finished, and every save ended: free the pages
-};
-
-/// For a KV-aware router: chunks this rank wrote, or found gone that it had written.
-struct kv_event {
-  enum class kind : std::uint8_t { stored, evicted } what = kind::stored;
-  rank_t rank = 0;
-  std::vector<chunk_key> keys;
-};
-
-/// Counts of the lifecycle (the fetch queue's figures go to connector_options::metrics).
-struct connector_counters {
-  counter lookups, loads, loads_cut_short, tokens_loaded, tokens_to_recompute, agreement_failures,
-      local_load_failures, chunks_saved, save_failures, quarantined_blocks;
-};
-
-/// Appends the connector's counters in the Prometheus text format, as write_prometheus does.
-inline void write_prometheus(std::string& out, const connector_counters& c,
-                             std::string_view prefix = "kvtier_connector", std::string_view labels = {}) {
-  const std::pair<const char*, const counter*> all[] = {{"lookups_total", &c.lookups},
-                                                        {"loads_total", &c.loads},
-                                                        {"loads_cut_short_total", &c.loads_cut_short},
-                                                        {"tokens_loaded_total", &c.tokens_loaded},
-                                                        {"tokens_to_recompute_total", &c.tokens_to_recompute},
-                                                        {"agreement_failures_total", &c.agreement_failures},
-                                                        {"local_load_failures_total", &c.local_load_failures},
-                                                        {"chunks_saved_total", &c.chunks_saved},
-                                                        {"save_failures_total", &c.save_failures},
-                                                        {"quarantined_blocks_total", &c.quarantined_blocks}};
-  for (const auto& [name, ctr] : all) {
-    detail::store_prom_header(out, prefix, name, "counter", "kvtier connector lifecycle count.");
-    detail::store_prom_line(out, prefix, name, labels, {}, static_cast<double>(ctr->value()));
-  }
-}
 
 template <chunk_store Store, comm::communicator Control, comm::communicator Data = Control,
           ownership_policy Own = modulo_ownership>
@@ -200,10 +105,13 @@ class connector {
         data_(data),
         cache_(std::move(cache)),
         opt_(std::move(opt)),
+        geo_(cache_, chunk_.chunk_tokens(), opt_.layers_per_group),
         queue_(store, {.workers = opt_.fetch_workers,
                        .max_batch_chunks = opt_.fetch_batch_chunks,
                        .metrics = opt_.metrics}),
-        estimator_(opt_.prior) {
+        estimator_(opt_.prior),
+        mover_(data_, own_, geo_, shared_, separate_data()),
+        saver_(store_, geo_, shared_, counters_, opt_.save_timeout, rank()) {
     if (static_cast<rank_t>(own_.world_size()) != static_cast<rank_t>(ctrl_.size()))
       throw std::invalid_argument("kvtier::connector: ownership world size " +
                                   std::to_string(own_.world_size()) + " != communicator size " +
@@ -214,14 +122,7 @@ class connector {
     if (opt_.policy != load_policy::always &&
         !(opt_.node.prefill_tokens_per_s > 0 && opt_.node.kv_bytes_per_token > 0))
       throw std::invalid_argument("kvtier::connector: the cost and split policies need node figures");
-    const std::uint32_t layers = cache_.layout.num_layers;
-    per_group_ = opt_.layers_per_group == 0 ? layers : std::min(opt_.layers_per_group, layers);
-    groups_ = (layers + per_group_ - 1) / per_group_;
-    chunk_bytes_ = cache_.layout.bytes_per_token() * chunk_.chunk_tokens();
     lookups_seen_.assign(std::size_t{1} << 16, 0);
-    staging_ = std::make_shared<detail::staging_pool>(opt_.max_bytes_in_flight);
-    if (separate_data()) mover_ = std::thread([this] { move_loop(); });
-    saver_ = std::thread([this] { save_loop(); });
   }
   /// One communicator for the agreement and the moves (the moves then run inside step()).
   connector(chunker<> chunk, Own own, Store& store, Control& comm, kv_cache_view cache,
@@ -230,22 +131,31 @@ class connector {
   connector(const connector&) = delete;
   connector& operator=(const connector&) = delete;
   ~connector() {
-    {
-      std::lock_guard lock(mu_);
-      closing_ = true;
-    }
-    work_cv_.notify_all();
-    if (mover_.joinable()) mover_.join();
-    if (saver_.joinable()) saver_.join();
+    mover_.stop();
+    saver_.stop();
     // The queue's workers may still write a running fetch into staging blocks (quarantined or
     // not): join them before the members that own that memory (declared after queue_) go.
     queue_.shutdown();
   }
 
   rank_t rank() const noexcept { return static_cast<rank_t>(ctrl_.rank()); }
-  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+  std::size_t chunk_bytes() const noexcept { return geo_.chunk_bytes; }
   const connector_counters& counters() const noexcept { return counters_; }
   const load_estimator& estimator() const noexcept { return estimator_; }
+
+  /// Feeds the estimator one load of `bytes` that took `seconds` in the engine's own time (a
+  /// modeled clock, say; with connector_options::wall_clock_samples off they are the only
+  /// samples, so estimates are reproducible). The cost and split policies plan from the
+  /// estimator on each rank, so call it with the same samples in the same order on every rank:
+  /// under those policies a lookup entry's fingerprint folds the estimate, and ranks whose
+  /// estimates differ fail the lookup together (nothing cached). errc::invalid_argument for 0
+  /// bytes or seconds not positive and finite (nothing recorded).
+  ///
+  ///   conn.record_load_sample(c.bytes, modeled_clock.now() - c.load_started_s);  // every rank
+  std::error_code record_load_sample(std::uint64_t bytes, double seconds) {
+    return estimator_.record_bytes(bytes, seconds) ? std::error_code{}
+                                                   : make_error_code(errc::invalid_argument);
+  }
 
   /// Once at setup, on every rank (a collective on the control communicator): agrees that
   /// every rank has the same key namespace, ownership geometry, chunk size in tokens and bytes,
@@ -257,7 +167,8 @@ class connector {
   deployment_check_result check_deployment(deadline dl) {
     value_format format = value_format::v1();
     if constexpr (requires { store_.format(); }) format = store_.format();
-    return agree_deployment(ctrl_, deployment_fingerprint::of(chunk_.ns(), own_, chunk_bytes_, format), dl);
+    return agree_deployment(ctrl_, deployment_fingerprint::of(chunk_.ns(), own_, geo_.chunk_bytes, format),
+                            dl);
   }
 
   // ---- scheduler side ----------------------------------------------------------------------
@@ -265,18 +176,35 @@ class connector {
   /// Starts the lookup of a request: this rank asks its store about the chunks it owns. Never
   /// blocks. errc::invalid_argument for an id already known (nothing changes then).
   std::error_code begin_lookup(request_id id, std::span<const token_id> tokens, const key_material& m = {}) {
+    return begin_lookup(id, tokens, tokens.size(), m);
+  }
+
+  /// begin_lookup() of a request whose prompt has `prompt_tokens` tokens of which only the
+  /// first keyed_tokens.size() are keyed (looked up and loadable): the policy plans with the
+  /// whole prompt (the split point, what is left to compute) and the plan reports it. Call it
+  /// with the same figures on every rank: ranks whose prompt lengths or key counts differ fail
+  /// the lookup's agreement together (nothing cached). Throws std::invalid_argument when
+  /// prompt_tokens is less than the keyed tokens.
+  ///
+  ///   conn.begin_lookup(id, std::span(tokens).first(4096), tokens.size());  // key 4,096 of 6,000
+  std::error_code begin_lookup(request_id id, std::span<const token_id> keyed_tokens,
+                               std::uint64_t prompt_tokens, const key_material& m = {}) {
+    if (prompt_tokens < keyed_tokens.size())
+      throw std::invalid_argument("kvtier::connector::begin_lookup: prompt_tokens " +
+                                  std::to_string(prompt_tokens) + " < the " +
+                                  std::to_string(keyed_tokens.size()) + " keyed tokens");
     if (requests_.count(id)) return make_error_code(errc::invalid_argument);
     auto r = std::make_shared<detail::connector_request>();
     r->id = id;
-    r->prompt_tokens = tokens.size();
-    r->keys = chunk_.keys(tokens, m);
+    r->prompt_tokens = prompt_tokens;
+    r->keys = chunk_.keys(keyed_tokens, m);
     r->owned = owned_chunks(own_, rank(), r->keys.size());
     r->lookup_dl = deadline_after(opt_.lookup_timeout);
     if (!r->owned.empty()) {
       std::vector<chunk_key> keys;
       for (std::size_t c : r->owned) keys.push_back(r->keys[c]), note_lookup(r->keys[c]);
-      r->lookup = queue_.lookup(id, keys, chunk_layout::owned(owned_starts_of(*r, r->owned), end_of(*r)),
-                                r->lookup_dl);
+      r->lookup =
+          queue_.lookup(id, keys, chunk_layout::owned(owned_starts_of(r->owned), end_of(*r)), r->lookup_dl);
     }
     requests_.emplace(id, r);
     order_.push_back(id);
@@ -289,7 +217,7 @@ class connector {
     const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->lookup_agreed) return std::nullopt;
     const auto& r = *it->second;
-    return load_plan{r.agreed_cached_tokens, r.load_first_token, r.load_end_token};
+    return load_plan{r.agreed_cached_tokens, r.load_first_token, r.load_end_token, r.prompt_tokens};
   }
 
   /// Starts the load of a planned request into the pages at `slots` (slot of prompt position
@@ -299,20 +227,46 @@ class connector {
   /// its peers agree on nothing loaded instead of waiting for it.
   std::error_code load(request_id id, std::span<const std::int64_t> slots) {
     const auto it = requests_.find(id);
+    if (it == requests_.end()) return make_error_code(errc::invalid_argument);
+    return load(id, slots, it->second->load_first_token, it->second->load_end_token);
+  }
+
+  /// load() of tokens [first_token, end_token) only: a range the engine chooses inside the plan,
+  /// in whole chunks (both multiples of the chunk size, plan.load_first_token <= first_token <
+  /// end_token <= plan.load_end_token), e.g. only what its own L1 lacks. `slots` needs at least
+  /// end_token entries. Call it with the same range on every rank: ranks whose ranges differ
+  /// fail the load's agreement together (nothing loaded, on every rank). Throws
+  /// std::invalid_argument naming the range when it is not whole chunks inside the plan;
+  /// otherwise as load(id, slots), and the outcome's requested_end_token is end_token.
+  ///
+  ///   auto plan = conn.lookup(id);        // [0, 192) cached, chunks of 32 tokens
+  ///   conn.load(id, slots, 64, 160);      // chunks 2, 3, 4; the engine has [0, 64) already
+  std::error_code load(request_id id, std::span<const std::int64_t> slots, std::uint64_t first_token,
+                       std::uint64_t end_token) {
+    const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->lookup_agreed || it->second->loading ||
         it->second->load_end_token <= it->second->load_first_token)
       return make_error_code(errc::invalid_argument);
     detail::connector_request& r = *it->second;
     const std::size_t T = chunk_.chunk_tokens();
+    if (first_token % T || end_token % T || first_token >= end_token || first_token < r.load_first_token ||
+        end_token > r.load_end_token)
+      throw std::invalid_argument("kvtier::connector::load: tokens [" + std::to_string(first_token) + ", " +
+                                  std::to_string(end_token) + ") are not whole chunks of " +
+                                  std::to_string(T) + " tokens inside the plan [" +
+                                  std::to_string(r.load_first_token) + ", " +
+                                  std::to_string(r.load_end_token) + ")");
     r.loading = true;
-    r.first_chunk = r.load_first_token / T;
-    r.n = r.load_end_token / T - r.first_chunk;
+    r.range_first_token = first_token;
+    r.range_end_token = end_token;
+    r.first_chunk = first_token / T;
+    r.n = end_token / T - r.first_chunk;
     r.load_started = clock::now();
-    r.load_dl = r.load_started + opt_.load_deadline.after(r.load_end_token - r.load_first_token);
-    r.group_landed.assign(groups_, 0);
+    r.load_dl = r.load_started + opt_.load_deadline.after(end_token - first_token);
+    r.group_landed.assign(geo_.groups, 0);
     counters_.loads.add();
     std::error_code ec;
-    if (slots.size() < r.load_end_token || !slots_fit(slots.first(r.load_end_token))) {
+    if (slots.size() < end_token || !slots_fit(slots.first(end_token))) {
       ec = make_error_code(errc::invalid_argument);
     } else if (!reserve_staging(r)) {
       ec = make_error_code(errc::queue_full);
@@ -322,7 +276,7 @@ class connector {
       counters_.local_load_failures.add();
       return ec;
     }
-    r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(r.load_end_token));
+    r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
     std::vector<chunk_key> keys;
     std::vector<std::span<std::byte>> dst;
     std::vector<std::uint64_t> starts;
@@ -330,14 +284,13 @@ class connector {
       const std::size_t c = r.first_chunk + i;
       if (static_cast<rank_t>(own_.owner(c)) != rank()) continue;
       keys.push_back(r.keys[c]);
-      dst.push_back(staged(r, i));
+      dst.push_back(geo_.staged(r, i));
       starts.push_back(static_cast<std::uint64_t>(c) * T);
     }
     if (!keys.empty())
-      r.fetch =
-          queue_.submit(id, keys, dst, chunk_layout::owned(std::move(starts), r.load_end_token), r.load_dl);
-    std::lock_guard lock(mu_);
-    active_loads_.push_back(it->second);
+      r.fetch = queue_.submit(id, keys, dst, chunk_layout::owned(std::move(starts), end_token), r.load_dl);
+    std::lock_guard lock(shared_.mu);
+    shared_.active_loads.push_back(it->second);
     return {};
   }
 
@@ -365,12 +318,37 @@ class connector {
     return p.complete ? std::error_code{} : make_error_code(errc::timeout);
   }
 
+  /// Caps this rank's part of load `id` at its first `chunks` chunks (counted from the load's
+  /// first chunk): the agreed prefix is then at most the least cap over ranks, agreed through
+  /// the step like every other outcome, so every rank ends the load with the same prefix. A cap
+  /// only lowers (one above an earlier cap changes nothing). Local, never blocks.
+  /// errc::invalid_argument for an id with no load running (unknown, not started, or its
+  /// outcome already agreed).
+  ///
+  ///   conn.limit_load(id, 3);   // this rank takes at most 3 chunks: every rank loads <= 3
+  std::error_code limit_load(request_id id, std::size_t chunks) {
+    const auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second->loading || it->second->done)
+      return make_error_code(errc::invalid_argument);
+    it->second->cap = std::min(it->second->cap, chunks);
+    return {};
+  }
+
+  /// limit_load(id, 0), and this rank's fetch of the load is cancelled (TensorRT-LLM's
+  /// cancel_load): every rank's outcome is nothing loaded, the engine recomputes from the
+  /// load's first token. The same errors as limit_load.
+  std::error_code cancel_load(request_id id) {
+    if (std::error_code ec = limit_load(id, 0)) return ec;
+    if (const auto& r = *requests_.at(id); r.fetch.valid()) queue_.cancel(r.fetch);
+    return {};
+  }
+
   /// The agreed outcome of a load, or empty while it runs.
   std::optional<load_outcome> load_result(request_id id) const {
     const auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->done) return std::nullopt;
     const auto& r = *it->second;
-    return load_outcome{r.load_first_token, r.loaded_end_token, r.load_end_token};
+    return load_outcome{r.range_first_token, r.loaded_end_token, r.range_end_token};
   }
 
   /// The chunks of a load that failed (agreed on every rank): recompute from the first one.
@@ -392,18 +370,13 @@ class connector {
     if (it == requests_.end() || end_token > slots.size() || !slots_fit(slots.first(end_token)))
       return make_error_code(errc::invalid_argument);
     const std::size_t T = chunk_.chunk_tokens();
-    save_job job{it->second, {}, {}};
+    detail::save_job job{it->second, {}, {}};
     for (std::size_t c = (first_token + T - 1) / T; c < end_token / T && c < it->second->keys.size(); ++c)
       if (static_cast<rank_t>(own_.owner(c)) == rank() && admitted(it->second->keys[c]))
         job.chunks.push_back(c);
     if (job.chunks.empty()) return {};
     job.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
-    {
-      std::lock_guard lock(mu_);
-      ++it->second->saves_pending;
-      saves_.push_back(std::move(job));
-    }
-    work_cv_.notify_all();
+    saver_.submit(std::move(job));
     return {};
   }
 
@@ -424,9 +397,9 @@ class connector {
     }
     requests_.erase(it);
     order_.erase(std::find(order_.begin(), order_.end(), id));
-    std::lock_guard lock(mu_);
-    std::erase(active_loads_, r);
-    landed_cv_.notify_all();
+    std::lock_guard lock(shared_.mu);
+    std::erase(shared_.active_loads, r);
+    shared_.landed.notify_all();
     r->finish_called = true;
     if (r->saves_pending == 0) return {true};
     finishing_.push_back(r);
@@ -440,7 +413,7 @@ class connector {
       auto& r = *requests_.at(id);
       if (r.done && !r.reported) r.reported = true, out.loads.push_back(id);
     }
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(shared_.mu);
     for (auto it = finishing_.begin(); it != finishing_.end();) {
       if ((*it)->saves_pending == 0) {
         out.saves.push_back((*it)->id);
@@ -454,8 +427,8 @@ class connector {
 
   /// The router events since the last call.
   std::vector<kv_event> drain_events() {
-    std::lock_guard lock(mu_);
-    return std::exchange(events_, {});
+    std::lock_guard lock(shared_.mu);
+    return std::exchange(shared_.events, {});
   }
 
   // ---- once per engine step, on every rank -------------------------------------------------
@@ -463,44 +436,47 @@ class connector {
   /// Agrees, in one all-reduce on the control communicator, on every lookup and load waiting
   /// for it, and starts the moves that agreement allows. The error of a failed agreement (its
   /// lookups then plan nothing and its loads load nothing, on every rank); else empty.
-  std::error_code step(deadline dl) {
+  std::error_code step(deadline dl) { return step(dl, {}); }
+
+  /// step() with the engine's own words in the same all-reduce: `words` goes in as this rank's
+  /// values and comes back as the min over ranks (for a max, pass complements; to check that
+  /// every rank holds the same x, pass x and ~x). Pass the same number of words on every rank
+  /// (the fingerprint folds the count: a different count fails the step on every rank). On a
+  /// failed agreement every word is set to 0, so a rank never acts on values its peers did
+  /// not agree. With words, the step issues its all-reduce even when nothing else waits.
+  ///
+  ///   std::uint64_t w[2] = {l1_answer_tokens, first_mismatched_chunk};  // per request, say
+  ///   if (!conn.step(dl, w)) use(w[0], w[1]);                           // min over ranks
+  std::error_code step(deadline dl, std::span<std::uint64_t> words) {
     release_quarantine();
     std::vector<req_ptr> waiting;
     for (request_id id : order_) {
       const req_ptr& r = requests_.at(id);
       if (!r->lookup_agreed || (r->loading && !r->done)) waiting.push_back(r);
     }
-    if (waiting.empty()) return {};
-    detail::step_message msg(waiting.size());
+    if (waiting.empty() && words.empty()) return {};
+    detail::step_message msg(waiting.size(), words);
+    const std::uint64_t plan_fingerprint =
+        opt_.policy == load_policy::always ? 0 : detail::estimate_fingerprint(estimator_.estimate());
     std::uint64_t fp = 0;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
-      fp = detail::step_fp_mix(detail::step_fp_mix(fp, waiting[i]->id), waiting[i]->lookup_agreed);
+      fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i], plan_fingerprint));
       contribute(*waiting[i], msg.entry(i));
     }
-    msg.seal(fp);
+    msg.seal(detail::step_fp_mix(fp, words.size()));
     std::error_code ec = comm::all_reduce(ctrl_, std::span<const std::uint64_t>(msg.v), std::span(msg.v),
                                           comm::reduce_op::min, dl);
     if (!ec && !msg.consistent(waiting.size())) ec = make_error_code(errc::collective_mismatch);
     if (ec) counters_.agreement_failures.add();
-    std::vector<move_item> batch;
+    msg.agreed_words(ec, words);
+    std::vector<detail::move_item> batch;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
-      detail::connector_request& r = *waiting[i];
-      if (!r.lookup_agreed)
-        settle_lookup(r, ec, msg.entry(i));
+      if (!waiting[i]->lookup_agreed)
+        settle_lookup(*waiting[i], ec, msg.entry(i));
       else
-        settle_load(r, ec, msg.entry(i), waiting[i], batch);
+        settle_load(waiting[i], ec, msg.entry(i), batch);
     }
-    if (!batch.empty()) {
-      if (separate_data()) {
-        {
-          std::lock_guard lock(mu_);
-          moves_.push_back(std::move(batch));
-        }
-        work_cv_.notify_all();
-      } else {
-        run_moves(batch);
-      }
-    }
+    mover_.submit(std::move(batch));
     return ec;
   }
 
@@ -509,30 +485,21 @@ class connector {
   /// Returns once layer `layer` of every chunk agreed so far for every running load is in this
   /// rank's pages (or its load ended), or errc::timeout when dl passes first.
   std::error_code wait_for_layer(std::uint32_t layer, deadline dl) {
-    const std::size_t g = std::min<std::size_t>(layer / per_group_, groups_ - 1);
-    std::unique_lock lock(mu_);
+    const std::size_t g = std::min<std::size_t>(layer / geo_.per_group, geo_.groups - 1);
+    std::unique_lock lock(shared_.mu);
     const auto ready = [&] {
-      return std::all_of(active_loads_.begin(), active_loads_.end(), [&](const req_ptr& r) {
+      return std::all_of(shared_.active_loads.begin(), shared_.active_loads.end(), [&](const req_ptr& r) {
         return r->move_failed || r->group_landed[g] >= r->enqueued;
       });
     };
     if (dl == no_deadline)
-      landed_cv_.wait(lock, ready);
-    else if (!landed_cv_.wait_until(lock, dl, ready))
+      shared_.landed.wait(lock, ready);
+    else if (!shared_.landed.wait_until(lock, dl, ready))
       return make_error_code(errc::timeout);
     return {};
   }
 
  private:
-  struct move_item {
-    req_ptr r;
-    std::size_t begin, end;  // relative chunks
-  };
-  struct save_job {
-    req_ptr r;
-    std::vector<std::size_t> chunks;
-    std::vector<std::int64_t> slots;
-  };
   struct quarantined {
     fetch_handle fetch;
     std::shared_ptr<std::byte[]> staging;
@@ -544,8 +511,7 @@ class connector {
   std::uint64_t end_of(const detail::connector_request& r) const noexcept {
     return std::min<std::uint64_t>(r.keys.size() * chunk_.chunk_tokens(), r.prompt_tokens);
   }
-  std::vector<std::uint64_t> owned_starts_of(const detail::connector_request&,
-                                             const std::vector<std::size_t>& chunks) const {
+  std::vector<std::uint64_t> owned_starts_of(const std::vector<std::size_t>& chunks) const {
     std::vector<std::uint64_t> s;
     for (std::size_t c : chunks) s.push_back(static_cast<std::uint64_t>(c) * chunk_.chunk_tokens());
     return s;
@@ -554,21 +520,10 @@ class connector {
     const auto n = static_cast<std::int64_t>(cache_.layout.num_slots());
     return std::all_of(slots.begin(), slots.end(), [n](std::int64_t s) { return s < n; });
   }
-  std::span<std::byte> staged(detail::connector_request& r, std::size_t i) const noexcept {
-    return {r.staging.get() + i * chunk_bytes_, chunk_bytes_};
-  }
-  std::span<std::byte> staged_group(detail::connector_request& r, std::size_t i,
-                                    std::uint32_t g) const noexcept {
-    const layer_range lr = group_layers(g);
-    return chunk_layers(cache_.layout, chunk_.chunk_tokens(), staged(r, i), lr);
-  }
-  layer_range group_layers(std::uint32_t g) const noexcept {
-    return {g * per_group_, std::min(cache_.layout.num_layers, (g + 1) * per_group_)};
-  }
 
   // One staging block per load, counted in flight until its last holder lets go.
   bool reserve_staging(detail::connector_request& r) {
-    r.staging = staging_->take(r.n * chunk_bytes_, opt_.max_bytes_in_flight);
+    r.staging = staging_->take(r.n * geo_.chunk_bytes, opt_.max_bytes_in_flight);
     return r.staging != nullptr;
   }
   void release_quarantine() {
@@ -584,23 +539,21 @@ class connector {
            lookups_seen_[chunk_key_hash{}(k) & (lookups_seen_.size() - 1)] >= opt_.save_after_lookups;
   }
 
-  // This rank's words of one entry (see detail::step_message).
+  // This rank's words of one entry (see detail::lookup_words and detail::load_words).
   void contribute(detail::connector_request& r, std::span<std::uint64_t> e) {
-    constexpr std::uint64_t top = ~std::uint64_t{0};
     if (!r.lookup_agreed) {
+      detail::lookup_words w{true, 0};
       if (!r.lookup.valid()) {
-        e[0] = 1, e[1] = end_of(r);
+        w.answer_tokens = end_of(r);
       } else if (auto res = queue_.poll(r.lookup)) {
-        e[0] = 1, e[1] = res->answer_tokens;
+        w.answer_tokens = res->answer_tokens;
         note_evictions(r, res->status);
       } else if (expired(r.lookup_dl)) {
-        queue_.cancel(r.lookup);
-        e[0] = 1, e[1] = 0;  // a lookup past its deadline answers "nothing cached"
+        queue_.cancel(r.lookup);  // a lookup past its deadline answers "nothing cached"
       } else {
-        e[0] = 0, e[1] = top;
+        w.ready = false;
       }
-      e[2] = e[3] = e[4] = top;
-      return;
+      return w.encode(e);
     }
     std::size_t fetched = r.n;
     bool fetch_done = true;
@@ -610,70 +563,58 @@ class connector {
       const fetch_progress p = queue_.progress(r.fetch);
       const std::size_t T = chunk_.chunk_tokens();
       fetched =
-          std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.load_first_token)) / T);
+          std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.range_first_token)) / T);
       fetch_done = p.complete || expired(r.load_dl);
     }
-    std::lock_guard lock(mu_);
-    e[0] = fetched;
-    e[1] = fetch_done ? fetched : r.n;
-    e[2] = r.local_failure ? 0 : r.landed_locked();
-    e[3] = (r.move_failed || r.local_failure) ? 0 : 1;
-    e[4] = ~static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - r.load_started).count());
+    fetched = std::min(fetched, r.cap);  // limit_load: never agree past this rank's cap
+    std::lock_guard lock(shared_.mu);
+    detail::load_words{
+        .fetched = fetched,
+        .reachable = std::min(fetch_done ? fetched : r.n, r.cap),
+        .landed = r.local_failure ? 0 : r.landed_locked(),
+        .ok = !(r.move_failed || r.local_failure),
+        .elapsed_us = static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - r.load_started).count())}
+        .encode(e);
   }
 
   void note_evictions(const detail::connector_request& r, const std::vector<chunk_status>& status) {
     std::vector<chunk_key> gone;
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(shared_.mu);
     for (std::size_t k = 0; k < status.size() && k < r.owned.size(); ++k)
-      if (status[k] == chunk_status::miss && stored_.erase(r.keys[r.owned[k]]))
+      if (status[k] == chunk_status::miss && shared_.stored.erase(r.keys[r.owned[k]]))
         gone.push_back(r.keys[r.owned[k]]);
     if (gone.empty()) return;
-    events_.push_back({kv_event::kind::evicted, rank(), std::move(gone)});
+    shared_.events.push_back({kv_event::kind::evicted, rank(), std::move(gone)});
   }
 
   void settle_lookup(detail::connector_request& r, std::error_code ec, std::span<const std::uint64_t> e) {
-    if (!ec && e[0] == 0) return;  // some rank's answer is not in yet
+    const detail::lookup_words agreed = detail::lookup_words::decode(e);
+    if (!ec && !agreed.ready) return;  // some rank's answer is not in yet
     r.lookup_agreed = true;
-    const std::uint64_t hit = ec ? 0 : std::min(e[1], end_of(r));
-    const std::uint64_t T = chunk_.chunk_tokens();
+    const std::uint64_t hit = ec ? 0 : std::min(agreed.answer_tokens, end_of(r));
+    const detail::planned_range p =
+        detail::plan_load(opt_, estimator_, hit, r.prompt_tokens, chunk_.chunk_tokens(), own_.world_size());
     r.agreed_cached_tokens = hit;
-    r.load_first_token = 0;
-    r.load_end_token = hit / T * T;  // only full chunks are loaded
-    if (opt_.policy == load_policy::cost && !estimator_.decide(opt_.node, static_cast<double>(hit)).load) {
-      r.load_end_token = 0;
-    } else if (opt_.policy == load_policy::split && hit > 0) {
-      const double granularity = static_cast<double>(T) * static_cast<double>(own_.world_size());
-      const auto k = static_cast<std::uint64_t>(
-          estimator_
-              .split(opt_.node, static_cast<double>(hit), static_cast<double>(r.prompt_tokens), granularity)
-              .k_tokens);
-      r.load_first_token = std::min(r.load_end_token, k / T * T);
-      if (r.load_first_token == r.load_end_token) r.load_first_token = r.load_end_token = 0;
-    }
+    r.load_first_token = p.first;
+    r.load_end_token = p.end;
   }
 
-  void settle_load(detail::connector_request& r, std::error_code ec, std::span<const std::uint64_t> e,
-                   const req_ptr& self, std::vector<move_item>& batch) {
-    if (ec || e[3] == 0) {
-      // A failed agreement: nothing is known to be in every rank's pages. A failed move or
-      // local failure: the chunks every rank has scattered (min over ranks) stay loaded.
-      end_load(r, ec ? 0 : static_cast<std::size_t>(e[2]));
-      return;
+  void settle_load(const req_ptr& r, std::error_code ec, std::span<const std::uint64_t> e,
+                   std::vector<detail::move_item>& batch) {
+    const detail::load_words agreed = detail::load_words::decode(e);
+    const detail::load_decision d = detail::decide_load(bool(ec), agreed, r->n, r->enqueued, r->target);
+    if (d.move_end > r->enqueued) {
+      batch.push_back({r, r->enqueued, d.move_end});
+      std::lock_guard lock(shared_.mu);
+      r->enqueued = d.move_end;
     }
-    const auto agreed = static_cast<std::size_t>(e[0]), limit = static_cast<std::size_t>(e[1]);
-    if (agreed > r.enqueued) {
-      batch.push_back({self, r.enqueued, agreed});
-      std::lock_guard lock(mu_);
-      r.enqueued = agreed;
-    }
-    if (agreed == r.n || limit <= agreed) r.target = agreed;
-    if (r.target != std::numeric_limits<std::size_t>::max() && e[2] >= r.target) {
-      const double seconds = static_cast<double>(~e[4]) * 1e-6;
-      if (r.target > 0)
-        estimator_.record_bytes(r.target * chunk_bytes_, seconds);  // same samples on every rank
-      end_load(r, r.target);
-    }
+    r->target = d.target;
+    if (!d.loaded_chunks) return;
+    if (d.sample && opt_.wall_clock_samples)  // the slowest rank's time: the same sample on every rank
+      estimator_.record_bytes(*d.loaded_chunks * geo_.chunk_bytes,
+                              static_cast<double>(agreed.elapsed_us) * 1e-6);
+    end_load(*r, *d.loaded_chunks);
   }
 
   void end_load(detail::connector_request& r, std::size_t chunks) {
@@ -682,130 +623,15 @@ class connector {
       if (chunks < r.n) r.abandoned = true;
     }
     r.done = true;
-    r.loaded_end_token = r.load_first_token + static_cast<std::uint64_t>(chunks) * chunk_.chunk_tokens();
-    counters_.tokens_loaded.add(r.loaded_end_token - r.load_first_token);
+    r.loaded_end_token = r.range_first_token + static_cast<std::uint64_t>(chunks) * chunk_.chunk_tokens();
+    counters_.tokens_loaded.add(r.loaded_end_token - r.range_first_token);
     if (chunks < r.n) {
       counters_.loads_cut_short.add();
-      counters_.tokens_to_recompute.add(r.load_end_token - r.loaded_end_token);
+      counters_.tokens_to_recompute.add(r.range_end_token - r.loaded_end_token);
     }
-    std::lock_guard lock(mu_);
-    std::erase_if(active_loads_, [&](const req_ptr& p) { return p.get() == &r; });
-    landed_cv_.notify_all();
-  }
-
-  // ---- the mover: one grouped broadcast per layer group, then its scatter ------------------
-
-  void run_moves(const std::vector<move_item>& batch) {
-    const rank_t me = rank();
-    deadline dl = deadline::min();
-    for (const move_item& m : batch) dl = std::max(dl, m.r->load_dl);
-    for (std::uint32_t g = 0; g < groups_; ++g) {
-      std::error_code ec = data_.group_start();
-      for (const move_item& m : batch)
-        for (std::size_t i = m.begin; i < m.end; ++i) {
-          const rank_t owner = static_cast<rank_t>(own_.owner(m.r->first_chunk + i));
-          const std::span<std::byte> s = staged_group(*m.r, i, g);
-          const std::error_code b = data_.broadcast(
-              owner == me ? std::span<const std::byte>(s) : std::span<const std::byte>{}, s, owner, dl);
-          if (b && !ec) ec = b;
-        }
-      if (std::error_code e = data_.group_end(dl); e && !ec) ec = e;
-      if (ec) {  // no later group of this batch runs: its failure is agreed at the next step
-        std::lock_guard lock(mu_);
-        for (const move_item& m : batch) m.r->move_failed = true;
-        landed_cv_.notify_all();
-        return;
-      }
-      for (const move_item& m : batch) scatter_group(*m.r, m.begin, m.end, g);
-    }
-  }
-
-  void scatter_group(detail::connector_request& r, std::size_t begin, std::size_t end, std::uint32_t g) {
-    const std::size_t T = chunk_.chunk_tokens();
-    for (std::size_t i = begin; i < end; ++i) {
-      bool ok = true;
-      {
-        std::lock_guard gate(r.scatter_mu);
-        if (r.abandoned) return;
-        const std::size_t c = r.first_chunk + i;
-        ok = !kv_scatter(cache_, std::span<const std::int64_t>(r.slots).subspan(c * T, T),
-                         staged_group(r, i, g), group_layers(g));
-      }
-      std::lock_guard lock(mu_);
-      if (ok)
-        r.group_landed[g] = i + 1;
-      else
-        r.move_failed = true;
-      landed_cv_.notify_all();
-      if (!ok) return;
-    }
-  }
-
-  void move_loop() {
-    for (;;) {
-      std::vector<move_item> batch;
-      {
-        std::unique_lock lock(mu_);
-        work_cv_.wait(lock, [&] { return closing_ || !moves_.empty(); });
-        if (moves_.empty()) return;
-        batch = std::move(moves_.front());
-        moves_.pop_front();
-      }
-      run_moves(batch);
-    }
-  }
-
-  // ---- the saver: gathers an owner's chunks from the pages and puts them -------------------
-
-  void save_loop() {
-    for (;;) {
-      save_job job;
-      {
-        std::unique_lock lock(mu_);
-        work_cv_.wait(lock, [&] { return closing_ || !saves_.empty(); });
-        if (saves_.empty()) return;
-        job = std::move(saves_.front());
-        saves_.pop_front();
-      }
-      run_save(job);
-    }
-  }
-
-  void run_save(save_job& job) {
-    const std::size_t T = chunk_.chunk_tokens();
-    std::vector<std::byte> values(job.chunks.size() * chunk_bytes_);
-    std::vector<chunk_key> keys;
-    std::vector<std::span<const std::byte>> src;
-    for (std::size_t k = 0; k < job.chunks.size(); ++k) {
-      const std::size_t c = job.chunks[k];
-      std::span<std::byte> v(values.data() + k * chunk_bytes_, chunk_bytes_);
-      if (kv_gather(cache_, std::span<const std::int64_t>(job.slots).subspan(c * T, T), v)) continue;
-      keys.push_back(job.r->keys[c]);
-      src.push_back(v);
-    }
-    std::vector<chunk_status> st(keys.size(), chunk_status::error);
-    const std::error_code ec = store_.put(keys, src, st, deadline_after(opt_.save_timeout));
-    std::vector<chunk_key> stored;
-    for (std::size_t k = 0; k < keys.size(); ++k)
-      if (st[k] == chunk_status::stored) stored.push_back(keys[k]);
-    counters_.chunks_saved.add(stored.size());
-    const bool failed = ec || stored.size() != job.chunks.size();
-    if (failed) counters_.save_failures.add();
-    std::lock_guard lock(mu_);
-    for (const chunk_key& k : stored) remember_stored(k);
-    if (!stored.empty()) events_.push_back({kv_event::kind::stored, rank(), std::move(stored)});
-    job.r->save_failed = job.r->save_failed || failed;
-    --job.r->saves_pending;
-  }
-
-  // Under mu_: the keys this rank stored, so a later miss is reported evicted (bounded).
-  void remember_stored(const chunk_key& k) {
-    if (!stored_.insert(k).second) return;
-    stored_order_.push_back(k);
-    if (stored_order_.size() > (std::size_t{1} << 16)) {
-      stored_.erase(stored_order_.front());
-      stored_order_.pop_front();
-    }
+    std::lock_guard lock(shared_.mu);
+    std::erase_if(shared_.active_loads, [&](const req_ptr& p) { return p.get() == &r; });
+    shared_.landed.notify_all();
   }
 
   chunker<> chunk_;
@@ -815,31 +641,24 @@ class connector {
   Data& data_;
   kv_cache_view cache_;
   connector_options opt_;
+  detail::connector_geometry geo_;
   fetch_queue<Store> queue_;
   load_estimator estimator_;
   connector_counters counters_;
-  std::uint32_t per_group_ = 1, groups_ = 1;
-  std::size_t chunk_bytes_ = 0;
 
   // Engine thread.
   std::unordered_map<request_id, req_ptr> requests_;
   std::vector<request_id> order_;  // begin_lookup order: the order of the step's entries
   std::vector<quarantined> quarantine_;
   std::vector<std::uint8_t> lookups_seen_;
-  std::shared_ptr<detail::staging_pool> staging_;
+  std::shared_ptr<detail::staging_pool> staging_ =
+      std::make_shared<detail::staging_pool>(opt_.max_bytes_in_flight);
+  std::vector<req_ptr> finishing_;  // finished with saves pending (under shared_.mu)
 
-  // Shared with the mover and saver threads.
-  std::mutex mu_;
-  std::condition_variable work_cv_, landed_cv_;
-  std::deque<std::vector<move_item>> moves_;
-  std::deque<save_job> saves_;
-  std::vector<req_ptr> finishing_;
-  std::vector<req_ptr> active_loads_;  // loads started and not yet agreed or finished
-  std::vector<kv_event> events_;
-  std::unordered_set<chunk_key, chunk_key_hash> stored_;
-  std::deque<chunk_key> stored_order_;
-  bool closing_ = false;
-  std::thread mover_, saver_;
+  // Shared with the mover and saver threads; they start last and stop first (~connector).
+  detail::connector_shared shared_;
+  detail::connector_mover<Data, Own> mover_;
+  detail::connector_saver<Store> saver_;
 };
 
 /// Deduction for the one-communicator form.

@@ -1,21 +1,28 @@
-// kvtier/detail/connector_state.hpp: the per-request state and the step agreement's encoding
-// behind kvtier::connector (kvtier/connector.hpp). Not public API.
+// kvtier/detail/connector_state.hpp: the per-request state behind kvtier::connector
+// (kvtier/connector.hpp), what its engine thread shares with the mover and saver threads, and
+// its staging blocks. Not public API.
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <span>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
+#include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/fetch_types.hpp"
+#include "kvtier/kv_copy.hpp"
+#include "kvtier/kv_layout.hpp"
 
 namespace kvtier::detail {
 
@@ -35,8 +42,10 @@ struct connector_request {
   std::uint64_t load_first_token = 0;      // the policy's load range [first, end)
   std::uint64_t load_end_token = 0;
 
-  // Load (relative chunk indexes i in [0, n) stand for chunks first_chunk + i).
+  // Load of tokens [range_first_token, range_end_token) inside the plan (relative chunk
+  // indexes i in [0, n) stand for chunks first_chunk + i).
   bool loading = false;
+  std::uint64_t range_first_token = 0, range_end_token = 0;
   bool local_failure = false;  // this rank could not start its part (bad slots, no staging)
   std::size_t first_chunk = 0, n = 0;
   std::shared_ptr<std::byte[]> staging;  // n chunk values; the mover holds copies while moving
@@ -44,7 +53,8 @@ struct connector_request {
   fetch_handle fetch;                    // empty when this rank owns no chunk of the range
   deadline load_dl{};
   clock::time_point load_started{};
-  std::size_t enqueued = 0;  // chunks agreed fetched and given to the mover
+  std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
+  std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
   std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
@@ -70,27 +80,62 @@ struct connector_request {
   }
 };
 
-/// One step's agreement: a header [entries, fp, ~fp] and five words per entry, all reduced by
-/// min. The fingerprint folds every entry's request id and kind, so ranks whose request lists
-/// differ fail the agreement together instead of pairing one request's values with another's.
-/// A word that must be reduced by max travels as its complement.
-struct step_message {
-  static constexpr std::size_t header = 3, words = 5;
-  std::vector<std::uint64_t> v;
+using connector_request_ptr = std::shared_ptr<connector_request>;
 
-  explicit step_message(std::size_t entries) : v(header + words * entries, 0) { v[0] = entries; }
-  std::span<std::uint64_t> entry(std::size_t i) noexcept {
-    return std::span(v).subspan(header + words * i, words);
+/// The cache and chunk geometry every part of a connector reads: the pages, the chunk size in
+/// tokens and bytes, and how layers group for the moves (per_group layers in each of groups).
+struct connector_geometry {
+  kv_cache_view cache;
+  std::size_t chunk_tokens = 0, chunk_bytes = 0;
+  std::uint32_t per_group = 1, groups = 1;
+
+  connector_geometry(kv_cache_view c, std::size_t tokens, std::uint32_t layers_per_group)
+      : cache(std::move(c)), chunk_tokens(tokens) {
+    const std::uint32_t layers = cache.layout.num_layers;
+    per_group = std::max(1u, layers_per_group == 0 ? layers : std::min(layers_per_group, layers));
+    groups = (layers + per_group - 1) / per_group;
+    chunk_bytes = cache.layout.bytes_per_token() * chunk_tokens;
   }
-  void seal(std::uint64_t fp) noexcept { v[1] = fp, v[2] = ~fp; }
-  bool consistent(std::size_t entries) const noexcept { return v[0] == entries && v[1] == ~v[2]; }
+  layer_range group_layers(std::uint32_t g) const noexcept {
+    return {g * per_group, std::min(cache.layout.num_layers, (g + 1) * per_group)};
+  }
+  /// Chunk i of a load's staging block, and layer group g of it.
+  std::span<std::byte> staged(const connector_request& r, std::size_t i) const noexcept {
+    return {r.staging.get() + i * chunk_bytes, chunk_bytes};
+  }
+  std::span<std::byte> staged_group(const connector_request& r, std::size_t i,
+                                    std::uint32_t g) const noexcept {
+    return chunk_layers(cache.layout, chunk_tokens, staged(r, i), group_layers(g));
+  }
+  /// The slots of prompt chunk c.
+  std::span<const std::int64_t> chunk_slots(std::span<const std::int64_t> slots,
+                                            std::size_t c) const noexcept {
+    return slots.subspan(c * chunk_tokens, chunk_tokens);
+  }
 };
 
-inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
-  h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  h *= 0xBF58476D1CE4E5B9ull;
-  return h ^ (h >> 31);
-}
+/// What the engine thread shares with the mover and saver threads, under `mu`: the running
+/// loads (wait_for_layer waits on `landed` for them), router events, and the keys this rank
+/// stored (so a later miss is reported evicted).
+struct connector_shared {
+  std::mutex mu;
+  std::condition_variable landed;  // a layer group landed, a move failed, or a load ended
+  std::condition_variable saved;   // a save ended
+  std::vector<connector_request_ptr> active_loads;
+  std::vector<kv_event> events;
+  std::unordered_set<chunk_key, chunk_key_hash> stored;
+  std::deque<chunk_key> stored_order;
+
+  // Under mu: remembers a key this rank stored (the newest 65,536).
+  void remember_stored_locked(const chunk_key& k) {
+    if (!stored.insert(k).second) return;
+    stored_order.push_back(k);
+    if (stored_order.size() > (std::size_t{1} << 16)) {
+      stored.erase(stored_order.front());
+      stored_order.pop_front();
+    }
+  }
+};
 
 /// The staging blocks of a connector's loads. A block goes back to the pool only when its last
 /// holder (the request, a mover batch, the quarantine) lets go, so a block that an abandoned

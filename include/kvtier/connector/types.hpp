@@ -1,0 +1,123 @@
+// kvtier/connector/types.hpp: the options, plans, outcomes, events and counters of
+// kvtier::connector (kvtier/connector.hpp, which includes this header).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kvtier/chunker.hpp"
+#include "kvtier/cost_model.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/fetch_types.hpp"
+#include "kvtier/metrics.hpp"
+#include "kvtier/ownership.hpp"
+
+namespace kvtier {
+
+/// Whether a cached prefix is loaded: always, when the cost model says loading beats
+/// recomputing (load_estimator::decide), or split (compute [0, k) while loading [k, hit)).
+enum class load_policy : std::uint8_t { always, cost, split };
+
+/// Which chunks save() writes: all of them, or only those looked up at least
+/// connector_options::save_after_lookups times (SGLang HiCache's "selective").
+enum class save_policy : std::uint8_t { write_through, selective };
+
+/// A load's deadline: base + per_thousand_tokens x (tokens / 1000), at most cap.
+/// Example: {200ms, 20ms, 5s}.after(16'384) is 527 ms.
+struct load_timeout {
+  std::chrono::milliseconds base{200};
+  std::chrono::milliseconds per_thousand_tokens{20};
+  std::chrono::milliseconds cap{5000};
+  clock::duration after(std::uint64_t tokens) const noexcept {
+    const auto d = base + std::chrono::duration_cast<clock::duration>(per_thousand_tokens) *
+                              static_cast<std::int64_t>(tokens) / 1000;
+    return std::min<clock::duration>(d, cap);
+  }
+};
+
+struct connector_options {
+  load_policy policy = load_policy::always;
+  prefill_node node{};             ///< cost and split: KV bytes per token, prefill speed
+  load_path prior{0.001, 1.0};     ///< the estimator's prior (T0 s, GB/s), e.g. from a probe
+  bool wall_clock_samples = true;  ///< each load's agreed wall time feeds the estimator; off:
+                                   ///< only connector::record_load_sample does (a modeled clock)
+  load_timeout load_deadline{};    ///< per load, from load()
+  std::chrono::milliseconds lookup_timeout{50};
+  std::chrono::milliseconds save_timeout{2000};
+  save_policy saves = save_policy::write_through;
+  std::uint32_t save_after_lookups = 2;  ///< selective: lookups of a chunk before it is saved
+  std::uint32_t layers_per_group = 0;    ///< layers moved and scattered together (0: all)
+  std::size_t max_bytes_in_flight = std::size_t{1} << 30;  ///< staging of running loads
+  std::size_t fetch_workers = 2;
+  std::size_t fetch_batch_chunks = 1;  ///< keys per store call (progress granularity; 0: one call)
+  kvtier::metrics* metrics = nullptr;  ///< shared with the fetch queue (optional)
+};
+
+/// What a request's agreed lookup says to do: load tokens [load_first_token, load_end_token);
+/// tokens below load_first_token are computed (split mode), and so is everything past the end.
+struct load_plan {
+  std::uint64_t cached_tokens = 0;  ///< the agreed cached prefix, before the policy
+  std::uint64_t load_first_token = 0;
+  std::uint64_t load_end_token = 0;
+  std::uint64_t prompt_tokens = 0;  ///< the whole prompt (keyed or not); past the load, computed
+  std::uint64_t tokens_to_load() const noexcept { return load_end_token - load_first_token; }
+};
+
+/// A load's agreed outcome: pages hold tokens [load_first_token, loaded_end_token) on every
+/// rank; tokens [loaded_end_token, requested_end_token) failed and must be recomputed.
+struct load_outcome {
+  std::uint64_t load_first_token = 0;
+  std::uint64_t loaded_end_token = 0;
+  std::uint64_t requested_end_token = 0;
+  bool complete() const noexcept { return loaded_end_token == requested_end_token; }
+};
+
+struct finish_result {
+  bool free_pages_now = true;  ///< false: saves still read the pages; wait for finished()
+};
+
+/// Requests whose work ended since the previous finished() call.
+struct finished_requests {
+  std::vector<request_id> loads;  ///< load outcome agreed (load_result has a value)
+  std::vector<request_id> saves;  ///< finished, and every save ended: free the pages
+};
+
+/// For a KV-aware router: chunks this rank wrote, or found gone that it had written.
+struct kv_event {
+  enum class kind : std::uint8_t { stored, evicted } what = kind::stored;
+  rank_t rank = 0;
+  std::vector<chunk_key> keys;
+};
+
+/// Counts of the lifecycle (the fetch queue's figures go to connector_options::metrics).
+struct connector_counters {
+  counter lookups, loads, loads_cut_short, tokens_loaded, tokens_to_recompute, agreement_failures,
+      local_load_failures, chunks_saved, save_failures, quarantined_blocks;
+};
+
+/// Appends the connector's counters in the Prometheus text format, as write_prometheus does.
+inline void write_prometheus(std::string& out, const connector_counters& c,
+                             std::string_view prefix = "kvtier_connector", std::string_view labels = {}) {
+  const std::pair<const char*, const counter*> all[] = {{"lookups_total", &c.lookups},
+                                                        {"loads_total", &c.loads},
+                                                        {"loads_cut_short_total", &c.loads_cut_short},
+                                                        {"tokens_loaded_total", &c.tokens_loaded},
+                                                        {"tokens_to_recompute_total", &c.tokens_to_recompute},
+                                                        {"agreement_failures_total", &c.agreement_failures},
+                                                        {"local_load_failures_total", &c.local_load_failures},
+                                                        {"chunks_saved_total", &c.chunks_saved},
+                                                        {"save_failures_total", &c.save_failures},
+                                                        {"quarantined_blocks_total", &c.quarantined_blocks}};
+  for (const auto& [name, ctr] : all) {
+    detail::store_prom_header(out, prefix, name, "counter", "kvtier connector lifecycle count.");
+    detail::store_prom_line(out, prefix, name, labels, {}, static_cast<double>(ctr->value()));
+  }
+}
+
+}  // namespace kvtier

@@ -1,0 +1,158 @@
+// kvtier/detail/connector_step.hpp: the step agreement of kvtier::connector
+// (kvtier/connector.hpp): the words each rank contributes per waiting request, their
+// encoding in the one all-reduce (min) of a step, and what the agreed words decide: a
+// lookup's plan after the policy, and a load's next moves and outcome. Pure functions of
+// agreed values, so every rank decides the same. Not public API.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <system_error>
+#include <vector>
+
+#include "kvtier/connector/types.hpp"
+#include "kvtier/cost_model.hpp"
+#include "kvtier/detail/connector_state.hpp"
+
+namespace kvtier::detail {
+
+/// One step's agreement: a header [entries, fp, ~fp], five words per entry, then the engine's
+/// own words (connector::step(dl, words)), all reduced by min. The fingerprint folds every
+/// entry's request id and kind and the engine's word count, so ranks whose request lists
+/// differ fail the agreement together instead of pairing one request's values with another's.
+/// A word that must be reduced by max travels as its complement.
+struct step_message {
+  static constexpr std::size_t header = 3, words = 5;
+  std::vector<std::uint64_t> v;
+  std::size_t entries = 0;
+
+  step_message(std::size_t n, std::span<const std::uint64_t> engine_words)
+      : v(header + words * n + engine_words.size(), 0), entries(n) {
+    v[0] = n;
+    std::copy(engine_words.begin(), engine_words.end(),
+              v.begin() + static_cast<std::ptrdiff_t>(header + words * n));
+  }
+  std::span<std::uint64_t> entry(std::size_t i) noexcept {
+    return std::span(v).subspan(header + words * i, words);
+  }
+  /// The engine's words after the reduction, or 0s after a failed one.
+  void agreed_words(std::error_code ec, std::span<std::uint64_t> out) const noexcept {
+    if (ec) return std::fill(out.begin(), out.end(), 0);
+    std::copy(v.begin() + static_cast<std::ptrdiff_t>(header + words * entries), v.end(), out.begin());
+  }
+  void seal(std::uint64_t fp) noexcept { v[1] = fp, v[2] = ~fp; }
+  bool consistent(std::size_t entries) const noexcept { return v[0] == entries && v[1] == ~v[2]; }
+};
+
+inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
+  h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h *= 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 31);
+}
+
+/// The bits of an estimate (T0, B), for a fingerprint.
+inline std::uint64_t estimate_fingerprint(const load_path& p) noexcept {
+  return step_fp_mix(std::bit_cast<std::uint64_t>(p.fixed_cost_s),
+                     std::bit_cast<std::uint64_t>(p.bandwidth_gb_per_s));
+}
+
+/// What an entry's fingerprint folds: the request id and kind; for a lookup the prompt length,
+/// the number of keyed chunks and `plan_fp` (the estimate, under the cost and split policies:
+/// the plan depends on all three); for a load its range. Ranks that differ in any of them fail
+/// that step's agreement together.
+inline std::uint64_t entry_fingerprint(const connector_request& r, std::uint64_t plan_fp) noexcept {
+  const std::uint64_t h = step_fp_mix(step_fp_mix(0, r.id), r.lookup_agreed);
+  if (!r.lookup_agreed)
+    return step_fp_mix(step_fp_mix(step_fp_mix(h, r.prompt_tokens), r.keys.size()), plan_fp);
+  return step_fp_mix(step_fp_mix(h, r.first_chunk), r.n);
+}
+
+inline constexpr std::uint64_t step_top = ~std::uint64_t{0};
+
+/// A lookup's entry: [ready, answer tokens, -, -, -]. The agreed answer is the min over ranks
+/// once every rank is ready (a rank not ready contributes ready 0, so min says "not yet").
+struct lookup_words {
+  bool ready = false;
+  std::uint64_t answer_tokens = 0;
+
+  void encode(std::span<std::uint64_t> e) const noexcept {
+    e[0] = ready ? 1 : 0;
+    e[1] = ready ? answer_tokens : step_top;
+    e[2] = e[3] = e[4] = step_top;
+  }
+  static lookup_words decode(std::span<const std::uint64_t> e) noexcept { return {e[0] != 0, e[1]}; }
+};
+
+/// A load's entry: [fetched, reachable, landed, ok, ~elapsed us]. Agreed: the prefix every
+/// rank has fetched, the most every rank can still reach, the prefix in every rank's pages,
+/// whether every rank's moves and its own part succeeded, and the slowest rank's time.
+struct load_words {
+  std::size_t fetched = 0, reachable = 0, landed = 0;
+  bool ok = true;
+  std::uint64_t elapsed_us = 0;
+
+  void encode(std::span<std::uint64_t> e) const noexcept {
+    e[0] = fetched, e[1] = reachable, e[2] = landed, e[3] = ok ? 1 : 0, e[4] = ~elapsed_us;
+  }
+  static load_words decode(std::span<const std::uint64_t> e) noexcept {
+    return {static_cast<std::size_t>(e[0]), static_cast<std::size_t>(e[1]), static_cast<std::size_t>(e[2]),
+            e[3] != 0, ~e[4]};
+  }
+};
+
+/// The load range [first, end) the policy plans for an agreed cached prefix of `hit` tokens:
+/// full chunks only; none under the cost policy when recomputing is faster; in split mode the
+/// estimator's split point (rounded down to a chunk), none when that leaves nothing to load.
+struct planned_range {
+  std::uint64_t first = 0, end = 0;
+};
+inline planned_range plan_load(const connector_options& opt, const load_estimator& est, std::uint64_t hit,
+                               std::uint64_t prompt_tokens, std::uint64_t chunk_tokens, std::uint64_t world) {
+  const std::uint64_t T = chunk_tokens;
+  planned_range p{0, hit / T * T};
+  if (opt.policy == load_policy::cost && !est.decide(opt.node, static_cast<double>(hit)).load) {
+    p.end = 0;
+  } else if (opt.policy == load_policy::split && hit > 0) {
+    const double granularity = static_cast<double>(T) * static_cast<double>(world);
+    const auto k = static_cast<std::uint64_t>(
+        est.split(opt.node, static_cast<double>(hit), static_cast<double>(prompt_tokens), granularity)
+            .k_tokens);
+    p.first = std::min(p.end, k / T * T);
+    if (p.first == p.end) p.first = p.end = 0;
+  }
+  return p;
+}
+
+/// What one agreed load entry decides for a load of n chunks of which `enqueued` are already
+/// moving and whose final prefix is `target` (max: not yet known): move [enqueued, move_end),
+/// the new target, and, when the outcome is agreed, the chunks loaded.
+struct load_decision {
+  std::size_t move_end = 0;
+  std::size_t target = std::numeric_limits<std::size_t>::max();
+  std::optional<std::size_t> loaded_chunks;  // set: the load ends with this prefix
+  bool sample = false;                       // the outcome is a full fetch worth an estimator sample
+};
+inline load_decision decide_load(bool agreement_failed, const load_words& a, std::size_t n,
+                                 std::size_t enqueued, std::size_t target) {
+  load_decision d{enqueued, target, std::nullopt, false};
+  if (agreement_failed || !a.ok) {
+    // A failed agreement: nothing is known to be in every rank's pages. A failed move or
+    // local failure: the chunks every rank has scattered (min over ranks) stay loaded.
+    d.loaded_chunks = agreement_failed ? 0 : a.landed;
+    return d;
+  }
+  d.move_end = std::max(enqueued, a.fetched);
+  if (a.fetched == n || a.reachable <= a.fetched) d.target = a.fetched;
+  if (d.target != std::numeric_limits<std::size_t>::max() && a.landed >= d.target) {
+    d.loaded_chunks = d.target;
+    d.sample = d.target > 0;
+  }
+  return d;
+}
+
+}  // namespace kvtier::detail
