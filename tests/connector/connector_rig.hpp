@@ -37,6 +37,17 @@ inline kv_layout rig_layout() {
   return kv_layout::vllm_mla(rig_layers, /*num_blocks=*/128, /*block_size=*/16);
 }
 
+/// Options for tests that check outcomes, not deadlines: the defaults (a 50 ms lookup, a 200 ms
+/// load) expire on a loaded machine under a sanitizer, which turns a complete load into a short
+/// one. A test of a timeout sets its own short deadline.
+inline connector_options rig_options() {
+  connector_options opt;
+  opt.lookup_timeout = std::chrono::seconds(20);
+  opt.load_deadline = {std::chrono::seconds(30), std::chrono::milliseconds(0), std::chrono::seconds(30)};
+  opt.save_timeout = std::chrono::seconds(30);
+  return opt;
+}
+
 /// "The model": byte b of layer l of the KV at prompt position p (the same on every rank).
 inline std::byte model_byte(std::uint64_t pos, std::uint32_t layer, std::size_t b, std::uint64_t salt = 0) {
   std::uint64_t x =
@@ -139,7 +150,7 @@ struct rank_load_report {
 struct load_scenario {
   rank_t world = 2;
   bool two_comms = false;  // a separate data world: the moves run on the mover thread
-  connector_options opt{};
+  connector_options opt = rig_options();
   std::size_t prompt_tokens = 6 * rig_chunk_tokens + 7;
   std::chrono::milliseconds step_timeout{2000};
   std::function<void(rank_t)> after_load;

@@ -104,7 +104,7 @@ TEST_CASE("connector: selective writes save a chunk only after it was looked up 
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     memory_store store(16 << 20);
     host_kv_cache cache(rig_layout());
-    connector_options opt;
+    connector_options opt = rig_options();
     opt.saves = save_policy::selective;
     opt.save_after_lookups = 2;
     connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view(), opt);

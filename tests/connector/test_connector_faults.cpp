@@ -90,6 +90,7 @@ TEST_CASE("connector faults: one rank at a time, every rank agrees and no byte i
                       << bad);
           load_scenario sc{.world = W, .two_comms = two};
           sc.opt.layers_per_group = 2;
+          if (f == fault::lookup_timeout) sc.opt.lookup_timeout = std::chrono::milliseconds(200);
           if (f == fault::peer_stalls) {
             sc.step_timeout = std::chrono::milliseconds(100);
             sc.after_load = [bad](rank_t r) {
@@ -212,7 +213,7 @@ TEST_CASE("connector layer by layer: a layer below a late layer group is ready b
     data.held = late_group;
     memory_store store(64 << 20);
     host_kv_cache cache(rig_layout());
-    connector_options opt;
+    connector_options opt = rig_options();
     opt.layers_per_group = 1;
     opt.fetch_batch_chunks = 0;  // one store call: the whole load is agreed, and moved, at once
     opt.load_deadline.base = std::chrono::seconds(30);

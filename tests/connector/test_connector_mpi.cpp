@@ -63,7 +63,7 @@ mpi_outcome run_rank(redis_server& srv, int flip_on) {
   l2_store store(ns, resp::connection_options{.server = resp::parse_url(srv.url()).value},
                  value_format::v2(layer_group_bytes(rig_layout(), T, per_group)));
   host_kv_cache cache(rig_layout());
-  connector_options opt;
+  connector_options opt = rig_options();
   opt.layers_per_group = per_group;
   connector conn(chunker<>(ns), own, store, ctrl, cache.view(), opt);
   const std::vector<token_id> prompt = rig_prompt(6 * T + 7, 40 + flip_on);

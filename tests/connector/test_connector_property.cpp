@@ -51,7 +51,7 @@ std::vector<std::uint64_t> agreed_lookups(const Own& own, const std::vector<bool
       const std::span<const std::byte> src(value);
       store.put(std::span(&keys[k], 1), std::span(&src, 1), std::span(&st, 1), no_deadline);
     }
-    connector_options opt;
+    connector_options opt = rig_options();
     opt.fetch_workers = 1;
     connector conn(chunk, own, store, c, cache.view(), opt);
     if (auto plan = lookup_agreed(conn, 1, prompt)) agreed[r] = plan->cached_tokens;

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "kvtier/resp/parser.hpp"
+#include "support/command_loop.hpp"
 #include "support/loopback_acceptor.hpp"
 #include "support/redis_server.hpp"
 
@@ -37,26 +37,16 @@ class scripted_server {
 
  private:
   void serve(int fd) {
-    resp::parser p;
-    for (;;) {
-      std::span<std::byte> into = p.prepare();
-      const ssize_t n = ::recv(fd, into.data(), into.size(), 0);
-      if (n <= 0) return;
-      p.commit(static_cast<std::size_t>(n));
-      std::error_code ec;
-      while (auto v = p.next(ec)) {
-        std::vector<std::string> cmd;
-        for (const auto& e : v->elements) cmd.push_back(e.str);
-        if (cmd.empty()) return;
-        commands_.fetch_add(1);
-        try {
-          detail::send_all(fd, answer_(cmd));
-        } catch (const std::exception&) {
-          return;
-        }
-      }
-      if (ec) return;
-    }
+    serve_commands([&](std::span<std::byte> into) { return ::recv(fd, into.data(), into.size(), 0); },
+                   [&](const std::vector<std::string>& cmd) {
+                     commands_.fetch_add(1);
+                     try {
+                       detail::send_all(fd, answer_(cmd));
+                     } catch (const std::exception&) {
+                       return false;
+                     }
+                     return true;
+                   });
   }
 
   script answer_;

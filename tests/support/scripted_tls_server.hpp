@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "kvtier/resp/parser.hpp"
+#include "support/command_loop.hpp"
 #include "support/loopback_acceptor.hpp"
 #include "support/test_pki.hpp"
 
@@ -102,30 +102,21 @@ class scripted_tls_server {
   }
 
   void converse(SSL* ssl) {
-    resp::parser p;
-    for (;;) {
-      std::span<std::byte> into = p.prepare();
-      const int n = SSL_read(ssl, into.data(), static_cast<int>(into.size()));
-      if (n <= 0) return;
-      p.commit(static_cast<std::size_t>(n));
-      std::error_code ec;
-      while (auto v = p.next(ec)) {
-        std::vector<std::string> cmd;
-        for (const auto& e : v->elements) cmd.push_back(e.str);
-        if (cmd.empty()) return;
-        const std::vector<std::string> records = answer_(cmd);
-        for (std::size_t i = 0; i < records.size(); ++i) {
-          if (i == 1 && hold_rest_) {
-            std::unique_lock<std::mutex> lock(mu_);
-            const std::size_t seen = used_releases_++;
-            cv_.wait(lock, [&] { return stop_ || releases_ > seen; });
-            if (stop_) return;
+    serve_commands(
+        [&](std::span<std::byte> into) { return SSL_read(ssl, into.data(), static_cast<int>(into.size())); },
+        [&](const std::vector<std::string>& cmd) {
+          const std::vector<std::string> records = answer_(cmd);
+          for (std::size_t i = 0; i < records.size(); ++i) {
+            if (i == 1 && hold_rest_) {
+              std::unique_lock<std::mutex> lock(mu_);
+              const std::size_t seen = used_releases_++;
+              cv_.wait(lock, [&] { return stop_ || releases_ > seen; });
+              if (stop_) return false;
+            }
+            if (!write_record(ssl, records[i])) return false;
           }
-          if (!write_record(ssl, records[i])) return;
-        }
-      }
-      if (ec) return;
-    }
+          return true;
+        });
   }
 
   script answer_;
