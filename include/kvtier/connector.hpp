@@ -43,7 +43,7 @@
 //
 // Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors and
 // drain_events never block (load and finish may wait for one scatter of one layer group to
-// end); step, wait_for_layer and wait_local take a deadline.
+// end); step, wait_for_layer, wait_local and wait_for_save take a deadline.
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
 // they decide in detail/connector_step.hpp; the moves in detail/connector_mover.hpp; the saves
@@ -76,6 +76,7 @@
 #include "kvtier/detail/connector_saver.hpp"
 #include "kvtier/detail/connector_state.hpp"
 #include "kvtier/detail/connector_step.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/kv_copy.hpp"
@@ -112,17 +113,8 @@ class connector {
         estimator_(opt_.prior),
         mover_(data_, own_, geo_, shared_, separate_data()),
         saver_(store_, geo_, shared_, counters_, opt_.save_timeout, rank()) {
-    if (static_cast<rank_t>(own_.world_size()) != static_cast<rank_t>(ctrl_.size()))
-      throw std::invalid_argument("kvtier::connector: ownership world size " +
-                                  std::to_string(own_.world_size()) + " != communicator size " +
-                                  std::to_string(ctrl_.size()));
-    if (ctrl_.rank() != data_.rank() || ctrl_.size() != data_.size())
-      throw std::invalid_argument("kvtier::connector: control and data communicators differ in rank or size");
-    if (auto e = cache_.validate()) throw std::invalid_argument("kvtier::connector: " + e.message);
-    if (opt_.policy != load_policy::always &&
-        !(opt_.node.prefill_tokens_per_s > 0 && opt_.node.kv_bytes_per_token > 0))
-      throw std::invalid_argument("kvtier::connector: the cost and split policies need node figures");
-    lookups_seen_.assign(std::size_t{1} << 16, 0);
+    if (std::string why = detail::connector_setup_problem(own_, ctrl_, data_, cache_, opt_); !why.empty())
+      throw std::invalid_argument("kvtier::connector: " + why);
   }
   /// One communicator for the agreement and the moves (the moves then run inside step()).
   connector(chunker<> chunk, Own own, Store& store, Control& comm, kv_cache_view cache,
@@ -202,7 +194,7 @@ class connector {
     r->lookup_dl = deadline_after(opt_.lookup_timeout);
     if (!r->owned.empty()) {
       std::vector<chunk_key> keys;
-      for (std::size_t c : r->owned) keys.push_back(r->keys[c]), note_lookup(r->keys[c]);
+      for (std::size_t c : r->owned) keys.push_back(r->keys[c]), lookup_counts_.note(r->keys[c]);
       r->lookup =
           queue_.lookup(id, keys, chunk_layout::owned(owned_starts_of(r->owned), end_of(*r)), r->lookup_dl);
     }
@@ -277,18 +269,7 @@ class connector {
       return ec;
     }
     r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
-    std::vector<chunk_key> keys;
-    std::vector<std::span<std::byte>> dst;
-    std::vector<std::uint64_t> starts;
-    for (std::size_t i = 0; i < r.n; ++i) {
-      const std::size_t c = r.first_chunk + i;
-      if (static_cast<rank_t>(own_.owner(c)) != rank()) continue;
-      keys.push_back(r.keys[c]);
-      dst.push_back(geo_.staged(r, i));
-      starts.push_back(static_cast<std::uint64_t>(c) * T);
-    }
-    if (!keys.empty())
-      r.fetch = queue_.submit(id, keys, dst, chunk_layout::owned(std::move(starts), end_token), r.load_dl);
+    r.fetch = detail::fetch_owned(r, queue_, own_, rank(), geo_);
     std::lock_guard lock(shared_.mu);
     shared_.active_loads.push_back(it->second);
     return {};
@@ -380,6 +361,28 @@ class connector {
     return {};
   }
 
+  /// Blocks until every save of request `id` queued so far has ended (stored or failed; the
+  /// counters and events say which), or `dl` passes (errc::timeout). Local: no collective.
+  /// Before or after finish(), until finished() has listed the request's saves.
+  /// errc::invalid_argument for an id neither known nor finishing.
+  ///
+  ///   conn.save(id, slots, 0, tokens.size());
+  ///   conn.wait_for_save(id, kvtier::deadline_after(2s));  // vLLM's wait_for_save
+  std::error_code wait_for_save(request_id id, deadline dl) {
+    req_ptr r;
+    if (const auto it = requests_.find(id); it != requests_.end()) r = it->second;
+    std::unique_lock lock(shared_.mu);
+    if (!r)
+      if (const auto it = std::find_if(finishing_.begin(), finishing_.end(),
+                                       [&](const req_ptr& f) { return f->id == id; });
+          it != finishing_.end())
+        r = *it;
+    if (!r) return make_error_code(errc::invalid_argument);
+    if (!detail::wait_until(shared_.saved, lock, dl, [&] { return r->saves_pending == 0; }))
+      return make_error_code(errc::timeout);
+    return {};
+  }
+
   /// Ends a request on this rank (call it at the same point on every rank): no later step
   /// agrees on it and its pages are never written again. free_pages_now is false while saves
   /// still read them; finished() then lists the request once they end.
@@ -392,7 +395,7 @@ class connector {
       r->abandoned = true;
     }
     if (r->fetch.valid() && !queue_.poll(r->fetch)) {  // the fetch may still write its staging
-      quarantine_.push_back({r->fetch, r->staging});
+      quarantine_.hold(r->fetch, r->staging);
       counters_.quarantined_blocks.add();
     }
     requests_.erase(it);
@@ -448,7 +451,7 @@ class connector {
   ///   std::uint64_t w[2] = {l1_answer_tokens, first_mismatched_chunk};  // per request, say
   ///   if (!conn.step(dl, w)) use(w[0], w[1]);                           // min over ranks
   std::error_code step(deadline dl, std::span<std::uint64_t> words) {
-    release_quarantine();
+    quarantine_.release_completed(queue_);
     std::vector<req_ptr> waiting;
     for (request_id id : order_) {
       const req_ptr& r = requests_.at(id);
@@ -500,11 +503,6 @@ class connector {
   }
 
  private:
-  struct quarantined {
-    fetch_handle fetch;
-    std::shared_ptr<std::byte[]> staging;
-  };
-
   bool separate_data() const noexcept {
     return static_cast<const void*>(&ctrl_) != static_cast<const void*>(&data_);
   }
@@ -526,66 +524,18 @@ class connector {
     r.staging = staging_->take(r.n * geo_.chunk_bytes, opt_.max_bytes_in_flight);
     return r.staging != nullptr;
   }
-  void release_quarantine() {
-    std::erase_if(quarantine_, [this](const quarantined& q) { return queue_.poll(q.fetch).has_value(); });
-  }
 
-  void note_lookup(const chunk_key& k) {
-    std::uint8_t& n = lookups_seen_[chunk_key_hash{}(k) & (lookups_seen_.size() - 1)];
-    if (n < 255) ++n;
-  }
   bool admitted(const chunk_key& k) const {
-    return opt_.saves == save_policy::write_through ||
-           lookups_seen_[chunk_key_hash{}(k) & (lookups_seen_.size() - 1)] >= opt_.save_after_lookups;
+    return opt_.saves == save_policy::write_through || lookup_counts_.of(k) >= opt_.save_after_lookups;
   }
 
   // This rank's words of one entry (see detail::lookup_words and detail::load_words).
   void contribute(detail::connector_request& r, std::span<std::uint64_t> e) {
-    if (!r.lookup_agreed) {
-      detail::lookup_words w{true, 0};
-      if (!r.lookup.valid()) {
-        w.answer_tokens = end_of(r);
-      } else if (auto res = queue_.poll(r.lookup)) {
-        w.answer_tokens = res->answer_tokens;
-        note_evictions(r, res->status);
-      } else if (expired(r.lookup_dl)) {
-        queue_.cancel(r.lookup);  // a lookup past its deadline answers "nothing cached"
-      } else {
-        w.ready = false;
-      }
-      return w.encode(e);
-    }
-    std::size_t fetched = r.n;
-    bool fetch_done = true;
-    if (r.local_failure) {
-      fetched = 0;
-    } else if (r.fetch.valid()) {
-      const fetch_progress p = queue_.progress(r.fetch);
-      const std::size_t T = chunk_.chunk_tokens();
-      fetched =
-          std::min<std::size_t>(r.n, (p.answer_tokens - std::min(p.answer_tokens, r.range_first_token)) / T);
-      fetch_done = p.complete || expired(r.load_dl);
-    }
-    fetched = std::min(fetched, r.cap);  // limit_load: never agree past this rank's cap
-    std::lock_guard lock(shared_.mu);
-    detail::load_words{
-        .fetched = fetched,
-        .reachable = std::min(fetch_done ? fetched : r.n, r.cap),
-        .landed = r.local_failure ? 0 : r.landed_locked(),
-        .ok = !(r.move_failed || r.local_failure),
-        .elapsed_us = static_cast<std::uint64_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - r.load_started).count())}
-        .encode(e);
-  }
-
-  void note_evictions(const detail::connector_request& r, const std::vector<chunk_status>& status) {
-    std::vector<chunk_key> gone;
-    std::lock_guard lock(shared_.mu);
-    for (std::size_t k = 0; k < status.size() && k < r.owned.size(); ++k)
-      if (status[k] == chunk_status::miss && shared_.stored.erase(r.keys[r.owned[k]]))
-        gone.push_back(r.keys[r.owned[k]]);
-    if (gone.empty()) return;
-    shared_.events.push_back({kv_event::kind::evicted, rank(), std::move(gone)});
+    if (r.lookup_agreed)
+      return detail::load_contribution(r, queue_, shared_, chunk_.chunk_tokens()).encode(e);
+    detail::lookup_contribution(r, queue_, end_of(r), [&](const std::vector<chunk_status>& status) {
+      shared_.note_evictions(r, status, rank());
+    }).encode(e);
   }
 
   void settle_lookup(detail::connector_request& r, std::error_code ec, std::span<const std::uint64_t> e) {
@@ -614,24 +564,7 @@ class connector {
     if (d.sample && opt_.wall_clock_samples)  // the slowest rank's time: the same sample on every rank
       estimator_.record_bytes(*d.loaded_chunks * geo_.chunk_bytes,
                               static_cast<double>(agreed.elapsed_us) * 1e-6);
-    end_load(*r, *d.loaded_chunks);
-  }
-
-  void end_load(detail::connector_request& r, std::size_t chunks) {
-    {
-      std::lock_guard gate(r.scatter_mu);  // nothing past the agreed prefix is written any more
-      if (chunks < r.n) r.abandoned = true;
-    }
-    r.done = true;
-    r.loaded_end_token = r.range_first_token + static_cast<std::uint64_t>(chunks) * chunk_.chunk_tokens();
-    counters_.tokens_loaded.add(r.loaded_end_token - r.range_first_token);
-    if (chunks < r.n) {
-      counters_.loads_cut_short.add();
-      counters_.tokens_to_recompute.add(r.range_end_token - r.loaded_end_token);
-    }
-    std::lock_guard lock(shared_.mu);
-    std::erase_if(shared_.active_loads, [&](const req_ptr& p) { return p.get() == &r; });
-    shared_.landed.notify_all();
+    detail::end_load(*r, *d.loaded_chunks, chunk_.chunk_tokens(), counters_, shared_);
   }
 
   chunker<> chunk_;
@@ -649,8 +582,8 @@ class connector {
   // Engine thread.
   std::unordered_map<request_id, req_ptr> requests_;
   std::vector<request_id> order_;  // begin_lookup order: the order of the step's entries
-  std::vector<quarantined> quarantine_;
-  std::vector<std::uint8_t> lookups_seen_;
+  detail::quarantine quarantine_;
+  detail::lookup_counts lookup_counts_;  // selective saves
   std::shared_ptr<detail::staging_pool> staging_ =
       std::make_shared<detail::staging_pool>(opt_.max_bytes_in_flight);
   std::vector<req_ptr> finishing_;  // finished with saves pending (under shared_.mu)

@@ -61,7 +61,7 @@ TEST_CASE("connector: the first request finds nothing and its pages stay the eng
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     memory_store store(16 << 20);
     host_kv_cache cache(rig_layout());
-    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view());
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view(), rig_options());
     const auto plan = lookup_agreed(conn, 7, prompt);
     LOCKED_REQUIRE(plan);
     LOCKED_CHECK(plan->cached_tokens == 0);
@@ -81,7 +81,7 @@ TEST_CASE("connector: saves emit stored events, finish waits for saves, metrics 
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     memory_store store(16 << 20);
     host_kv_cache cache(rig_layout());
-    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view());
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, c, cache.view(), rig_options());
     const auto got1 = compute_and_save(conn, cache, 1, prompt);  // outside the lock: it may wait for a peer
     LOCKED_REQUIRE(got1);
     std::size_t stored = 0;
@@ -130,7 +130,7 @@ TEST_CASE("connector: evicted chunks are reported once a lookup misses them", "[
     host_kv_cache cache(rig_layout());
     const std::size_t chunk = rig_layout().bytes_per_token() * rig_chunk_tokens;
     memory_store store(prompt_chunks * chunk);  // room for one prompt only
-    connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view());
+    connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view(), rig_options());
     const auto got4 = compute_and_save(conn, cache, 1, prompt);  // outside the lock: it may wait for a peer
     LOCKED_REQUIRE(got4);
     const auto got5 = compute_and_save(
@@ -168,14 +168,14 @@ TEST_CASE("connector: check_deployment agrees at setup and names a rank configur
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     memory_store store(1 << 20);
     host_kv_cache cache(rig_layout());
-    connector same(chunker<>(rig_ns("mod:3")), modulo_ownership(3), store, c, cache.view());
+    connector same(chunker<>(rig_ns("mod:3")), modulo_ownership(3), store, c, cache.view(), rig_options());
     const auto got7 = same.check_deployment(deadline_after(std::chrono::seconds(5)))
                           .ec;  // outside the lock: it may wait for a peer
     LOCKED_CHECK_FALSE(got7);
     // Rank 2 runs another model: its key namespace differs.
     key_namespace ns = rig_ns("mod:3");
     if (c.rank() == 2) ns.model = "another-model";
-    connector odd(chunker<>(ns), modulo_ownership(3), store, c, cache.view());
+    connector odd(chunker<>(ns), modulo_ownership(3), store, c, cache.view(), rig_options());
     const deployment_check_result r = odd.check_deployment(deadline_after(std::chrono::seconds(5)));
     LOCKED_CHECK(r.ec == errc::invalid_argument);
     LOCKED_CHECK(r.field == "namespace_fingerprint");

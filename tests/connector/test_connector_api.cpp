@@ -115,7 +115,7 @@ TEST_CASE("connector load range: the engine's range of whole chunks inside the p
   for (rank_t W : {1u, 2u, 3u}) {
     INFO("W = " << W);
     call_log log(W);
-    on_ranks(W, {}, true, [&](auto& env, rank_t r) {
+    on_ranks(W, rig_options(), true, [&](auto& env, rank_t r) {
       host_kv_cache::sequence seq;
       const auto out = load_range(env, seq, 2 * T, 5 * T);
       LOCKED_REQUIRE(out);
@@ -136,7 +136,7 @@ TEST_CASE("connector load range: the engine's range of whole chunks inside the p
 
 TEST_CASE("connector load range: a range that is not whole chunks inside the plan is refused by name",
           "[connector]") {
-  on_ranks(1, {}, true, [&](auto& env, rank_t) {
+  on_ranks(1, rig_options(), true, [&](auto& env, rank_t) {
     const auto plan = lookup_agreed(env.conn, 2, the_prompt);
     LOCKED_REQUIRE(plan);
     LOCKED_REQUIRE(plan->load_end_token == 6 * T);
@@ -169,7 +169,7 @@ TEST_CASE("connector load range: a range that is not whole chunks inside the pla
 TEST_CASE("connector load range: ranks that load different ranges fail together, nothing loaded",
           "[connector]") {
   call_log log(2);
-  on_ranks(2, {}, true, [&](auto& env, rank_t r) {
+  on_ranks(2, rig_options(), true, [&](auto& env, rank_t r) {
     host_kv_cache::sequence seq;
     const auto out = load_range(env, seq, r == 0 ? 0 : T, 4 * T);
     LOCKED_REQUIRE(out);
@@ -184,7 +184,7 @@ TEST_CASE("connector load range: ranks that load different ranges fail together,
 TEST_CASE("connector prompt length: a prompt keyed only in part plans with its whole length", "[connector]") {
   call_log log(2);
   const std::uint64_t keyed = 4 * T + 5;
-  on_ranks(2, {}, true, [&](auto& env, rank_t r) {
+  on_ranks(2, rig_options(), true, [&](auto& env, rank_t r) {
     env.conn.begin_lookup(2, std::span(the_prompt).first(keyed), the_prompt.size());
     const bool agreed = step_until(env.conn, [&] { return env.conn.lookup(2).has_value(); });
     LOCKED_REQUIRE(agreed);
@@ -220,7 +220,7 @@ TEST_CASE("connector prompt length: a prompt keyed only in part plans with its w
 TEST_CASE("connector prompt length: ranks with different prompt lengths fail the lookup together",
           "[connector]") {
   call_log log(2);
-  on_ranks(2, {}, true, [&](auto& env, rank_t r) {
+  on_ranks(2, rig_options(), true, [&](auto& env, rank_t r) {
     env.conn.begin_lookup(2, the_prompt, the_prompt.size() + r);
     const bool agreed = step_until(env.conn, [&] { return env.conn.lookup(2).has_value(); });
     LOCKED_REQUIRE(agreed);
@@ -239,8 +239,7 @@ template <class After>
 std::vector<std::optional<load_outcome>> capped_load(rank_t W, After after_load) {
   std::vector<std::optional<load_outcome>> out(W);
   call_log log(W);
-  connector_options opt;
-  opt.load_deadline.base = std::chrono::seconds(30);  // only the caps end the loads short
+  const connector_options opt = rig_options();  // only the caps end the loads short
   on_ranks(W, opt, true, [&](auto& env, rank_t r) {
     const bool looked = lookup_agreed(env.conn, 2, the_prompt).has_value();
     LOCKED_REQUIRE(looked);
@@ -280,7 +279,7 @@ TEST_CASE("connector limit_load: one rank's cap ends every rank's load at the sa
       }
     }
   }
-  on_ranks(1, {}, false, [&](auto& env, rank_t) {
+  on_ranks(1, rig_options(), false, [&](auto& env, rank_t) {
     LOCKED_CHECK(env.conn.limit_load(9, 1) == errc::invalid_argument);  // unknown id
     LOCKED_CHECK(env.conn.cancel_load(9) == errc::invalid_argument);
   });
@@ -304,7 +303,7 @@ TEST_CASE("connector record_load_sample: the engine's samples only, with wall-cl
           "[connector]") {
   for (bool wall : {true, false}) {
     INFO("wall_clock_samples = " << wall);
-    connector_options opt;
+    connector_options opt = rig_options();
     opt.wall_clock_samples = wall;
     on_ranks(2, opt, true, [&](auto& env, rank_t) {
       host_kv_cache::sequence seq;
@@ -333,7 +332,7 @@ TEST_CASE("connector record_load_sample: ranks whose estimates differ fail the c
           "[connector]") {
   for (bool same : {true, false}) {
     INFO("the same samples on every rank: " << same);
-    connector_options opt;
+    connector_options opt = rig_options();
     opt.policy = load_policy::cost;
     opt.node = {.kv_bytes_per_token = 1e3, .prefill_tokens_per_s = 100};  // recomputing is slow: load
     opt.wall_clock_samples = false;
@@ -367,7 +366,7 @@ TEST_CASE("connector step words: the engine's words are agreed (min) in the step
   for (rank_t W : {1u, 2u, 3u}) {
     INFO("W = " << W);
     call_log log(W);
-    on_ranks(W, {}, true, [&](auto& env, rank_t r) {
+    on_ranks(W, rig_options(), true, [&](auto& env, rank_t r) {
       const auto plan = lookup_agreed(env.conn, 2, the_prompt);
       LOCKED_REQUIRE(plan);
       host_kv_cache::sequence seq;
@@ -404,10 +403,119 @@ TEST_CASE("connector step words: the engine's words are agreed (min) in the step
 
 TEST_CASE("connector step words: a different word count fails the step on every rank, words zeroed",
           "[connector]") {
-  on_ranks(2, {}, false, [&](auto& env, rank_t r) {
+  on_ranks(2, rig_options(), false, [&](auto& env, rank_t r) {
     std::vector<std::uint64_t> w(2 + r, 5);
     const auto ec = env.conn.step(deadline_after(std::chrono::seconds(2)), w);
     LOCKED_CHECK(ec);
     LOCKED_CHECK(w == std::vector<std::uint64_t>(2 + r, 0));
   });
+}
+
+namespace {
+
+// The memory store with a gate on put() (a save that cannot end until opened) and, when
+// stall_gets, a get() that answers only at its deadline (a stalled server).
+struct gated_store {
+  memory_store& inner;
+  bool stall_gets = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = true;
+
+  std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> st, deadline dl) {
+    return inner.exists(k, st, dl);
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> st, deadline dl) {
+    if (!stall_gets) return inner.get(k, d, st, dl);
+    std::this_thread::sleep_until(std::min(dl, clock::now() + std::chrono::seconds(5)));
+    std::fill(st.begin(), st.end(), chunk_status::timeout);
+    return make_error_code(errc::timeout);
+  }
+  std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> s,
+                      std::span<chunk_status> st, deadline dl) {
+    {
+      std::unique_lock lock(mu);
+      cv.wait_for(lock, std::chrono::seconds(20), [&] { return open; });
+    }
+    return inner.put(k, s, st, dl);
+  }
+  void set_open(bool o) {
+    std::lock_guard lock(mu);
+    open = o;
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("connector wait_for_save: returns once the request's saves ended, before or after finish",
+          "[connector]") {
+  on_ranks(
+      1, rig_options(), false, [](rank_t, memory_store& m) { return std::make_unique<gated_store>(m); },
+      [&](auto& env, rank_t) {
+        const auto plan = lookup_agreed(env.conn, 1, the_prompt);
+        LOCKED_REQUIRE(plan);
+        host_kv_cache::sequence seq;
+        LOCKED_REQUIRE(env.cache.reserve(seq, the_prompt.size()));
+        compute_into(env.cache, seq, 0, the_prompt.size());
+        const auto slots = slots_of(env.cache, seq, the_prompt.size());
+        const auto short_wait = [] { return deadline_after(std::chrono::milliseconds(30)); };
+        const auto long_wait = [] { return deadline_after(std::chrono::seconds(20)); };
+        env.store.set_open(false);
+        LOCKED_REQUIRE_FALSE(env.conn.save(1, slots, 0, 3 * T));
+        LOCKED_CHECK(env.conn.wait_for_save(1, short_wait()) == errc::timeout);  // the put cannot end yet
+        env.store.set_open(true);
+        LOCKED_CHECK_FALSE(env.conn.wait_for_save(1, long_wait()));
+        LOCKED_CHECK(env.conn.counters().chunks_saved.value() == 3);
+        env.store.set_open(false);  // and after finish()
+        LOCKED_REQUIRE_FALSE(env.conn.save(1, slots, 3 * T, 6 * T));
+        LOCKED_CHECK_FALSE(env.conn.finish(1).free_pages_now);
+        LOCKED_CHECK(env.conn.wait_for_save(1, short_wait()) == errc::timeout);
+        env.store.set_open(true);
+        LOCKED_CHECK_FALSE(env.conn.wait_for_save(1, long_wait()));
+        LOCKED_CHECK(env.conn.counters().chunks_saved.value() == 6);
+        LOCKED_CHECK(env.conn.finished().saves == std::vector<request_id>{1});
+        LOCKED_CHECK(env.conn.wait_for_save(1, short_wait()) == errc::invalid_argument);  // listed: gone
+        LOCKED_CHECK(env.conn.wait_for_save(99, short_wait()) == errc::invalid_argument);
+      });
+}
+
+TEST_CASE("connector wait_local: a stalled store's rank times out by the caller's deadline", "[connector]") {
+  connector_options opt = rig_options();
+  opt.load_deadline = {std::chrono::milliseconds(300), std::chrono::milliseconds(0),
+                       std::chrono::milliseconds(300)};
+  call_log log(2);
+  on_ranks(
+      2, opt, true,
+      [](rank_t r, memory_store& m) {
+        auto s = std::make_unique<gated_store>(m);
+        s->stall_gets = r == 1;
+        return s;
+      },
+      [&](auto& env, rank_t r) {
+        LOCKED_CHECK(env.conn.wait_local(2, deadline_after(std::chrono::milliseconds(10))) ==
+                     errc::invalid_argument);  // unknown id
+        const auto plan = lookup_agreed(env.conn, 2, the_prompt);
+        LOCKED_REQUIRE(plan);
+        LOCKED_CHECK(env.conn.wait_local(2, deadline_after(std::chrono::milliseconds(10))) ==
+                     errc::invalid_argument);  // no load started
+        host_kv_cache::sequence seq;
+        LOCKED_REQUIRE(env.cache.reserve(seq, the_prompt.size()));
+        LOCKED_REQUIRE_FALSE(env.conn.load(2, slots_of(env.cache, seq, the_prompt.size())));
+        if (r == 1) {
+          const auto waited = env.conn.wait_local(2, deadline_after(std::chrono::milliseconds(30)));
+          LOCKED_CHECK(waited == errc::timeout);  // its get answers only at the load's deadline
+        } else {
+          const auto waited = env.conn.wait_local(2, deadline_after(std::chrono::seconds(20)));
+          LOCKED_CHECK_FALSE(waited);  // this rank's own fetch ended
+        }
+        const bool ended = step_until(env.conn, [&] { return env.conn.load_result(2).has_value(); });
+        LOCKED_REQUIRE(ended);
+        LOCKED_CHECK(env.conn.load_result(2)->loaded_end_token < 2 * T);  // rank 1 owns chunk 1
+        LOCKED_CHECK(wrong_bytes(env.cache, seq, 0, env.conn.load_result(2)->loaded_end_token) == 0);
+        env.conn.finish(2);
+        log.keep(r, env.ctrl);
+      });
+  CHECK(log.same());
 }

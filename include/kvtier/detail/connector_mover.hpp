@@ -8,13 +8,10 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <mutex>
 #include <span>
 #include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,48 +37,20 @@ class connector_mover {
   connector_mover(Data& data, const Own& own, const connector_geometry& geo, connector_shared& shared,
                   bool threaded)
       : data_(data), own_(own), geo_(geo), shared_(shared) {
-    if (threaded) thread_ = std::thread([this] { loop(); });
+    if (threaded) worker_.start([this](std::vector<move_item>& batch) { run(batch); });
   }
-  connector_mover(const connector_mover&) = delete;
-  connector_mover& operator=(const connector_mover&) = delete;
-  ~connector_mover() { stop(); }
 
   /// Moves what a step agreed (every rank submits the same batches in the same order).
   void submit(std::vector<move_item> batch) {
     if (batch.empty()) return;
-    if (!thread_.joinable()) return run(batch);
-    {
-      std::lock_guard lock(mu_);
-      batches_.push_back(std::move(batch));
-    }
-    cv_.notify_all();
+    if (!worker_.running()) return run(batch);
+    worker_.submit(std::move(batch));
   }
 
   /// Runs the batches already submitted, then joins the thread (idempotent).
-  void stop() {
-    {
-      std::lock_guard lock(mu_);
-      closing_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
+  void stop() { worker_.stop(); }
 
  private:
-  void loop() {
-    for (;;) {
-      std::vector<move_item> batch;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return closing_ || !batches_.empty(); });
-        if (batches_.empty()) return;
-        batch = std::move(batches_.front());
-        batches_.pop_front();
-      }
-      run(batch);
-    }
-  }
-
   void run(const std::vector<move_item>& batch) {
     const auto me = static_cast<rank_t>(data_.rank());
     deadline dl = deadline::min();
@@ -130,11 +99,7 @@ class connector_mover {
   const Own& own_;
   const connector_geometry& geo_;
   connector_shared& shared_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::vector<move_item>> batches_;
-  bool closing_ = false;
-  std::thread thread_;
+  serial_worker<std::vector<move_item>> worker_;  // last: it stops before the members above go
 };
 
 }  // namespace kvtier::detail

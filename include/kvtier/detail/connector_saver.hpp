@@ -8,13 +8,10 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <mutex>
 #include <span>
 #include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -43,11 +40,9 @@ class connector_saver {
         shared_(shared),
         counters_(counters),
         save_timeout_(save_timeout),
-        rank_(rank),
-        thread_([this] { loop(); }) {}
-  connector_saver(const connector_saver&) = delete;
-  connector_saver& operator=(const connector_saver&) = delete;
-  ~connector_saver() { stop(); }
+        rank_(rank) {
+    worker_.start([this](save_job& job) { run(job); });
+  }
 
   /// Queues a save; the request counts it pending (under shared.mu) until it ended.
   void submit(save_job job) {
@@ -55,38 +50,13 @@ class connector_saver {
       std::lock_guard lock(shared_.mu);
       ++job.r->saves_pending;
     }
-    {
-      std::lock_guard lock(mu_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_all();
+    worker_.submit(std::move(job));
   }
 
   /// Runs the saves already submitted, then joins the thread (idempotent).
-  void stop() {
-    {
-      std::lock_guard lock(mu_);
-      closing_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
+  void stop() { worker_.stop(); }
 
  private:
-  void loop() {
-    for (;;) {
-      save_job job;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return closing_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      run(job);
-    }
-  }
-
   void run(save_job& job) {
     const std::size_t bytes = geo_.chunk_bytes;
     std::vector<std::byte> values(job.chunks.size() * bytes);
@@ -121,11 +91,7 @@ class connector_saver {
   connector_counters& counters_;
   std::chrono::milliseconds save_timeout_;
   rank_t rank_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<save_job> jobs_;
-  bool closing_ = false;
-  std::thread thread_;  // last: it starts once every member above exists
+  serial_worker<save_job> worker_;  // last: it stops before the members above go
 };
 
 }  // namespace kvtier::detail

@@ -8,11 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <span>
+#include <string>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -23,6 +26,8 @@
 #include "kvtier/fetch_types.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/kv_layout.hpp"
+#include "kvtier/ownership.hpp"
+#include "kvtier/store/chunk_store.hpp"
 
 namespace kvtier::detail {
 
@@ -126,6 +131,16 @@ struct connector_shared {
   std::unordered_set<chunk_key, chunk_key_hash> stored;
   std::deque<chunk_key> stored_order;
 
+  /// A completed lookup's statuses: keys this rank stored that now miss are reported evicted.
+  void note_evictions(const connector_request& r, const std::vector<chunk_status>& status, rank_t rank) {
+    std::vector<chunk_key> gone;
+    std::lock_guard lock(mu);
+    for (std::size_t k = 0; k < status.size() && k < r.owned.size(); ++k)
+      if (status[k] == chunk_status::miss && stored.erase(r.keys[r.owned[k]]))
+        gone.push_back(r.keys[r.owned[k]]);
+    if (!gone.empty()) events.push_back({kv_event::kind::evicted, rank, std::move(gone)});
+  }
+
   // Under mu: remembers a key this rank stored (the newest 65,536).
   void remember_stored_locked(const chunk_key& k) {
     if (!stored.insert(k).second) return;
@@ -135,6 +150,131 @@ struct connector_shared {
       stored_order.pop_front();
     }
   }
+};
+
+/// One thread that runs run(job) for each submitted job, in submission order: the mover's and
+/// the saver's. stop() runs the jobs already submitted, then joins (idempotent). Declare it
+/// after everything run() touches, so it stops before those go.
+template <class Job>
+class serial_worker {
+ public:
+  serial_worker() = default;
+  serial_worker(const serial_worker&) = delete;
+  serial_worker& operator=(const serial_worker&) = delete;
+  ~serial_worker() { stop(); }
+
+  void start(std::function<void(Job&)> run) {
+    run_ = std::move(run);
+    thread_ = std::thread([this] { loop(); });
+  }
+  bool running() const noexcept { return thread_.joinable(); }
+  void submit(Job job) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      closing_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return closing_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      run_(job);
+    }
+  }
+
+  std::function<void(Job&)> run_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool closing_ = false;
+  std::thread thread_;
+};
+
+/// What makes a connector over these parts impossible, in words (empty: nothing).
+template <class Own, class Control, class Data>
+std::string connector_setup_problem(const Own& own, const Control& ctrl, const Data& data,
+                                    const kv_cache_view& cache, const connector_options& opt) {
+  if (static_cast<rank_t>(own.world_size()) != static_cast<rank_t>(ctrl.size()))
+    return "ownership world size " + std::to_string(own.world_size()) + " != communicator size " +
+           std::to_string(ctrl.size());
+  if (ctrl.rank() != data.rank() || ctrl.size() != data.size())
+    return "control and data communicators differ in rank or size";
+  if (auto e = cache.validate()) return e.message;
+  if (opt.policy != load_policy::always &&
+      !(opt.node.prefill_tokens_per_s > 0 && opt.node.kv_bytes_per_token > 0))
+    return "the cost and split policies need node figures";
+  return {};
+}
+
+/// Starts this rank's fetch of its owned chunks of load r into their staging slots (an empty
+/// handle when it owns none of them).
+template <class Queue, class Own>
+fetch_handle fetch_owned(connector_request& r, Queue& queue, const Own& own, rank_t rank,
+                         const connector_geometry& geo) {
+  std::vector<chunk_key> keys;
+  std::vector<std::span<std::byte>> dst;
+  std::vector<std::uint64_t> starts;
+  for (std::size_t i = 0; i < r.n; ++i) {
+    const std::size_t c = r.first_chunk + i;
+    if (static_cast<rank_t>(own.owner(c)) != rank) continue;
+    keys.push_back(r.keys[c]);
+    dst.push_back(geo.staged(r, i));
+    starts.push_back(static_cast<std::uint64_t>(c) * geo.chunk_tokens);
+  }
+  if (keys.empty()) return {};
+  return queue.submit(r.id, keys, dst, chunk_layout::owned(std::move(starts), r.range_end_token), r.load_dl);
+}
+
+/// How often each chunk was looked up on this rank, for the selective save policy: saturating
+/// 8-bit counts in 65,536 slots by key hash (a collision only counts a chunk higher).
+class lookup_counts {
+ public:
+  void note(const chunk_key& k) noexcept {
+    std::uint8_t& n = seen_[slot(k)];
+    if (n < 255) ++n;
+  }
+  std::uint8_t of(const chunk_key& k) const noexcept { return seen_[slot(k)]; }
+
+ private:
+  static std::size_t slot(const chunk_key& k) noexcept { return chunk_key_hash{}(k)&0xFFFF; }
+  std::vector<std::uint8_t> seen_ = std::vector<std::uint8_t>(std::size_t{1} << 16, 0);
+};
+
+/// Staging blocks of finished loads whose fetch may still write them: each is held until its
+/// fetch has completed, and only then goes back to the pool.
+class quarantine {
+ public:
+  void hold(fetch_handle fetch, std::shared_ptr<std::byte[]> staging) {
+    held_.push_back({std::move(fetch), std::move(staging)});
+  }
+  template <class Queue>
+  void release_completed(const Queue& queue) {
+    std::erase_if(held_, [&](const entry& q) { return queue.poll(q.fetch).has_value(); });
+  }
+
+ private:
+  struct entry {
+    fetch_handle fetch;
+    std::shared_ptr<std::byte[]> staging;
+  };
+  std::vector<entry> held_;
 };
 
 /// The staging blocks of a connector's loads. A block goes back to the pool only when its last

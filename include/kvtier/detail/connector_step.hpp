@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <system_error>
@@ -17,7 +19,9 @@
 
 #include "kvtier/connector/types.hpp"
 #include "kvtier/cost_model.hpp"
+#include "kvtier/deadline.hpp"
 #include "kvtier/detail/connector_state.hpp"
+#include "kvtier/fetch_types.hpp"
 
 namespace kvtier::detail {
 
@@ -104,6 +108,68 @@ struct load_words {
             e[3] != 0, ~e[4]};
   }
 };
+
+/// This rank's words for a lookup not yet agreed: its store's answer once the lookup completed
+/// (`on_status` gets the per-chunk statuses), "nothing cached" once its deadline passed (the
+/// lookup is cancelled), else not ready. A rank that owns none of the chunks answers `keyed_end`.
+template <class Queue, class OnStatus>
+lookup_words lookup_contribution(connector_request& r, Queue& queue, std::uint64_t keyed_end,
+                                 OnStatus on_status) {
+  if (!r.lookup.valid()) return {true, keyed_end};
+  if (auto res = queue.poll(r.lookup)) {
+    on_status(res->status);
+    return {true, res->answer_tokens};
+  }
+  if (!expired(r.lookup_dl)) return {false, 0};
+  queue.cancel(r.lookup);
+  return {true, 0};
+}
+
+/// This rank's words for a running load: the prefix its fetch has landed (all of it when it
+/// owns none; nothing after a local failure), capped by limit_load; what it can still reach;
+/// what the mover has scattered (read under shared.mu); the failure flag; the time so far.
+template <class Queue>
+load_words load_contribution(connector_request& r, const Queue& queue, connector_shared& shared,
+                             std::size_t chunk_tokens) {
+  std::size_t fetched = r.n;
+  bool fetch_done = true;
+  if (r.local_failure) {
+    fetched = 0;
+  } else if (r.fetch.valid()) {
+    const fetch_progress p = queue.progress(r.fetch);
+    fetched = std::min<std::size_t>(
+        r.n, (p.answer_tokens - std::min(p.answer_tokens, r.range_first_token)) / chunk_tokens);
+    fetch_done = p.complete || expired(r.load_dl);
+  }
+  fetched = std::min(fetched, r.cap);  // limit_load: never agree past this rank's cap
+  std::lock_guard lock(shared.mu);
+  return {.fetched = fetched,
+          .reachable = std::min(fetch_done ? fetched : r.n, r.cap),
+          .landed = r.local_failure ? 0 : r.landed_locked(),
+          .ok = !(r.move_failed || r.local_failure),
+          .elapsed_us = static_cast<std::uint64_t>(
+              std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - r.load_started).count())};
+}
+
+/// Ends a load with its agreed prefix of `chunks`: the pages past it are never written again
+/// (the scatter gate), the counters count it, and it stops being a running load.
+inline void end_load(connector_request& r, std::size_t chunks, std::size_t chunk_tokens,
+                     connector_counters& counters, connector_shared& shared) {
+  {
+    std::lock_guard gate(r.scatter_mu);
+    if (chunks < r.n) r.abandoned = true;
+  }
+  r.done = true;
+  r.loaded_end_token = r.range_first_token + static_cast<std::uint64_t>(chunks) * chunk_tokens;
+  counters.tokens_loaded.add(r.loaded_end_token - r.range_first_token);
+  if (chunks < r.n) {
+    counters.loads_cut_short.add();
+    counters.tokens_to_recompute.add(r.range_end_token - r.loaded_end_token);
+  }
+  std::lock_guard lock(shared.mu);
+  std::erase_if(shared.active_loads, [&](const connector_request_ptr& p) { return p.get() == &r; });
+  shared.landed.notify_all();
+}
 
 /// The load range [first, end) the policy plans for an agreed cached prefix of `hit` tokens:
 /// full chunks only; none under the cost policy when recomputing is faster; in split mode the
