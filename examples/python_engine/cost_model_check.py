@@ -1,21 +1,42 @@
 """The cost model against this machine: predicted against measured hit and recompute wall-clock.
 
-Measures, for the bench model (wide latent, so that B* = s*R lands among the store bandwidths):
-  s   bytes per token of its KV (all layers)
-  R   its prefill tokens/s here (torch threads 1, and 2 for comparison), median of 5
-  B,T0 of the same redis-servers through kvtier's store and the probe's fit (kvtier.fit_batches
-      over a ladder of batch sizes 16..1 of chunk-sized values), for 1 server and for 2 servers
-      (RendezvousStore: the batch split over both, in parallel), at each chunk size
-Then fits on ONE configuration (prompt n0, 1 server, chunk C0): R from its recompute time, and the
-engine's fixed cost per hit T0e = its measured hit time - h*s/B_probe - (n0-h)/R (lookup, the load
-thread, the scatter's fixed part, Python). For every other configuration it predicts
-  hit       = T0e + h*s/B_probe(servers, C) + (n - h)/R
-  recompute = n / R
-  verdict   = kvtier.decide_load(PrefillNode(s, R), LoadPath(T0e, B_probe), h)
-and prints them against the measured medians of 5 (every case's hit and recompute runs taken
-round-robin, so the machine's load drifts hit all cases alike), as ratios.
+Runs as 2 MPI processes, each with its own redis-server (the 1-server configurations run on rank
+0 alone, over MPI.COMM_SELF, while rank 1 waits without spinning; the 2-server ones on both ranks,
+context-parallel, each rank loading the chunks it owns from its own server):
 
-    PYTHONPATH=build/release/python /usr/bin/python3 examples/python_engine/cost_model_check.py
+    mpiexec -n 2 --oversubscribe /usr/bin/python3 examples/python_engine/cost_model_check.py
+
+Every request goes through the bound kvtier.Connector (tier.BoundTier). Measured:
+  s     bytes per token of the bench model's KV (all layers)
+  B,T0  of the same servers through kvtier's store and the probe's fit (kvtier.fit_batches over a
+        ladder of GET batches 16..1 of chunk-sized values); at W = 2 both ranks GET from their own
+        server at once and a batch takes the slower rank's time
+  hit   per case the engine's prefill wall-clock, split into its load part (lookup, the wait for
+        the agreed load outcome, the forward's waits for landing layers) and its compute part
+  rec   the same prompt with the load declined (lookup, then everything computed)
+The model, fitted on the FIT configurations only (for each W separately: 2 processes running a
+context-parallel prefill are another machine than 1):
+  recompute(n)      = n / R(n), the per-token cost 1/R(n) piecewise linear in n through the fit
+                      lengths' recompute medians (constant below the shortest, the last slope on
+                      past the longest): here a 768-token prefill costs 3-4x per token what a
+                      128-token one does (a layer's 128 latent rows, 4 MiB, fit the L2 cache; more
+                      do not), so one R cannot serve both ends
+  after_hit(n)      = the forward of the last token after a whole hit (it attends over every row),
+                      piecewise linear in n through the fit lengths' measured compute parts
+  load(h)           = T0e + h*s/B: the engine's load path (kvtier.fit_batches over the fit
+                      configurations' hits of n/4, n/2 and n-1 tokens), B carried to another chunk
+                      size as B_probe(W, chunk) * (engine B / B_probe(W, fit chunk))
+  hit               = load(h) + after_hit(n)
+  verdict           = kvtier.decide_load(PrefillNode(s, R_eff), LoadPath(T0e, B), h), R_eff the
+                      rate at which h tokens cost what the hit saves, recompute(n) - after_hit(n)
+The held-out configurations (other prompt lengths, 1 and 2 servers, another chunk size) are
+predicted and printed against their medians of 5, as ratios. Every case's hit and recompute runs
+are taken round-robin, so drifts of the machine's load hit all cases alike.
+
+Hits shorter than the prompt (the fit's h = n/4, n/2) are loads capped below the hit: the whole
+prompt is stored, and the connector's ranged load fetches only the first h tokens' chunks
+(Engine.run(max_load=h) -> Connector.load(id, slots, first_token=0, end_token=h)); those runs write
+nothing back (save=False).
 """
 from __future__ import annotations
 
@@ -33,54 +54,51 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "tests"))  # redis_server.py, the tests' harness
 
 import kvtier  # noqa: E402
-from connector import PartsConnector  # noqa: E402
 from engine import Engine  # noqa: E402
 from mla_model import MlaConfig, MlaModel, PagedKvCache  # noqa: E402
 from redis_server import Server  # noqa: E402
+from tier import BoundTier  # noqa: E402
 
 # d_model 16 and a 8192-wide latent: 64 KiB of KV per token for little compute, so B* = s*R is
-# a few hundred MB/s here, inside what the servers deliver (see the module comment)
+# a few hundred MB/s here, inside what the servers deliver
 BENCH = MlaConfig(vocab=256, d_model=16, n_layers=2, n_heads=1, nope_dim=8, rope_dim=8, v_dim=8,
                   kv_lora_rank=8184, d_ff=32, seed=3)
-FIT = (256, 1, 64)  # (prompt tokens, servers, chunk tokens)
-HELD_OUT = [(128, 1, 64), (512, 1, 64), (256, 2, 64), (512, 2, 64), (256, 1, 16), (512, 2, 16),
-            (64, 1, 16), (128, 2, 16)]
+# (prompt tokens, servers = ranks, chunk tokens); R(n) is fitted through each W's fit lengths
+FIT = [(128, 1, 64), (256, 1, 64), (768, 1, 64), (128, 2, 64), (512, 2, 64)]
+HELD_OUT = [(64, 1, 16), (384, 1, 64), (512, 1, 64), (256, 1, 16), (128, 1, 16), (256, 2, 64),
+            (384, 2, 64), (256, 2, 16)]
 
 
-def median_time(fn, reps):
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts), ts
+def idle_barrier(comm):
+    """A barrier that sleeps instead of spinning (an MPI barrier would take a core from the rank
+    that measures)."""
+    req = comm.Ibarrier()
+    for _ in range(10 ** 6):
+        if req.Test():
+            return
+        time.sleep(0.002)
+    raise RuntimeError("idle_barrier: the other rank never arrived")
 
 
-def prefill_rate(model, n, reps, threads):
-    torch.set_num_threads(threads)
-    toks = torch.randint(0, model.cfg.vocab, (n,), generator=torch.Generator().manual_seed(1))
-    cache = PagedKvCache(model.cfg, -(-n // 16), 16)
-    table = cache.allocate(n)
-    model.prefill(toks, cache, table)  # warm-up
-    med, ts = median_time(lambda: model.prefill(toks, cache, table), reps)
-    torch.set_num_threads(1)
-    return n / med, ts
-
-
-def probe(store, value_bytes, rounds, batch=16):
-    """kvtier-probe's measurement through the bound store: GET ladders, then its fit."""
+def probe(store, comm, value_bytes, rounds, batch=16):
+    """kvtier-probe's measurement through the bound store, on every rank of comm at once: GET
+    ladders, a batch's time the slowest rank's, then the probe's fit over the bytes of all ranks."""
+    from mpi4py import MPI
+    w = comm.Get_size()
     keys = [kvtier.ChunkKey(0x9e3779b9, value_bytes * 64 + i) for i in range(batch)]
     src = torch.randint(0, 256, (batch, value_bytes), dtype=torch.uint8)
     st = store.put(keys, src, 30.0)
     if any(s != kvtier.Status.stored for s in st):
         raise RuntimeError(f"probe put: {st}")
     dst = torch.empty_like(src)
-    samples, sizes = [], [batch >> i for i in range(5)]
+    samples = []
     for _ in range(rounds):
-        for k in sizes:
+        for k in [batch >> i for i in range(5)]:
+            comm.Barrier()
             t = time.perf_counter()
             st = store.get(keys[:k], dst[:k], 30.0)
-            samples.append((k, k * value_bytes / 1e9, time.perf_counter() - t))
+            dt = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
+            samples.append((k, w * k * value_bytes / 1e9, dt))
             if any(s != kvtier.Status.hit for s in st):
                 raise RuntimeError(f"probe get: {st}")
     if not torch.equal(src, dst):
@@ -88,115 +106,213 @@ def probe(store, value_bytes, rounds, batch=16):
     return kvtier.fit_batches(samples)
 
 
+class Case:
+    """One configuration (n, W, chunk) at one hit length: its prompt, stored cold, and two engines."""
+
+    def __init__(self, key, model, comm, store, ns, hit_len, seed):
+        n, w, chunk = key[:3]
+        self.key, self.n, self.w, self.chunk, self.comm = key, n, w, chunk, comm
+        cfg = model.cfg
+        self.cache = PagedKvCache(cfg, -(-(n + 1) // 16) + 1, 16)
+        ctrl, data = kvtier.MpiCommunicator(comm, 10.0), kvtier.MpiCommunicator(comm, 10.0)
+        self.tier = BoundTier(ctrl, data, store, kvtier.Chunker(ns), self.cache, lookup_timeout=2.0,
+                              load_timeout=(10.0, 0.0, 10.0))
+        cp = comm if w > 1 else None
+        self.load = Engine(model, cp, self.tier, policy=lambda h, nn: True)
+        self.recompute = Engine(model, cp, self.tier, policy=lambda h, nn: False)
+        self.tokens = torch.randint(0, cfg.vocab, (n,), generator=torch.Generator().manual_seed(seed))
+        self.full, self.cap = hit_len is None, hit_len
+        self.load.run(self.tokens, steps=1, keep_kv=False)  # cold: stores every full chunk
+        self.hits, self.loads, self.computes, self.recs, self.agreed = [], [], [], [], set()
+
+    def measure(self):
+        r = self.load.run(self.tokens, steps=1, keep_kv=False, save=False, max_load=self.cap)
+        t = r.timings
+        load_s = t["lookup_s"] + t["load_wait_s"] + t["layer_wait_s"]
+        self.hits.append(t["prefill_s"])
+        self.loads.append(load_s)
+        self.computes.append(t["prefill_s"] - load_s)
+        self.agreed.add(r.agreed)
+        if self.full:
+            self.recs.append(self.recompute.run(self.tokens, steps=1, keep_kv=False).timings["prefill_s"])
+
+    def medians(self):
+        if len(self.agreed) != 1:
+            raise RuntimeError(f"case {self.key}: the loaded prefix varied: {self.agreed}")
+        m = dict(h=next(iter(self.agreed)), hit=statistics.median(self.hits), load=statistics.median(self.loads),
+                 compute=statistics.median(self.computes), hit_spread=max(self.hits) / min(self.hits))
+        if self.recs:
+            m.update(rec=statistics.median(self.recs), rec_spread=max(self.recs) / min(self.recs))
+        return m
+
+
+def piecewise(points):
+    """The piecewise-linear function through points [(x, y)]: constant below the first x, the last
+    segment's slope continued past the last x.
+
+        piecewise([(128, 1.0), (256, 2.0)])(192) == 1.5"""
+    pts = sorted(points)
+
+    def f(x):
+        if x <= pts[0][0]:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
+    return f
+
+
 def main():
+    from mpi4py import MPI
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--probe-rounds", type=int, default=5)
+    ap.add_argument("--json", help="write the JSON line here too (rank 0)")
     a = ap.parse_args()
+    world, self_comm = MPI.COMM_WORLD, MPI.COMM_SELF
+    if world.Get_size() != 2:
+        raise SystemExit("run as 2 MPI processes: mpiexec -n 2 ... cost_model_check.py")
+    rank = world.Get_rank()
     torch.set_num_threads(1)
     cfg, s = BENCH, BENCH.kv_bytes_per_token
     model = MlaModel(cfg)
     load0 = os.getloadavg()
-    R1, r1_ts = prefill_rate(model, FIT[0], a.reps, 1)
-    R2, r2_ts = prefill_rate(model, FIT[0], a.reps, 2)
-    print(f"model: layers {cfg.n_layers}, d_model {cfg.d_model}, latent {cfg.latent_dim} fp32: s = {s} B/token")
-    print(f"R at n={FIT[0]}: threads 1 {R1:.0f} tok/s (B* = s*R = {s * R1 / 1e9:.3f} GB/s), "
-          f"threads 2 {R2:.0f} tok/s (ratio {R2 / R1:.2f}); samples 1: "
-          f"{[round(t * 1e3, 1) for t in r1_ts]} ms, 2: {[round(t * 1e3, 1) for t in r2_ts]} ms")
-    servers = [Server(), Server()]
+    say = print if rank == 0 else (lambda *x, **k: None)
+    say(f"model: layers {cfg.n_layers}, d_model {cfg.d_model}, latent {cfg.latent_dim} fp32: s = {s} B/token")
+    server = Server()  # this rank's own redis-server
     try:
+        configs = FIT + HELD_OUT
         stores, probes = {}, {}
-        for chunk in sorted({c for _, _, c in [FIT] + HELD_OUT}):
-            ns = kvtier.KeyNamespace(model="py-mla-bench", kv_format=f"fp32-latent{cfg.latent_dim}",
-                                     chunk_tokens=chunk)
-            group = chunk * cfg.latent_dim * cfg.elem_bytes
-            remote = [kvtier.RemoteStore(x.url, ns, value_format=2, group_bytes=group) for x in servers]
-            stores[(1, chunk)] = (ns, remote[0])
-            stores[(2, chunk)] = (ns, kvtier.RendezvousStore(remote))
-            for k in (1, 2):
-                f = probe(stores[(k, chunk)][1], chunk * s, a.probe_rounds)
-                probes[(k, chunk)] = f
-                print(f"probe {k} server(s), values {chunk * s / 1e6:.2f} MB: B = {f.path.bandwidth_gb_per_s:.3f} GB/s "
-                      f"(95% {f.b_interval_gbps[0]:.3f}..{f.b_interval_gbps[1]:.3f}), T0 = {f.path.fixed_cost_s * 1e3:.2f} ms"
-                      f"{' (clamped at 0)' if f.clamped else ''}, rms residual {f.rms_residual_s * 1e3:.2f} ms")
-        fit_n = FIT[0]
-        fit_loads = (fit_n // 4, fit_n // 2, fit_n - 1)  # hit lengths the fit sees (all on FIT)
-        runs = []  # (key, engines, tokens, cap): every measured case, set up and stored cold first
-        for n, k, chunk in [FIT] + HELD_OUT:
-            ns, store = stores[(k, chunk)]
-            cache = PagedKvCache(cfg, -(-(n + 1) // 16) + 1, 16)
-            conn = PartsConnector(None, store, kvtier.Chunker(ns), cfg, cache)
-            toks = torch.randint(0, cfg.vocab, (n,), generator=torch.Generator().manual_seed(n * 31 + chunk))
-            load = Engine(model, None, conn, policy=lambda h, nn: True)
-            recompute = Engine(model, None, conn, policy=lambda h, nn: False)
-            load.run(toks, steps=1, keep_kv=False)  # cold: stores the chunks
-            for cap in fit_loads if (n, k, chunk) == FIT else (None,):
-                key = (n, k, chunk) if cap is None or cap == fit_n - 1 else (n, k, chunk, cap)
-                runs.append((key, load, recompute, conn, toks, cap))
-        samples = {key: ([], [], set()) for key, *_ in runs}
-        for _ in range(a.reps):  # round-robin over every case, hit then recompute: drifts of the
-            for key, load, recompute, _, toks, cap in runs:  # machine's load hit all cases alike
-                r = load.run(toks, steps=1, keep_kv=False, max_load=cap)
-                samples[key][0].append(r.timings["prefill_s"])
-                samples[key][2].add(r.agreed)
-                samples[key][1].append(recompute.run(toks, steps=1, keep_kv=False).timings["prefill_s"])
-        measured = {}
-        for key, (hits, recs, hs) in samples.items():
-            if len(hs) != 1:
-                raise RuntimeError(f"config {key}: loaded prefix varied: {hs}")
-            measured[key] = dict(h=hs.pop(), hit=statistics.median(hits), rec=statistics.median(recs),
-                                 hit_spread=max(hits) / min(hits), rec_spread=max(recs) / min(recs))
-        for conn in {id(r[3]): r[3] for r in runs}.values():
-            conn.close()
-        # fit on one configuration: R from its recompute runs, the engine's load path (T0e, Be)
-        # from its hits of three lengths; the engine's own per-byte cost (scatter, staging) is what
-        # Be adds to the probe's 1/B, and is carried to the other configurations as such
-        fm, fp = measured[FIT], probes[(FIT[1], FIT[2])].path
-        fit_recs = [measured[key]["rec"] for key in measured if key[:3] == FIT]
-        R = fit_n / statistics.median(fit_recs)
-        pts = [(-(-measured[key]["h"] // FIT[2]), measured[key]["h"] * s / 1e9,
-                measured[key]["hit"] - (fit_n - measured[key]["h"]) / R) for key in measured if key[:3] == FIT]
-        engine_fit = kvtier.fit_batches(pts)  # the probe's fit: T0 >= 0 (clamped, refitted through 0)
-        if engine_fit is None:
-            raise RuntimeError(f"no load path fits the fit configuration's hits {pts}")
-        T0e, Be = engine_fit.path.fixed_cost_s, engine_fit.path.bandwidth_gb_per_s
-        extra_s_per_gb = 1 / Be - 1 / fp.bandwidth_gb_per_s
-        node = kvtier.PrefillNode(s, R)
-        print(f"\nfit on n={fit_n}, {FIT[1]} server, chunk {FIT[2]} (hits of {[round(g * 1e9 / s) for _, g, _ in pts]} tokens): "
-              f"R = {R:.0f} tok/s, engine T0e = {T0e * 1e3:.2f} ms{' (clamped at 0)' if engine_fit.clamped else ''}, engine B = {Be:.3f} GB/s "
-              f"(probe {fp.bandwidth_gb_per_s:.3f}: the engine adds {extra_s_per_gb * 1e3:.2f} ms/GB), "
-              f"B* = {kvtier.break_even_bandwidth_gb_per_s(node):.3f} GB/s")
-        print(f"{'n':>5} {'srv':>3} {'chunk':>5} {'h':>5} {'B GB/s':>7} | {'hit pred':>8} {'meas':>7} {'ratio':>5} | "
-              f"{'rec pred':>8} {'meas':>7} {'ratio':>5} | verdict pred/meas")
-        rows, agree, within = [], 0, 0
-        for cfg_key in [FIT] + HELD_OUT:
-            n, k, chunk = cfg_key
-            m, path = measured[cfg_key], probes[(k, chunk)].path
-            B = 1 / (1 / path.bandwidth_gb_per_s + extra_s_per_gb)  # the servers' B, then the engine's cost
-            hit_p = T0e + m["h"] * s / (B * 1e9) + (n - m["h"]) / R
-            rec_p = n / R
-            verdict_p = kvtier.decide_load(node, kvtier.LoadPath(T0e, B), m["h"]).load
+        for w in (1, 2):
+            for chunk in sorted({c for _, ww, c in configs if ww == w}):
+                ns = kvtier.KeyNamespace(model="py-mla-bench", kv_format=f"fp32-latent{cfg.latent_dim}",
+                                         chunk_tokens=chunk, ownership=f"mod:{w}")
+                group = chunk * cfg.latent_dim * cfg.elem_bytes  # one layer of a chunk: one checksum
+                stores[(w, chunk)] = (ns, kvtier.RemoteStore(server.url, ns, rank=rank if w > 1 else 0,
+                                                             value_format=2, group_bytes=group))
+                if w == 2 or rank == 0:
+                    f = probe(stores[(w, chunk)][1], world if w == 2 else self_comm, chunk * s, a.probe_rounds)
+                    probes[(w, chunk)] = f
+                    say(f"probe {w} server(s), values {chunk * s / 1e6:.2f} MB: B = {f.path.bandwidth_gb_per_s:.3f} GB/s "
+                        f"(95% {f.b_interval_gbps[0]:.3f}..{f.b_interval_gbps[1]:.3f}), T0 = "
+                        f"{f.path.fixed_cost_s * 1e3:.2f} ms{' (clamped at 0)' if f.clamped else ''}, "
+                        f"rms residual {f.rms_residual_s * 1e3:.2f} ms")
+                if w == 1:
+                    idle_barrier(world)
+        # every case, stored cold first: the fit configurations at three hit lengths, the others at
+        # the whole prompt (every full chunk: the last token is computed)
+        cases = []
+        for n, w, chunk in configs:
+            if w == 2:
+                idle_barrier(world)  # rank 0's 1-server cases are set up (rank 1 did not spin meanwhile)
+            elif rank != 0:
+                continue
+            ns, store = stores[(w, chunk)]
+            comm = world if w == 2 else self_comm
+            for h in ((n // 4, n // 2, None) if (n, w, chunk) in FIT else (None,)):
+                key = (n, w, chunk) if h is None else (n, w, chunk, h)
+                cases.append(Case(key, model, comm, store, ns, h, seed=n * 31 + chunk * 7 + w + (h or 0)))
+        # rank 1 holds only the W = 2 cases; both ranks walk the configurations in the same order
+        for _ in range(a.reps):
+            for n, w, chunk in configs:
+                mine = [c for c in cases if c.key[:3] == (n, w, chunk)]
+                for c in mine:
+                    c.measure()
+                if w == 1:
+                    idle_barrier(world)
+        measured = {c.key: c.medians() for c in cases}
+        for c in cases:
+            c.tier.close()
+        if rank != 0:
+            return
+        # ---- the fit, on FIT only -----------------------------------------------------------
+        fit1 = [k for k in measured if k[:3] in FIT and k[1] == 1]
+        fit2 = [k for k in measured if k[:3] in FIT and k[1] == 2]
+
+        # compute: per token of a recompute (1/R(n)) and the last token's forward after a whole hit
+        # (it attends over every row), each piecewise linear in n through the fit lengths of that W
+        # (W = 2, context-parallel over 2 processes, is another machine: its own fit)
+        per_token = {w: piecewise([(k[0], measured[k]["rec"] / k[0]) for k in keys if "rec" in measured[k]])
+                     for w, keys in ((1, fit1), (2, fit2))}
+        last_row = {w: piecewise([(k[0], measured[k]["compute"]) for k in keys if "rec" in measured[k]])
+                    for w, keys in ((1, fit1), (2, fit2))}
+
+        def recompute_s(w, n):
+            return n * per_token[w](n)
+
+        def after_hit_s(w, n, h):  # computing [h, n) after a hit of h (here h = n - 1: the last token)
+            return last_row[w](n) if h == n - 1 else recompute_s(w, n) - recompute_s(w, h)
+
+        # load: the engine's load path from the fit configurations' hits (three lengths each), and
+        # its B relative to the probe's at the fit's chunk size, carried to the other chunk sizes
+        engine_path = {}
+        for w, keys in ((1, fit1), (2, fit2)):
+            chunk = keys[0][2]  # one chunk size among each W's fit configurations
+            pts = [(-(-measured[k]["h"] // chunk), measured[k]["h"] * s / 1e9, measured[k]["load"]) for k in keys]
+            f = kvtier.fit_batches(pts)
+            if f is None:
+                raise RuntimeError(f"no load path fits the W = {w} fit configuration's loads {pts}")
+            rel = f.path.bandwidth_gb_per_s / probes[(w, chunk)].path.bandwidth_gb_per_s
+            engine_path[w] = (f.path.fixed_cost_s, f.path.bandwidth_gb_per_s, rel, f.clamped)
+        for w in (1, 2):
+            T0e, Be, rel, clamped = engine_path[w]
+            say(f"fit W={w}: R(n) = " + ", ".join(f"{n}: {n / recompute_s(w, n):.0f}" for n in (64, 128, 256, 512, 768))
+                + " tok/s; the last token after a hit of n-1: " + ", ".join(
+                    f"{n}: {after_hit_s(w, n, n - 1) * 1e3:.1f}" for n in (64, 256, 768))
+                + f" ms; load T0e = {T0e * 1e3:.2f} ms{' (clamped at 0)' if clamped else ''}, engine B = "
+                f"{Be:.3f} GB/s ({rel:.2f}x the probe's)")
+        say(f"{'n':>5} {'W':>2} {'chunk':>5} {'h':>5} {'B GB/s':>7} | {'hit pred':>8} {'meas':>8} {'ratio':>5} | "
+            f"{'rec pred':>8} {'meas':>8} {'ratio':>5} | verdict pred/meas")
+        rows, agree, within, within_hit, within_rec = [], 0, 0, 0, 0
+        verdicts_seen = set()
+        for key in FIT + HELD_OUT:
+            n, w, chunk = key
+            m = measured[key]
+            T0e, _, rel, _ = engine_path[w]
+            B = probes[(w, chunk)].path.bandwidth_gb_per_s * rel
+            h = m["h"]
+            rec_p = recompute_s(w, n)
+            hit_p = T0e + h * s / (B * 1e9) + after_hit_s(w, n, h)
+            saving = rec_p - after_hit_s(w, n, h)  # what the hit saves in compute
+            node = kvtier.PrefillNode(s, h / saving if saving > 0 else 1e-9)
+            verdict_p = kvtier.decide_load(node, kvtier.LoadPath(T0e, B), h).load
             verdict_m = m["hit"] < m["rec"]
-            held = cfg_key != FIT
+            held = key not in FIT
+            ok_hit, ok_rec = abs(hit_p / m["hit"] - 1) <= 0.25, abs(rec_p / m["rec"] - 1) <= 0.25
             if held:
                 agree += verdict_p == verdict_m
-                within += abs(hit_p / m["hit"] - 1) <= 0.25 and abs(rec_p / m["rec"] - 1) <= 0.25
-            print(f"{n:>5} {k:>3} {chunk:>5} {m['h']:>5} {B:>7.3f} | {hit_p * 1e3:>6.1f}ms {m['hit'] * 1e3:>5.1f}ms "
-                  f"{hit_p / m['hit']:>5.2f} | {rec_p * 1e3:>6.1f}ms {m['rec'] * 1e3:>5.1f}ms {rec_p / m['rec']:>5.2f} | "
-                  f"{'load' if verdict_p else 'recompute':>9}/{'load' if verdict_m else 'recompute':<9}"
-                  f"{'' if held else '  (fit)'}  spread {m['hit_spread']:.2f}/{m['rec_spread']:.2f}")
-            rows.append(dict(n=n, servers=k, chunk=chunk, h=m["h"], B_gbps=B, hit_pred_s=hit_p, hit_meas_s=m["hit"],
-                             rec_pred_s=rec_p, rec_meas_s=m["rec"], verdict_pred=verdict_p, verdict_meas=verdict_m,
-                             fit=not held))
+                within += ok_hit and ok_rec
+                within_hit += ok_hit
+                within_rec += ok_rec
+                verdicts_seen.add(verdict_m)
+            say(f"{n:>5} {w:>2} {chunk:>5} {h:>5} {B:>7.3f} | {hit_p * 1e3:>6.1f}ms {m['hit'] * 1e3:>6.1f}ms "
+                f"{hit_p / m['hit']:>5.2f} | {rec_p * 1e3:>6.1f}ms {m['rec'] * 1e3:>6.1f}ms {rec_p / m['rec']:>5.2f} | "
+                f"{'load' if verdict_p else 'recompute':>9}/{'load' if verdict_m else 'recompute':<9}"
+                f"{'' if held else '  (fit)'}  spread {m['hit_spread']:.2f}/{m['rec_spread']:.2f}")
+            rows.append(dict(n=n, W=w, chunk=chunk, h=h, B_gbps=B, hit_pred_s=hit_p, hit_meas_s=m["hit"],
+                             load_meas_s=m["load"], compute_meas_s=m["compute"], rec_pred_s=rec_p,
+                             rec_meas_s=m["rec"], verdict_pred=verdict_p, verdict_meas=verdict_m, fit=not held))
         load1 = os.getloadavg()
-        print(f"\nheld-out: {within}/{len(HELD_OUT)} within +-25% (hit and recompute), verdict agrees "
-              f"{agree}/{len(HELD_OUT)}; load average {load0[0]:.1f} -> {load1[0]:.1f} on {os.cpu_count()} cores")
-        print(json.dumps(dict(bench="python_engine_cost_model", s_bytes_per_token=s, R1=R1, R2=R2, R_fit=R,
-                              T0e_s=T0e, Be_gbps=Be, rows=rows, within_25=within, verdict_agree=agree, held_out=len(HELD_OUT),
-                              loadavg=[load0[0], load1[0]])))
+        H = len(HELD_OUT)
+        say(f"\nheld-out: {within}/{H} within +-25% on both (hit {within_hit}/{H}, recompute {within_rec}/{H}); "
+            f"verdict agrees {agree}/{H}; measured verdicts among them: "
+            f"{sorted('load' if v else 'recompute' for v in verdicts_seen)}; "
+            f"load average {load0[0]:.1f} -> {load1[0]:.1f} on {os.cpu_count()} cores")
+        line = json.dumps(dict(bench="python_engine_cost_model", s_bytes_per_token=s,
+                               R_per_n={str(w): {n: n / recompute_s(w, n) for n in (64, 128, 256, 384, 512, 768)}
+                                        for w in (1, 2)},
+                               engine_path={str(w): engine_path[w][:3] for w in engine_path},
+                               probes={f"{w}x{c}": probes[(w, c)].path.bandwidth_gb_per_s for w, c in probes},
+                               rows=rows, within_25=within, within_25_hit=within_hit, within_25_rec=within_rec,
+                               verdict_agree=agree, held_out=H, loadavg=[load0[0], load1[0]]))
+        print(line)
+        if a.json:
+            with open(a.json, "w") as f:
+                f.write(line + "\n")
     finally:
-        for x in servers:
-            x.stop()
+        server.stop()
 
 
 if __name__ == "__main__":

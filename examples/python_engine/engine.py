@@ -7,7 +7,7 @@ One request on every rank (the same tokens everywhere):
   -> greedy decode.
 
     model = MlaModel(MlaConfig())
-    eng = Engine(model, comm, tier)                   # tier: tier.BoundTier (or connector.PartsConnector) or None
+    eng = Engine(model, comm, tier)                   # tier: tier.BoundTier or None
     res = eng.run(tokens, steps=16)
     res.tokens, res.logits, res.agreed, res.timings
 """
@@ -47,9 +47,11 @@ class Engine:
         self.policy = policy or (lambda hit, n: hit > 0)
 
     def run(self, tokens: torch.Tensor, steps: int = 16, split: int = 0, deadline_s: float = 10.0,
-            keep_kv: bool = True, max_load: int | None = None) -> RequestResult:
+            keep_kv: bool = True, save: bool = True, max_load: int | None = None) -> RequestResult:
         """One request. split > 0 (a chunk boundary below the hit) computes [0, split) while the
-        tier loads [split, hit). max_load caps the tokens taken from the tier (a partial hit)."""
+        tier loads [split, hit). save=False writes nothing back (a measurement that must find the
+        same hit again). max_load caps the tokens taken from the tier below the hit (the tier
+        loads only the whole chunks below it: the connector's ranged load)."""
         n = tokens.numel()
         t_start = time.perf_counter()
         table = self.cache.allocate(n + steps)
@@ -80,7 +82,7 @@ class Engine:
                 # chunks below the hit are on every owner's server already; a chunk only partly
                 # loaded (the last token recomputed) is not written again
                 done = agreed if loading else hit
-                conn.save(tokens, table, from_token=-(-done // conn.chunk_tokens) * conn.chunk_tokens,
+                conn.save(tokens, table, from_token=-(-done // conn.chunk_tokens) * conn.chunk_tokens if save else n,
                           deadline=kvtier.Deadline.after(deadline_s))
             t_saved = time.perf_counter()
             kv = [self.cache.read(l, self.cache.slots(table, 0, n)).clone() for l in range(self.cfg.n_layers)] \
@@ -89,6 +91,9 @@ class Engine:
             t_end = time.perf_counter()
         finally:
             self.cache.free(table)
+        # layer_wait_s: the forward's time in wait_for_layer (layers still landing), part of the load
+        layer_wait_s = getattr(conn, "layer_wait_total_s", 0.0) if loading else 0.0
         return RequestResult(out, logits, hit, agreed, kv, front if loading else 0, dict(
             lookup_s=t_lookup - t_start, load_wait_s=t_agreed - t_lookup, prefill_s=t_prefill - t_start,
+            layer_wait_s=layer_wait_s,
             save_s=t_saved - t_prefill, decode_s=t_end - t_saved))

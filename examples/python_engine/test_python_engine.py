@@ -10,6 +10,7 @@ import sys
 import tempfile
 
 import pytest
+import kvtier  # noqa: E402  (PYTHONPATH: build/<tree>/python)
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,3 +103,47 @@ def test_engine_two_processes_context_parallel():
     assert res[0]["whole"]["chunks_loaded"] == 3 and res[1]["whole"]["chunks_loaded"] == 3
     for name in EXPECTED_AGREED:  # the failed chunks are agreed on every rank
         assert res[0][name]["load_errors"] == res[1][name]["load_errors"], name
+
+
+def test_measurement_run_writes_nothing_back():
+    """cost_model_check's runs: a prompt of which only a prefix was stored, run with
+    save=False, finds the same hit every time (save=True would store the rest: the next hit grows);
+    its time in the forward's layer waits is counted for the load part."""
+    import scenarios
+    from engine import Engine
+    from mla_model import MlaConfig, MlaModel, PagedKvCache
+    torch.set_num_threads(1)
+    cfg = MlaConfig(n_layers=2, d_model=64, n_heads=2, kv_lora_rank=32, rope_dim=16, nope_dim=16, v_dim=16,
+                    d_ff=128, vocab=128)
+    model = MlaModel(cfg)
+    ns = scenarios.namespace(cfg, 1)
+    srv = Server()
+    try:
+        store = kvtier.RemoteStore(srv.url, ns)
+        cache = PagedKvCache(cfg, 16, 16)
+        tier = scenarios.make_tier(None, cfg, store, ns, cache)
+        eng = Engine(model, None, tier)
+        tokens = torch.randint(0, cfg.vocab, (80,), generator=torch.Generator().manual_seed(5))
+        eng.run(tokens[:32], steps=1)  # stores chunks 0 and 1 only
+        hits = []
+        for _ in range(2):
+            r = eng.run(tokens, steps=1, save=False)
+            hits.append((r.hit, r.agreed, tier.counters()["chunks_saved"]))
+            assert r.timings["layer_wait_s"] >= 0.0 and len(tier.layer_waits) == cfg.n_layers
+        assert hits == [(32, 32, 2), (32, 32, 2)], hits
+        assert eng.run(tokens, steps=1).hit == 32 and eng.run(tokens, steps=1).hit == 80  # save=True stores the rest
+        # a load capped below the hit: the connector fetches only the chunks below the cap
+        before = tier.counters()["tokens_loaded"]
+        r = eng.run(tokens, steps=1, save=False, max_load=32)
+        assert (r.hit, r.agreed, tier.counters()["tokens_loaded"] - before) == (80, 32, 32)
+        assert tier.outcome.requested_end_token == 32
+        tier.close()
+        store.close()
+    finally:
+        srv.stop()
+
+
+def test_piecewise_fit_of_the_cost_model_check():
+    from cost_model_check import piecewise
+    f = piecewise([(256, 2.0), (128, 1.0), (768, 4.0)])
+    assert f(64) == 1.0 and f(192) == 1.5 and f(512) == 3.0 and f(1024) == 5.0

@@ -51,6 +51,7 @@ class BoundTier:
         self.last_load_errors: list[int] = []
         self.last_events: list = []
         self.layer_waits: list[int] = []
+        self.layer_wait_total_s = 0.0  # this request's time in the forward's wait_for_layer calls
 
     def _step_until(self, done, what: str):
         for _ in range(MAX_STEPS):
@@ -67,6 +68,7 @@ class BoundTier:
         self._next_id += 1
         self.id, self.plan, self.outcome, self.last_load_errors = self._next_id, None, None, []
         self.layer_waits: list[int] = []
+        self.layer_wait_total_s = 0.0
         self.conn.begin_lookup(self.id, tokens.to(torch.int32))
         self._step_until(lambda: self.conn.lookup(self.id) is not None, "the lookup")
         self.plan = self.conn.lookup(self.id)
@@ -78,19 +80,31 @@ class BoundTier:
         return self.plan.load_first_token
 
     def start_load(self, tokens: torch.Tensor, table: list[int], first: int, upto: int, deadline) -> None:
-        """Starts the plan's load [load_first_token, load_end_token) into the pages; returns at once.
-        Rows past `upto` that land are recomputed by the forward (it writes them after the wait)."""
+        """Starts the load into the pages; returns at once. The plan's range [load_first_token,
+        load_end_token), or, when `upto` ends whole chunks earlier, only the chunks covering
+        [first, upto). Rows past `upto` that land are recomputed by the forward (it writes them
+        after the wait)."""
         if first != self.plan.load_first_token:
             raise ValueError(f"first ({first}) must be the plan's load_first_token ({self.plan.load_first_token})")
         self._upto, self._first = upto, first
         if self.before_load is not None:
             self.before_load()
-        self.conn.load(self.id, self.cache.slots(table, 0, tokens.numel()))
+        C, plan_end = self.chunk_tokens, self.plan.load_end_token
+        end = min(plan_end, -(-upto // C) * C)  # the whole chunks that cover [first, upto)
+        slots = self.cache.slots(table, 0, tokens.numel())
+        if first < end < plan_end:  # capped below the plan: fetch only those chunks (a ranged load)
+            self.conn.load(self.id, slots, first_token=first, end_token=end)
+        else:
+            self.conn.load(self.id, slots)
 
     # ---- worker side --------------------------------------------------------------------------
 
     def agreed_tokens(self) -> int:
         """Tokens [0, agreed) will be in the pages (the same on every rank)."""
+        try:  # this rank's fetch first: then the next step agrees the whole load, not a prefix
+            self.conn.wait_local(self.id, self.layer_wait_s)
+        except (kvtier.TimeoutError, kvtier.InvalidArgument):
+            pass  # a fetch still running (or none started here): the steps below settle it alike
         self._step_until(lambda: self.conn.load_result(self.id) is not None, "the load outcome")
         self.outcome = self.conn.load_result(self.id)
         self.last_load_errors = self.conn.load_errors(self.id)
@@ -99,7 +113,9 @@ class BoundTier:
     def wait_for_layer(self, layer: int) -> None:
         """Returns once layer `layer` of every agreed chunk is in this rank's pages."""
         self.layer_waits.append(layer)  # what the forward asked for, in order (the tests check it)
+        t = time.perf_counter()
         self.conn.wait_for_layer(layer, self.layer_wait_s)
+        self.layer_wait_total_s += time.perf_counter() - t
 
     def finish_load(self) -> None:
         for layer in range(self.cache.cfg.n_layers):  # nothing lands in pages freed afterwards

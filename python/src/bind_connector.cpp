@@ -1,5 +1,6 @@
 // python/src/bind_connector.cpp: kvtier.Connector, kvtier::connector over a kvtier.Store (the
-// type-erased store_ref), modulo ownership, a KvCacheView and an in-process or MPI communicator.
+// type-erased store_ref), an ownership policy (modulo, block interleave or rendezvous), a KvCacheView and an
+// in-process or MPI communicator.
 //
 // Every call releases the GIL: step, wait_for_layer, check_deployment and close block (each by
 // its deadline; close waits for the calls in flight), and the others wait for the engine lock
@@ -13,6 +14,7 @@
 #include <variant>
 
 #include "chunker_impl.hpp"
+#include "connector_args.hpp"
 #include "connector_impl.hpp"
 #include "kvtier/connector.hpp"
 #include "store_impl.hpp"
@@ -22,7 +24,7 @@ namespace kvtier_py {
 namespace {
 
 template <class Comm>
-using conn_t = kvtier::connector<store_ref, Comm, Comm, kvtier::modulo_ownership>;
+using conn_t = kvtier::connector<store_ref, Comm, Comm, py_ownership>;
 using inproc_conn = conn_t<kvtier::comm::inproc_communicator>;
 #if defined(KVTIER_PY_HAS_MPI)
 using mpi_conn = conn_t<kvtier::comm::mpi_communicator>;
@@ -75,85 +77,15 @@ struct py_connector {
   }
 };
 
-std::chrono::milliseconds ms_of(double s, const char* what) {
-  if (!(s >= 0) || !std::isfinite(s))
-    raise_invalid(std::string(what) + " must be seconds >= 0, not " + std::to_string(s));
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(s * 1000)));
-}
-
-kvtier::load_policy policy_of(const std::string& s) {
-  if (s == "always") return kvtier::load_policy::always;
-  if (s == "cost") return kvtier::load_policy::cost;
-  if (s == "split") return kvtier::load_policy::split;
-  raise_invalid("policy must be 'always', 'cost' or 'split', not '" + s + "'");
-}
-
-kvtier::save_policy saves_of(const std::string& s) {
-  if (s == "write_through") return kvtier::save_policy::write_through;
-  if (s == "selective") return kvtier::save_policy::selective;
-  raise_invalid("saves must be 'write_through' or 'selective', not '" + s + "'");
-}
-
-// Integers (slots int64, blocks int32) from a list/tuple, a 1-D integer buffer or tensor; each
-// checked to be in [0, limit).
-std::vector<std::int64_t> ints_of(py::handle obj, const std::string& what, std::int64_t limit) {
-  if (obj.is_none()) raise_invalid(what + " is None");
-  std::vector<std::int64_t> out;
-  const auto put = [&](std::int64_t v, std::size_t i) {
-    if (v < 0 || v >= limit)
-      raise_invalid(what + "[" + std::to_string(i) + "] = " + std::to_string(v) + " is outside [0, " +
-                    std::to_string(limit) + ")");
-    out.push_back(v);
-  };
-  buffer_hold hold;
-  if (is_tensor(obj)) {
-    const std::string dtype = py::str(obj.attr("dtype"));
-    if (dtype != "torch.int64" && dtype != "torch.int32")
-      raise_invalid(what + " must be an int32 or int64 tensor, got dtype " + dtype);
-    if (obj.attr("dim")().cast<int>() > 1) raise_invalid(what + " must be 1-D");
-    const byte_region r = bytes_of(obj, false, what, hold);
-    const bool wide = dtype == "torch.int64";
-    const std::size_t n = r.size / (wide ? 8 : 4);
-    out.reserve(n);
-    for (std::size_t i = 0; i < n; ++i)
-      put(wide ? reinterpret_cast<const std::int64_t*>(r.data)[i]
-               : reinterpret_cast<const std::int32_t*>(r.data)[i],
-          i);
-    return out;
-  }
-  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr()) && PyObject_CheckBuffer(obj.ptr())) {
-    py::buffer_info b = py::reinterpret_borrow<py::buffer>(obj).request();
-    if (b.ndim != 1 || (b.format != "q" && b.format != "l" && b.format != "i") || b.strides[0] != b.itemsize)
-      raise_invalid(what + " must be a contiguous 1-D int32/int64 buffer (format '" + b.format + "')");
-    out.reserve(static_cast<std::size_t>(b.size));
-    for (py::ssize_t i = 0; i < b.size; ++i)
-      put(b.itemsize == 8 ? static_cast<const std::int64_t*>(b.ptr)[i]
-                          : static_cast<const std::int32_t*>(b.ptr)[i],
-          static_cast<std::size_t>(i));
-    return out;
-  }
-  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr()))
-    raise_invalid(what + " is " + type_name(obj) + ": expected a list of ints, an int numpy array or tensor");
-  py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
-  out.reserve(seq.size());
-  for (std::size_t i = 0; i < seq.size(); ++i) {
-    py::handle x = seq[i];
-    if (PyBool_Check(x.ptr()) || !PyIndex_Check(x.ptr()))
-      raise_invalid(what + "[" + std::to_string(i) + "] is " + type_name(x) + ", not an int");
-    put(x.cast<std::int64_t>(), i);
-  }
-  return out;
-}
-
 template <class Comm>
 std::unique_ptr<conn_t<Comm>> make(py_connector& pc, const py_chunker& ch, Comm& ctrl, Comm& data,
-                                   kvtier::connector_options opt) {
+                                   kvtier::connector_options opt, const std::string& ownership) {
   const auto* x = std::get_if<xxh_chunker>(&ch.impl);
   if (!x) raise_invalid("Connector needs an xxh3-128 Chunker, not " + ch.hash);
   if constexpr (requires { ctrl.last_error(); })
     pc.ctrl_error = [&ctrl] { return std::string(ctrl.last_error()); };
   try {
-    return std::make_unique<conn_t<Comm>>(*x, kvtier::modulo_ownership(ctrl.size()), pc.store, ctrl, data,
+    return std::make_unique<conn_t<Comm>>(*x, ownership_of(ownership, ctrl.size()), pc.store, ctrl, data,
                                           pc.pages->view, std::move(opt));
   } catch (const std::invalid_argument& e) {
     raise_invalid(e.what());
@@ -168,7 +100,8 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
                                              std::tuple<double, double, double> load_timeout,
                                              const std::string& saves, std::uint32_t save_after_lookups,
                                              std::uint32_t layers_per_group, std::size_t max_bytes_in_flight,
-                                             std::size_t fetch_workers, std::size_t fetch_batch_chunks) {
+                                             std::size_t fetch_workers, std::size_t fetch_batch_chunks,
+                                             const std::string& ownership, bool wall_clock_samples) {
   if (chunker.is_none() || !py::isinstance<py_chunker>(chunker))
     raise_invalid("chunker must be a kvtier.Chunker, not " + type_name(chunker));
   if (store.is_none() || !py::isinstance<store_impl>(store))
@@ -194,6 +127,7 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
   o.max_bytes_in_flight = max_bytes_in_flight;
   o.fetch_workers = fetch_workers;
   o.fetch_batch_chunks = fetch_batch_chunks;
+  o.wall_clock_samples = wall_clock_samples;
 
   auto pc = std::make_shared<py_connector>();
   pc->store = store_ref{std::move(s)};
@@ -206,14 +140,14 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
       raise_invalid("data must be a kvtier.InprocCommunicator like comm, not " + type_name(data));
     auto& c = *comm.cast<py_inproc_comm&>().comm;
     auto& d = *pc->data_obj.cast<py_inproc_comm&>().comm;
-    pc->c = make(*pc, ch, c, d, std::move(o));
+    pc->c = make(*pc, ch, c, d, std::move(o), ownership);
 #if defined(KVTIER_PY_HAS_MPI)
   } else if (py::isinstance<py_mpi_comm>(comm)) {
     if (!data.is_none() && !py::isinstance<py_mpi_comm>(data))
       raise_invalid("data must be a kvtier.MpiCommunicator like comm, not " + type_name(data));
     auto& c = comm.cast<py_mpi_comm&>().comm;
     auto& d = pc->data_obj.cast<py_mpi_comm&>().comm;
-    pc->c = make(*pc, ch, c, d, std::move(o));
+    pc->c = make(*pc, ch, c, d, std::move(o), ownership);
 #endif
   } else {
     raise_invalid("comm must be a kvtier.InprocCommunicator or kvtier.MpiCommunicator, not " +
@@ -227,13 +161,14 @@ std::shared_ptr<py_connector> make_connector(py::handle chunker, py::handle stor
 }
 
 std::string load_problem(const std::optional<kvtier::load_plan>& plan, std::size_t slots,
-                         kvtier::request_id id) {
+                         std::optional<std::uint64_t> range_end, kvtier::request_id id) {
   const std::string r = "Connector.load(request " + std::to_string(id) + "): ";
   if (!plan) return r + "no agreed plan (lookup() is None: unknown request or lookup not yet agreed)";
   if (plan->tokens_to_load() == 0) return r + "the plan loads nothing (tokens_to_load == 0)";
-  if (slots < plan->load_end_token)
-    return r + std::to_string(slots) +
-           " slots, the plan needs load_end_token = " + std::to_string(plan->load_end_token) +
+  const std::uint64_t end = range_end.value_or(plan->load_end_token);
+  if (slots < end)
+    return r + std::to_string(slots) + " slots, the load needs " +
+           (range_end ? "end_token" : "load_end_token") + " = " + std::to_string(end) +
            " (this rank takes part, loading nothing)";
   return r +
          "already loading, or its staging is over max_bytes_in_flight (this rank takes part, loading "
@@ -247,6 +182,7 @@ void bind_connector(py::module_& m) {
                                 "A request's agreed lookup: load [load_first_token, load_end_token), compute "
                                 "the rest.\n\n    plan = conn.lookup(7)   # None until agreed")
       .def_readonly("cached_tokens", &kvtier::load_plan::cached_tokens)
+      .def_readonly("prompt_tokens", &kvtier::load_plan::prompt_tokens)
       .def_readonly("load_first_token", &kvtier::load_plan::load_first_token)
       .def_readonly("load_end_token", &kvtier::load_plan::load_end_token)
       .def_property_readonly("tokens_to_load", &kvtier::load_plan::tokens_to_load)
@@ -285,8 +221,8 @@ void bind_connector(py::module_& m) {
 
   py::class_<py_connector, std::shared_ptr<py_connector>>(
       m, "Connector",
-      "One rank's kvtier::connector: the request lifecycle over `store` (this rank's chunks, modulo "
-      "ownership), `pages` (a KvCacheView) and `comm` (InprocCommunicator or MpiCommunicator; `data`, a "
+      "One rank's kvtier::connector: the request lifecycle over `store` (the chunks this rank owns under "
+      "`ownership`), `pages` (a KvCacheView) and `comm` (InprocCommunicator or MpiCommunicator; `data`, a "
       "second "
       "one of the same kind, moves layers on a mover thread). Every rank calls the same methods for the same "
       "requests in the same order, and step() once per engine step. The GIL is released in every call.\n\n"
@@ -302,9 +238,14 @@ void bind_connector(py::module_& m) {
            py::arg("save_timeout") = 2.0, py::arg("load_timeout") = std::make_tuple(0.2, 0.02, 5.0),
            py::arg("saves") = "write_through", py::arg("save_after_lookups") = 2,
            py::arg("layers_per_group") = 0, py::arg("max_bytes_in_flight") = std::size_t{1} << 30,
-           py::arg("fetch_workers") = 2, py::arg("fetch_batch_chunks") = 1,
+           py::arg("fetch_workers") = 2, py::arg("fetch_batch_chunks") = 1, py::arg("ownership") = "mod",
+           py::arg("wall_clock_samples") = true,
            "policy: 'always', 'cost' or 'split' (the last two need node: kvtier.PrefillNode); load_timeout: "
-           "(base s, s per 1000 tokens, cap s); saves: 'write_through' or 'selective'.")
+           "(base s, s per 1000 tokens, cap s); saves: 'write_through' or 'selective'; ownership: which rank "
+           "owns chunk c, 'mod' (c mod W), 'block:I' ((c // I) mod W) or 'rendezvous[:SEED]' (hashing c), "
+           "the same on every rank (check_deployment compares it); wall_clock_samples: False keeps each "
+           "load's "
+           "wall time out of the estimator (record_load_sample's are then the only samples).")
       .def_property_readonly("rank",
                              [](py_connector& p) { return p.with([](auto& c) { return c.rank(); }, false); })
       .def_property_readonly(
@@ -327,24 +268,37 @@ void bind_connector(py::module_& m) {
       .def(
           "begin_lookup",
           [](py_connector& p, kvtier::request_id id, py::handle tokens, const std::string& adapter,
-             const std::string& tenant_salt) {
+             const std::string& tenant_salt, std::optional<std::uint64_t> prompt_tokens) {
             buffer_hold hold;
             std::vector<kvtier::token_id> storage;
             const std::span<const kvtier::token_id> t = tokens_of(tokens, storage, hold);
             const kvtier::key_material km{adapter, tenant_salt, {}};
-            const std::error_code ec = p.with([&](auto& c) { return c.begin_lookup(id, t, km); });
+            std::optional<std::string> bad;
+            const std::error_code ec = p.with([&](auto& c) {
+              if (!prompt_tokens) return c.begin_lookup(id, t, km);
+              try {
+                return c.begin_lookup(id, t, *prompt_tokens, km);
+              } catch (const std::invalid_argument& e) {  // fewer prompt tokens than keyed ones
+                bad = e.what();
+                return std::error_code{};
+              }
+            });
+            if (bad) raise_invalid("Connector.begin_lookup(request " + std::to_string(id) + "): " + *bad);
             if (ec)
               raise_error(ec, "Connector.begin_lookup: request " + std::to_string(id) + " is already known");
           },
           py::arg("id"), py::arg("tokens"), py::kw_only(), py::arg("adapter") = "",
-          py::arg("tenant_salt") = "",
-          "Starts a request's lookup (this rank asks its store about the chunks it owns). Never blocks.\n\n"
+          py::arg("tenant_salt") = "", py::arg("prompt_tokens") = py::none(),
+          "Starts a request's lookup (this rank asks its store about the chunks it owns). Never blocks. "
+          "prompt_tokens: the whole prompt's length when only `tokens` (a prefix) is keyed.\n\n"
           "    conn.begin_lookup(7, torch.tensor(ids))")
       .def(
           "step",
-          [](py_connector& p, py::handle deadline) {
+          [](py_connector& p, py::handle deadline,
+             std::optional<std::vector<std::uint64_t>> words) -> py::object {
             const kvtier::deadline dl = deadline_of(deadline);
-            const std::error_code ec = p.with([&](auto& c) { return c.step(dl); });
+            const std::error_code ec = p.with(
+                [&](auto& c) { return words ? c.step(dl, std::span<std::uint64_t>(*words)) : c.step(dl); });
             if (ec) {
               const std::string e = p.ctrl_error ? p.ctrl_error() : std::string();
               raise_error(ec,
@@ -352,13 +306,18 @@ void bind_connector(py::module_& m) {
                           "nothing, on every rank): " +
                               (e.empty() ? ec.message() : e));
             }
+            if (!words) return py::none();
+            return py::cast(*words);
           },
-          py::arg("deadline"),
+          py::arg("deadline"), py::arg("words") = py::none(),
           "Once per engine step on every rank: one all-reduce agrees on every waiting lookup and load and "
           "starts "
           "the moves. Raises kvtier.Error (TimeoutError for a deadline) when the agreement failed; the "
           "requests "
-          "are settled then (nothing cached / nothing loaded, on every rank).\n\n    conn.step(0.05)")
+          "are settled then (nothing cached / nothing loaded, on every rank). words: the engine's own 64-bit "
+          "values in the same all-reduce (the same count on every rank); returns their min over ranks "
+          "(for a max pass complements).\n\n    conn.step(0.05)\n    low, = conn.step(0.05, "
+          "words=[my_free_blocks])")
       .def(
           "lookup",
           [](py_connector& p, kvtier::request_id id) {
@@ -368,9 +327,14 @@ void bind_connector(py::module_& m) {
           "The agreed LoadPlan, or None while not agreed (or an unknown id).\n\n    plan = conn.lookup(7)")
       .def(
           "load",
-          [](py_connector& p, kvtier::request_id id, py::handle slots, py::handle block_table) {
+          [](py_connector& p, kvtier::request_id id, py::handle slots, py::handle block_table,
+             std::optional<std::uint64_t> first_token, std::optional<std::uint64_t> end_token) {
             if (slots.is_none() == block_table.is_none())
               raise_invalid("Connector.load: pass slots or block_table, one of them");
+            if (first_token.has_value() != end_token.has_value())
+              raise_invalid(
+                  "Connector.load: pass first_token and end_token together (a range), or neither "
+                  "(the plan's range)");
             const kvtier::kv_layout& lay = p.pages->view.layout;
             std::vector<std::int64_t> s;
             std::optional<std::string> bad;
@@ -390,22 +354,103 @@ void bind_connector(py::module_& m) {
               s.clear();
             }
             std::optional<kvtier::load_plan> plan;
+            std::optional<std::string> bad_range;
             const std::error_code ec = p.with([&](auto& c) {
               plan = c.lookup(id);
-              return c.load(id, std::span<const std::int64_t>(s));
+              if (!first_token) return c.load(id, std::span<const std::int64_t>(s));
+              try {
+                return c.load(id, std::span<const std::int64_t>(s), *first_token, *end_token);
+              } catch (const std::invalid_argument& e) {  // not whole chunks inside the plan
+                bad_range = e.what();
+                return std::error_code{};
+              }
             });
+            if (bad_range)
+              raise_invalid("Connector.load(request " + std::to_string(id) + "): " + *bad_range +
+                            " (this rank does not take part: pass the same range on every rank)");
             if (bad)
               raise_invalid("Connector.load(request " + std::to_string(id) + "): " + *bad +
                             " (this rank takes part, loading nothing)");
-            if (ec) raise_error(ec, load_problem(plan, s.size(), id));
+            if (ec) raise_error(ec, load_problem(plan, s.size(), end_token, id));
           },
           py::arg("id"), py::arg("slots") = py::none(), py::kw_only(), py::arg("block_table") = py::none(),
+          py::arg("first_token") = py::none(), py::arg("end_token") = py::none(),
           "Starts the load of a planned request into the pages: slots[i] is prompt position i's slot (block "
           "* "
           "block_size + offset), or block_table[b] the block of positions [b*block_size, ...). Call it on "
           "every "
-          "rank; a bad argument raises, and this rank still takes part (loading nothing).\n\n"
-          "    conn.load(7, block_table=torch.tensor([3, 9], dtype=torch.int32))")
+          "rank; a bad argument raises, and this rank still takes part (loading nothing). first_token, "
+          "end_token: load only that range of the plan, whole chunks (the same on every rank; a range "
+          "outside the plan raises kvtier.InvalidArgument and this rank does not take part).\n\n"
+          "    conn.load(7, block_table=torch.tensor([3, 9], dtype=torch.int32))\n"
+          "    conn.load(7, slots, first_token=0, end_token=64)   # a load capped below the hit")
+      .def(
+          "wait_local",
+          [](py_connector& p, kvtier::request_id id, py::handle deadline) {
+            const kvtier::deadline dl = deadline_of(deadline);
+            const std::error_code ec = p.with([&](auto& c) { return c.wait_local(id, dl); });
+            if (ec == kvtier::errc::invalid_argument)
+              raise_invalid("Connector.wait_local(request " + std::to_string(id) +
+                            "): no load started for it on this rank");
+            if (ec)
+              raise_error(ec, "Connector.wait_local(request " + std::to_string(id) +
+                                  "): this rank's fetch did not end before the deadline");
+          },
+          py::arg("id"), py::arg("deadline"),
+          "Returns once this rank's own part of load `id` has ended (its fetch done, or nothing of its "
+          "own to fetch); kvtier.TimeoutError when the deadline passes first. Local: no collective. Called "
+          "on "
+          "every rank before step(), the next step agrees the whole load.\n\n"
+          "    conn.load(7, slots); conn.wait_local(7, 1.0); conn.step(1.0)")
+      .def(
+          "wait_for_save",
+          [](py_connector& p, kvtier::request_id id, py::handle deadline) {
+            const kvtier::deadline dl = deadline_of(deadline);
+            const std::error_code ec = p.with([&](auto& c) { return c.wait_for_save(id, dl); });
+            if (ec == kvtier::errc::invalid_argument)
+              raise_invalid("Connector.wait_for_save(request " + std::to_string(id) +
+                            "): neither known nor finishing on this rank");
+            if (ec)
+              raise_error(ec, "Connector.wait_for_save(request " + std::to_string(id) +
+                                  "): its saves did not end before the deadline");
+          },
+          py::arg("id"), py::arg("deadline"),
+          "Returns once every save of the request queued so far has ended (stored or failed: counters() "
+          "says which); kvtier.TimeoutError when the deadline passes first. Local. vLLM's wait_for_save.\n\n"
+          "    conn.save(7, slots, 0, n); conn.wait_for_save(7, 2.0)")
+      .def(
+          "limit_load",
+          [](py_connector& p, kvtier::request_id id, std::size_t chunks) {
+            const std::error_code ec = p.with([&](auto& c) { return c.limit_load(id, chunks); });
+            if (ec)
+              raise_invalid("Connector.limit_load(request " + std::to_string(id) +
+                            "): no load running for it on this rank (unknown, not started, or agreed)");
+          },
+          py::arg("id"), py::arg("chunks"),
+          "Caps this rank's part of a running load at its first `chunks` chunks; the agreed prefix is at "
+          "most the least cap over ranks. Only lowers; local, never blocks.\n\n    conn.limit_load(7, 3)")
+      .def(
+          "cancel_load",
+          [](py_connector& p, kvtier::request_id id) {
+            const std::error_code ec = p.with([&](auto& c) { return c.cancel_load(id); });
+            if (ec)
+              raise_invalid("Connector.cancel_load(request " + std::to_string(id) +
+                            "): no load running for it on this rank (unknown, not started, or agreed)");
+          },
+          py::arg("id"),
+          "limit_load(id, 0) and this rank's fetch cancelled: every rank's outcome is nothing loaded.\n\n"
+          "    conn.cancel_load(7)")
+      .def(
+          "record_load_sample",
+          [](py_connector& p, std::uint64_t bytes, double seconds) {
+            const std::error_code ec = p.with([&](auto& c) { return c.record_load_sample(bytes, seconds); });
+            if (ec)
+              raise_invalid("Connector.record_load_sample: needs bytes > 0 and seconds > 0 and finite, got " +
+                            std::to_string(bytes) + " and " + std::to_string(seconds));
+          },
+          py::arg("bytes"), py::arg("seconds"),
+          "Feeds the cost/split policies' estimator one load in the engine's own time (the same samples in "
+          "the same order on every rank).\n\n    conn.record_load_sample(64 << 20, 0.031)")
       .def(
           "wait_for_layer",
           [](py_connector& p, std::uint32_t layer, py::handle deadline) {

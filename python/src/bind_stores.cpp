@@ -30,13 +30,16 @@ using cluster = kvtier::cluster_store<kvtier::resp::asio_connection>;
 using memory_impl = owned_store<kvtier::memory_store>;
 #if defined(KVTIER_PY_HAS_TLS)
 using remote_tls = kvtier::remote_store<kvtier::resp::asio_tls_connection>;
+using cluster_tls = kvtier::cluster_store<kvtier::resp::asio_tls_connection>;
 #endif
 
-// RemoteStore over plain TCP / Unix sockets, or TLS (rediss://, resp+tls://) where kvtier::tls is built.
-struct remote_parts {
-  std::unique_ptr<remote> plain;
+// One store over plain TCP / Unix sockets, or over TLS where kvtier::tls is built: `plain` or
+// `tls` is set (RemoteStore: rediss://, resp+tls://; ClusterStore: resp+cluster+tls://).
+template <template <kvtier::resp::connection> class Store>
+struct transport_parts {
+  std::unique_ptr<Store<kvtier::resp::asio_connection>> plain;
 #if defined(KVTIER_PY_HAS_TLS)
-  std::unique_ptr<remote_tls> tls;
+  std::unique_ptr<Store<kvtier::resp::asio_tls_connection>> tls;
 #endif
   template <class F>
   decltype(auto) visit(F&& f) const {
@@ -63,9 +66,19 @@ struct remote_parts {
   kvtier::remote_store_stats stats() const {
     return visit([](auto& s) { return s.stats(); });
   }
+  std::string identity() const {  // a single server's: a cluster has none
+    return visit([](auto& s) {
+      if constexpr (requires { s.pool(); })
+        return std::string(s.pool().options().server.describe());
+      else
+        return std::string();
+    });
+  }
 };
+using remote_parts = transport_parts<kvtier::remote_store>;
 using remote_impl = owned_store<remote_parts>;
-using cluster_impl = owned_store<cluster>;
+using cluster_parts = transport_parts<kvtier::cluster_store>;
+using cluster_impl = owned_store<cluster_parts>;
 
 // A tiered_store over two Python stores; the refs outlive the tiered_store that points at them.
 struct tiered_parts {
@@ -96,13 +109,12 @@ struct rendezvous_parts {
   std::vector<store_ref> refs;
   std::vector<store_ref*> ptrs;
   std::optional<kvtier::rendezvous_store<store_ref>> r;
-  rendezvous_parts(std::vector<std::shared_ptr<store_impl>> parts, std::uint64_t seed) {
+  // names[i]: instance i's lasting identity (its server, or the caller's name), so that a key
+  // keeps its instance when the list is reordered or another instance leaves.
+  rendezvous_parts(std::vector<std::shared_ptr<store_impl>> parts, std::vector<std::string> names,
+                   std::uint64_t seed) {
     for (auto& p : parts) refs.push_back({std::move(p)});
     for (auto& x : refs) ptrs.push_back(&x);
-    // rendezvous_store keys weights by each instance's name; a Python store has no server
-    // identity here yet, so its position names it (removing a middle one moves later keys).
-    std::vector<std::string> names;
-    for (std::size_t i = 0; i < ptrs.size(); ++i) names.push_back("#" + std::to_string(i));
     r.emplace(ptrs, std::move(names), seed);
   }
   template <class... A>
@@ -322,18 +334,34 @@ std::shared_ptr<remote_impl> make_remote(const std::string& url, const kvtier::k
 std::shared_ptr<cluster_impl> make_cluster(const std::string& url, const kvtier::key_namespace& ns, int rank,
                                            std::size_t connections, std::size_t reserved_small,
                                            double connect_timeout, int protocol, int value_format,
-                                           std::uint64_t group_bytes, int max_rounds) {
+                                           std::uint64_t group_bytes, int max_rounds,
+                                           std::optional<kvtier::resp::tls_options> tls) {
   kvtier::resp::cluster_url u = kvtier::resp::parse_cluster_url(url);
   if (!u) raise_error(u.ec, u.message);
-  if (!u.seeds.empty() && u.seeds.front().tls)
-    raise_invalid("ClusterStore: TLS URLs are not bound in the Python module yet; use resp+cluster://");
+  const bool use_tls = !u.seeds.empty() && u.seeds.front().tls;
+  if (tls && !use_tls)
+    raise_invalid("ClusterStore: tls options given for " + kvtier::resp::redact_url(url) +
+                  ", which is not a TLS URL (resp+cluster+tls://)");
   if (max_rounds < 1) raise_invalid("max_rounds must be >= 1");
-  kvtier::cluster_options o =
-      kvtier::cluster_options_for(u, rank, connection_of(connect_timeout, protocol, ""));
+  kvtier::resp::connection_options c = connection_of(connect_timeout, protocol, "");
+  if (tls) c.tls = std::move(*tls);
+  kvtier::cluster_options o = kvtier::cluster_options_for(u, rank, std::move(c));
   o.pool = pool_of(connections, reserved_small);
   o.format = format_of(value_format, group_bytes);
   o.max_rounds = max_rounds;
-  return std::make_shared<cluster_impl>("ClusterStore", ns, std::move(o));
+  auto impl = std::make_shared<cluster_impl>("ClusterStore");
+  cluster_parts& p = impl->store();
+  if (!use_tls) {
+    p.plain = std::make_unique<cluster>(ns, std::move(o));
+  } else {
+#if defined(KVTIER_PY_HAS_TLS)
+    p.tls = std::make_unique<cluster_tls>(ns, std::move(o));
+#else
+    raise_invalid("ClusterStore: " + kvtier::resp::redact_url(url) +
+                  " needs TLS, and this module was built without kvtier::tls (OpenSSL)");
+#endif
+  }
+  return impl;
 }
 
 kvtier::write_policy writes_of(const std::string& s) {
@@ -399,6 +427,9 @@ void bind_stores(py::module_& m) {
           "exit")
       .def_property_readonly("closed", &store_impl::is_closed)
       .def_property_readonly("kind", &store_impl::kind)
+      .def_property_readonly("identity", &store_impl::identity,
+                             "The server this store talks to, 'host:port/db' without credentials (how "
+                             "RendezvousStore names it); '' for memory, cluster and composed stores.")
       .def("last_error", &store_impl::last_error, "The store's last error text ('' if none).")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
@@ -491,16 +522,18 @@ void bind_stores(py::module_& m) {
       .def(py::init(&make_cluster), py::arg("url"), py::arg("namespace"), py::kw_only(), py::arg("rank") = 0,
            py::arg("connections") = 4, py::arg("reserved_small") = 1, py::arg("connect_timeout") = 2.0,
            py::arg("protocol") = 2, py::arg("value_format") = 1, py::arg("group_bytes") = 0,
-           py::arg("max_rounds") = 6)
+           py::arg("max_rounds") = 6, py::arg("tls") = py::none(),
+           "tls: kvtier.TlsOptions for resp+cluster+tls:// (every node, and the MOVED targets, over TLS).")
       .def("stats", [](cluster_impl& s) {
-        return remote_stats(on_open(s, "stats", [](cluster& x) { return x.stats(); }));
+        return remote_stats(on_open(s, "stats", [](cluster_parts& x) { return x.stats(); }));
       });
 
   py::class_<rendezvous_impl, store_impl, std::shared_ptr<rendezvous_impl>>(
       m, "RendezvousStore",
       "A rank's partition over K stores by rendezvous hashing of the key; batches split per instance and run "
       "in parallel.\n\n    s = kvtier.RendezvousStore([kvtier.RemoteStore(u, ns) for u in urls])")
-      .def(py::init([](py::handle instances, std::uint64_t seed) {
+      .def(py::init([](py::handle instances, std::uint64_t seed,
+                       std::optional<std::vector<std::string>> names) {
              if (instances.is_none() || !py::isinstance<py::sequence>(instances))
                raise_invalid("instances must be a list of kvtier.Store, not " + type_name(instances));
              std::vector<std::shared_ptr<store_impl>> parts;
@@ -508,18 +541,46 @@ void bind_stores(py::module_& m) {
              for (std::size_t i = 0; i < seq.size(); ++i)
                parts.push_back(store_arg(seq[i], "instances[" + std::to_string(i) + "]"));
              if (parts.empty()) raise_invalid("RendezvousStore needs at least one instance");
-             return std::make_shared<rendezvous_impl>("RendezvousStore", std::move(parts), seed);
+             if (!names) {  // each instance named by its server, as the C++ rendezvous_store does
+               names.emplace();
+               for (std::size_t i = 0; i < parts.size(); ++i) {
+                 names->push_back(parts[i]->identity());
+                 if (names->back().empty())
+                   raise_invalid("instances[" + std::to_string(i) + "] is a " + parts[i]->kind() +
+                                 ", which has no server identity: pass names=[...] (each instance's lasting "
+                                 "name)");
+               }
+             }
+             try {
+               return std::make_shared<rendezvous_impl>("RendezvousStore", std::move(parts),
+                                                        std::move(*names), seed);
+             } catch (const std::invalid_argument& e) {  // a count of names that differs, a name twice
+               raise_invalid(e.what());
+             }
            }),
-           py::arg("instances"), py::arg("seed") = 0)
+           py::arg("instances"), py::arg("seed") = 0, py::kw_only(), py::arg("names") = py::none(),
+           "Each instance is named by its server (RemoteStore: 'host:port/db') or by names[i]: a key "
+           "keeps its instance when the list is reordered or another instance leaves.")
       .def(
           "instance_of",
           [](rendezvous_impl& s, const kvtier::chunk_key& k) {
             return on_open(s, "instance_of", [&](rendezvous_parts& x) { return x.r->instance_of(k); });
           },
           py::arg("key"), "The instance (0..size-1) that holds `key`.")
-      .def_property_readonly("size", [](rendezvous_impl& s) {
-        return on_open(s, "size", [](rendezvous_parts& x) { return x.r->size(); });
-      });
+      .def_property_readonly("size",
+                             [](rendezvous_impl& s) {
+                               return on_open(s, "size", [](rendezvous_parts& x) { return x.r->size(); });
+                             })
+      .def_property_readonly(
+          "names",
+          [](rendezvous_impl& s) {
+            return on_open(s, "names", [](rendezvous_parts& x) {
+              std::vector<std::string> n;
+              for (std::size_t i = 0; i < x.r->size(); ++i) n.push_back(x.r->name(i));
+              return n;
+            });
+          },
+          "Each instance's identity, in the list's order.\n\n    s.names  # ['127.0.0.1:6379/0', ...]");
 
   py::class_<tiered_impl, store_impl, std::shared_ptr<tiered_impl>>(
       m, "TieredStore",

@@ -60,6 +60,9 @@ class store_impl {
   }
   bool is_closed() const noexcept { return closed_; }
   const std::string& kind() const noexcept { return kind_; }
+  /// The server this store talks to ("host:port/db", no credentials), as rendezvous hashing names
+  /// an instance; "" for a store with no single server (memory, cluster, composed stores).
+  virtual std::string identity() const { return {}; }
 
   /// The store's last error text ("" if none); says so once closed.
   std::string last_error() const {
@@ -147,6 +150,13 @@ class owned_store : public store_impl {
       return {};
   }
   void do_close() override { store_.reset(); }
+
+ public:
+  std::string identity() const override {
+    std::string id;
+    if constexpr (requires(const S& s) { s.identity(); }) with_open([&] { id = store_->identity(); });
+    return id;
+  }
 
  private:
   std::unique_ptr<S> store_;

@@ -54,15 +54,28 @@ def wrong_bytes(pages, blocks, first, end):
 
 
 def step_until(conn, done):
-    for _ in range(MAX_STEPS):
+    """Steps until done() (an agreed value); returns the steps taken, 0 when it never was."""
+    for i in range(MAX_STEPS):
         conn.step(2.0)
         if done():
-            return True
+            return i + 1
         time.sleep(0.001)  # let the fetch workers answer
-    return False
+    return 0
 
 
-def run_rank(comm, store, data=None, tamper=None):
+def agree_after_wait_local(conn, id, layers=LAYERS):
+    """Every rank: wait_local (this rank's fetch is over), one step (agrees every chunk at once
+    and moves them), the layer waits (landed here), one more step (every rank has landed them:
+    the outcome is agreed). Two steps on every rank; True when the outcome was agreed by then."""
+    conn.wait_local(id, 10.0)
+    conn.step(2.0)
+    for layer in range(layers):
+        conn.wait_for_layer(layer, 5.0)
+    conn.step(2.0)
+    return conn.load_result(id) is not None
+
+
+def run_rank(comm, store, data=None, tamper=None, ownership="mod", after_load=None):
     """Cold request 1 computes and saves; request 2 (same prompt) loads it into other blocks."""
     world = comm.size
     pages = make_pages()
@@ -71,7 +84,7 @@ def run_rank(comm, store, data=None, tamper=None):
     tokens = list(range(1000, 1000 + PROMPT))
     res = {}
     conn = kvtier.Connector(chunker, store, comm, view, data=data, lookup_timeout=2.0,
-                            load_timeout=(5.0, 0.0, 5.0))
+                            load_timeout=(5.0, 0.0, 5.0), ownership=ownership)
     try:
         conn.check_deployment(5.0)
         cold = [0, 1, 2, 3, 4, 5, 6, 7]
@@ -86,6 +99,8 @@ def run_rank(comm, store, data=None, tamper=None):
                 break
             time.sleep(0.005)
         res["events"] = [(e.kind, e.rank, len(e.keys)) for e in conn.drain_events()]
+        keys = chunker.keys(tokens)  # the chunks this rank's own store now holds
+        res["stored_chunks"] = [c for c, st in enumerate(store.exists(keys, 5.0)) if st == kvtier.Status.hit]
         if tamper:
             tamper()
         warm = [20, 9, 31, 12, 8, 17, 30, 25]
@@ -95,9 +110,10 @@ def run_rank(comm, store, data=None, tamper=None):
         res["warm_plan"] = (plan.cached_tokens, plan.load_first_token, plan.load_end_token)
         if plan.tokens_to_load:
             conn.load(2, block_table=torch.tensor(warm, dtype=torch.int32))
+            if after_load:
+                after_load(conn, comm.rank)  # e.g. limit_load / cancel_load on one rank
+            res["two_steps"] = agree_after_wait_local(conn, 2)
             assert step_until(conn, lambda: conn.load_result(2) is not None)
-            for layer in range(LAYERS):
-                conn.wait_for_layer(layer, 5.0)
             out = conn.load_result(2)
             res["loaded"] = (out.load_first_token, out.loaded_end_token, out.requested_end_token)
             res["load_errors"] = conn.load_errors(2)

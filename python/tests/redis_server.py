@@ -160,12 +160,16 @@ class Cluster:
     `redis-cli --cluster create`, ready once every node says cluster_state:ok (as
     tests/support/redis_cluster.hpp does)."""
 
-    def __init__(self, masters=3):
+    def __init__(self, masters=3, tls_args=()):
+        """tls_args: every node also listens with TLS (Server's tls_args) and the cluster bus runs
+        over TLS (--tls-cluster yes), so a client asking over TLS is told TLS ports."""
         self.nodes = []
         try:
             for _ in range(masters):
-                self.nodes.append(Server(extra_args=["--cluster-enabled", "yes", "--cluster-config-file",
-                                                     "nodes.conf", "--cluster-node-timeout", "5000"],
+                self.nodes.append(Server(tls_args=tls_args,
+                                         extra_args=["--cluster-enabled", "yes", "--cluster-config-file",
+                                                     "nodes.conf", "--cluster-node-timeout", "5000"]
+                                         + (["--tls-cluster", "yes"] if tls_args else []),
                                          max_port=55535))
             subprocess.run(["/usr/bin/redis-cli", "--cluster", "create",
                             *["127.0.0.1:%d" % n.port for n in self.nodes], "--cluster-replicas", "0",
@@ -183,6 +187,10 @@ class Cluster:
     @property
     def url(self):
         return "resp+cluster://" + ",".join("127.0.0.1:%d" % n.port for n in self.nodes)
+
+    @property
+    def tls_url(self):
+        return "resp+cluster+tls://" + ",".join("127.0.0.1:%d" % n.tls_port for n in self.nodes)
 
     def stop(self):
         for n in self.nodes:

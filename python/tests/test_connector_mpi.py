@@ -48,6 +48,7 @@ def test_lifecycle_two_processes_byte_for_byte(extra):
         assert x["loaded"] == [0, PROMPT, PROMPT]
         assert x["load_errors"] == []
         assert x["wrong_loaded"] == 0
+        assert x["two_steps"]  # wait_local, then two steps on both processes: the load agreed
         assert x["counters"]["tokens_loaded"] == PROMPT and x["counters"]["agreement_failures"] == 0
 
 

@@ -128,6 +128,21 @@ def test_tiered_and_rendezvous_over_real_servers(two_redis_servers):
     assert tiers.stats()["l2_hits"] == 16
 
 
+def test_rendezvous_names_remote_instances_by_their_servers(two_redis_servers):
+    # As the C++ rendezvous_store: each RemoteStore is named by its server (no credentials), so
+    # the list's order does not move a key: a key put through [a, b] is found through [b, a].
+    a, b = two_redis_servers
+    ra, rb = kvtier.RemoteStore(a.url, NS), kvtier.RemoteStore(b.url, NS)
+    assert ra.identity == f"127.0.0.1:{a.port}" and rb.identity == f"127.0.0.1:{b.port}"
+    assert kvtier.RemoteStore("resp://user:s3cret@127.0.0.1:1/2", NS).identity == "127.0.0.1:1/2"
+    ab, ba = kvtier.RendezvousStore([ra, rb]), kvtier.RendezvousStore([rb, ra])
+    assert ab.names == [ra.identity, rb.identity] and ba.names == [rb.identity, ra.identity]
+    keys, src = keys_of(16), payload(16)
+    assert ab.put(keys, src, 5.0) == [S] * 16
+    assert all(ab.names[ab.instance_of(k)] == ba.names[ba.instance_of(k)] for k in keys)
+    assert ba.exists(keys, 5.0) == [H] * 16
+
+
 def test_password_from_a_file(tmp_path, redis_server):
     redis_server.call("CONFIG", "SET", "requirepass", "s3cret")
     f = tmp_path / "pw"
@@ -236,3 +251,29 @@ def test_cluster_round_trip(redis_cluster, placement):
     assert c.get(keys, dst, 10.0) == [H] * 12 and np.array_equal(dst.numpy(), src)
     assert c.exists(keys + keys_of(1, salt=5), 10.0) == [H] * 12 + [M]
     c.close()
+
+
+def test_cluster_over_tls(pki):
+    # A 3-master cluster whose nodes and bus speak TLS: resp+cluster+tls:// routes every key over
+    # TLS (the plain ports, used only by this harness, see the values land on the masters); a CA
+    # the client does not trust is a TLS failure, not a hang.
+    from redis_server import Cluster
+    cluster = Cluster(3, tls_args=pki.server_args(client_certs=False))
+    try:
+        c = kvtier.ClusterStore(cluster.tls_url, NS, tls=kvtier.TlsOptions(ca_file=pki.path("ca.pem")))
+        keys, src = keys_of(12), payload(12)
+        assert c.put(keys, src, 10.0) == [S] * 12
+        sizes = [n.call("DBSIZE") for n in cluster.nodes]
+        assert sum(sizes) == 12 and sum(1 for x in sizes if x) >= 2, sizes
+        dst = torch.zeros(12, VB, dtype=torch.uint8)
+        assert c.get(keys, dst, 10.0) == [H] * 12 and np.array_equal(dst.numpy(), src)
+        c.close()
+        other = kvtier.ClusterStore(cluster.tls_url, NS, connect_timeout=2.0,
+                                    tls=kvtier.TlsOptions(ca_file=pki.path("other-ca.pem")))
+        with pytest.raises(kvtier.Error) as e:
+            other.exists(keys, 5.0)
+        assert e.value.code == kvtier.Errc.tls_failed, str(e.value)
+        with pytest.raises(kvtier.InvalidArgument, match="not a TLS URL"):
+            kvtier.ClusterStore(cluster.url, NS, tls=kvtier.TlsOptions(ca_file=pki.path("ca.pem")))
+    finally:
+        cluster.stop()

@@ -79,7 +79,7 @@ def test_tiered_promotes_and_counts():
 
 def test_rendezvous_spreads_and_returns_in_order():
     parts = [kvtier.MemoryStore(1 << 22) for _ in range(3)]
-    r = kvtier.RendezvousStore(parts, seed=5)
+    r = kvtier.RendezvousStore(parts, seed=5, names=["a", "b", "c"])
     keys = [kvtier.ChunkKey(9, i) for i in range(24)]
     src = payload(len(keys))
     assert r.put(keys, src, 1.0) == [S] * len(keys)
@@ -89,7 +89,29 @@ def test_rendezvous_spreads_and_returns_in_order():
         assert parts[r.instance_of(k)].contains(k)
     dst = np.zeros_like(src)
     assert r.get(keys, dst, 1.0) == [H] * 24 and np.array_equal(dst, src)
-    assert r.size == 3
+    assert r.size == 3 and r.names == ["a", "b", "c"]
+
+
+def test_rendezvous_names_keep_a_key_on_its_instance():
+    # Keys follow the instances' names, not their positions: reordered, each key is on the same
+    # named instance; with "b" gone, only b's keys move.
+    a, b, c = (kvtier.MemoryStore(1 << 20) for _ in range(3))
+    keys = [kvtier.ChunkKey(3, i) for i in range(64)]
+    abc = kvtier.RendezvousStore([a, b, c], names=["a", "b", "c"])
+    cba = kvtier.RendezvousStore([c, b, a], names=["c", "b", "a"])
+    ac = kvtier.RendezvousStore([a, c], names=["a", "c"])
+    owner = {k: abc.names[abc.instance_of(k)] for k in keys}
+    assert {cba.names[cba.instance_of(k)] for k in keys if owner[k] == "b"} == {"b"}
+    assert all(cba.names[cba.instance_of(k)] == owner[k] for k in keys)
+    assert all(ac.names[ac.instance_of(k)] == owner[k] for k in keys if owner[k] != "b")
+    assert len(set(owner.values())) == 3
+    with pytest.raises(kvtier.InvalidArgument, match="no server identity: pass names"):
+        kvtier.RendezvousStore([a, b])
+    with pytest.raises(kvtier.InvalidArgument, match="two instances named 'a'"):
+        kvtier.RendezvousStore([a, b], names=["a", "a"])
+    with pytest.raises(kvtier.InvalidArgument, match="1 names for 2 instances"):
+        kvtier.RendezvousStore([a, b], names=["a"])
+    assert a.identity == "" and abc.identity == ""
 
 
 def test_context_manager_closes():

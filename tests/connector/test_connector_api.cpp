@@ -414,13 +414,14 @@ TEST_CASE("connector step words: a different word count fails the step on every 
 namespace {
 
 // The memory store with a gate on put() (a save that cannot end until opened) and, when
-// stall_gets, a get() that answers only at its deadline (a stalled server).
+// stall_gets, a get() that answers (timeout) only once gets_open or at its deadline: a
+// stalled server, released by the test rather than by the clock.
 struct gated_store {
   memory_store& inner;
   bool stall_gets = false;
   std::mutex mu;
   std::condition_variable cv;
-  bool open = true;
+  bool open = true, gets_open = false;
 
   std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> st, deadline dl) {
     return inner.exists(k, st, dl);
@@ -428,7 +429,10 @@ struct gated_store {
   std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
                       std::span<chunk_status> st, deadline dl) {
     if (!stall_gets) return inner.get(k, d, st, dl);
-    std::this_thread::sleep_until(std::min(dl, clock::now() + std::chrono::seconds(5)));
+    {
+      std::unique_lock lock(mu);
+      cv.wait_until(lock, std::min(dl, clock::now() + std::chrono::seconds(20)), [&] { return gets_open; });
+    }
     std::fill(st.begin(), st.end(), chunk_status::timeout);
     return make_error_code(errc::timeout);
   }
@@ -443,6 +447,11 @@ struct gated_store {
   void set_open(bool o) {
     std::lock_guard lock(mu);
     open = o;
+    cv.notify_all();
+  }
+  void open_gets() {
+    std::lock_guard lock(mu);
+    gets_open = true;
     cv.notify_all();
   }
 };
@@ -482,9 +491,7 @@ TEST_CASE("connector wait_for_save: returns once the request's saves ended, befo
 }
 
 TEST_CASE("connector wait_local: a stalled store's rank times out by the caller's deadline", "[connector]") {
-  connector_options opt = rig_options();
-  opt.load_deadline = {std::chrono::milliseconds(300), std::chrono::milliseconds(0),
-                       std::chrono::milliseconds(300)};
+  const connector_options opt = rig_options();  // the stalled get ends when the test says
   call_log log(2);
   on_ranks(
       2, opt, true,
@@ -505,7 +512,8 @@ TEST_CASE("connector wait_local: a stalled store's rank times out by the caller'
         LOCKED_REQUIRE_FALSE(env.conn.load(2, slots_of(env.cache, seq, the_prompt.size())));
         if (r == 1) {
           const auto waited = env.conn.wait_local(2, deadline_after(std::chrono::milliseconds(30)));
-          LOCKED_CHECK(waited == errc::timeout);  // its get answers only at the load's deadline
+          LOCKED_CHECK(waited == errc::timeout);  // its get has not answered
+          env.store.open_gets();                  // now it answers: timeout for every key
         } else {
           const auto waited = env.conn.wait_local(2, deadline_after(std::chrono::seconds(20)));
           LOCKED_CHECK_FALSE(waited);  // this rank's own fetch ended
