@@ -88,7 +88,7 @@ timing model (modeled seconds; defaults are the reference's figures):
 engine:
   --max-batch-tokens N (32768)  --max-batch-requests N (256)
   --load-timeout-s S          one deadline per request, from its lookup, over every rank's I/O (10, modeled)
-  --broadcast per_chunk|grouped|gathered (grouped)   --fetch-workers N (8)
+  --fetch-workers N (8)       fetch threads of each rank's connector
   --estimator-prior optimistic|model   the load estimator's starting (T0, B): optimistic (0 ms, 1000 GB/s;
                               the first hits teach it) or model (the modeled tier's T0 and B, as a probe
                               of the tier would report them); refined online by every load either way
@@ -293,11 +293,7 @@ inline options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) 
       o.eng.fetch_workers = parse_uint(a, val(), 1, 256);
     else if (a == "--l2-fault-every")
       o.fault_every = parse_uint(a, val(), 0, 1ull << 62);
-    else if (a == "--broadcast") {
-      using enum kvtier::broadcast_mode;
-      o.eng.broadcast = parse_choice<kvtier::broadcast_mode>(
-          a, val(), {{"per_chunk", per_chunk}, {"grouped", grouped}, {"gathered", gathered}});
-    } else
+    else
       throw usage_error("unknown option '" + a + "' (see --help)");
   }
   if (o.mpi) {

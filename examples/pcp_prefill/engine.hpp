@@ -3,8 +3,9 @@
 // engine's scheduling: arrivals, batches, the step loop, completions, and the
 // run's results; the rest lives beside it:
 //   engine_types.hpp       options, modes, prepared requests, results
-//   request_lifecycle.hpp  a request's KV on every rank: lookup, agreement, decision, load,
-//                          broadcast, the paged check, write-back (deadlines, error paths)
+//   request_lifecycle.hpp  a request's KV on every rank through one kvtier::connector per rank:
+//                          lookup, agreement, decision, load into the pages, the paged check,
+//                          write-back (deadlines, error paths)
 //   modeled_clock.hpp      the modeled clock and the booking of modeled I/O times
 //   rank_state.hpp         what each rank keeps (replicated and own per-request state)
 //
@@ -20,7 +21,7 @@
 // Time: each rank keeps the same modeled clock (`now`), which advances by
 // events: a compute step (n/R), the modeled end of a lookup, load, broadcast or
 // write-back, the next arrival. The data path runs for real between events
-// (fetch_queue, tiered_store, chunk_broadcast, byte checks); the engine waits
+// (the connector, tiered_store, byte checks); the engine waits
 // for its real completion, but that real time never enters modeled time. Real
 // servers (a store without `modeled_timing`) are timed by the wall clock
 // instead: each rank measures its calls and the ranks agree on the maximum.
@@ -51,6 +52,7 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -209,8 +211,6 @@ class engine {
     tiers_t tiers(*env.l1, *l2s_[r],
                   kvtier::tiered_options{.writes = kvtier::write_policy::write_through, .promote = false});
     env.tiers = &tiers;
-    kvtier::fetch_queue<tiers_t> queue(tiers, {.workers = opt_.fetch_workers});
-    env.queue = &queue;
     modeled_io io(tm_, opt_.world, own_, lifecycle_t::has_l2());
     env.io = &io;
     kvtier::load_estimator est(opt_.estimator_prior);
@@ -231,13 +231,30 @@ class engine {
         1, ((opt_.kv_cache_tokens ? std::min(trace_tokens, opt_.kv_cache_tokens) : trace_tokens) + bt - 1) /
                bt)));
     env.cache = &cache;
+    // The connector runs each request's lookup, load and their agreement (one all-reduce per
+    // step for everything that became ready) and scatters loaded chunks into the pages. Modeled
+    // stores take no real time, so their I/O gets a generous real deadline (the modeled one is
+    // applied to the agreed answers); real servers get the request's own.
+    if (!reqs_.empty() && !reqs_.front().chunk)
+      throw std::invalid_argument("engine: prepared requests without their chunker (use pcp::prepare)");
+    const auto io_budget = lifecycle_t::modeled ? std::chrono::milliseconds(60'000)
+                                                : std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      std::chrono::duration<double>(opt_.load_timeout_s));
+    std::optional<typename env_t::conn_t> conn;
+    if (!reqs_.empty())
+      conn.emplace(*reqs_.front().chunk, own_, tiers, comm, cache.view(),
+                   kvtier::connector_options{
+                       .load_deadline = {.base = io_budget, .per_thousand_tokens = {}, .cap = io_budget},
+                       .lookup_timeout = io_budget,
+                       .fetch_workers = opt_.fetch_workers,
+                       .fetch_batch_chunks = 0});
+    env.conn = conn ? &*conn : nullptr;
     try {
       loop(env);
     } catch (const std::exception& e) {
       std::lock_guard lock(tally_.mu);
       if (tally_.result.fatal.empty()) tally_.result.fatal = "rank " + std::to_string(r) + ": " + e.what();
     }
-    queue.shutdown();
     {
       std::lock_guard lock(tally_.mu);
       tally_.calls[r] = comm.calls();

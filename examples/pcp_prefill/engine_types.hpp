@@ -1,5 +1,5 @@
 // examples/pcp_prefill/engine_types.hpp: what the engine is given and what it reports:
-// its options (mode, policy, batch limits, the deadline, the broadcast form), a trace
+// its options (mode, policy, batch limits, the deadline), a trace
 // request with its chunk keys, and the results of a run (per request, modeled costs,
 // counters over every rank).
 //
@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/chunker.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/ownership.hpp"
@@ -52,9 +51,6 @@ struct engine_options {
       10;                   ///< one deadline per request (modeled s), from its lookup, over every rank's I/O
   double cost_slack_s = 0;  ///< --policy cost: also load when predicted at most this much slower
   std::size_t fetch_workers = 8;  ///< fetch_queue threads per rank
-  /// grouped: chosen from bench_chunk_broadcast at the real 12.4 MB chunk (gathered copies every byte
-  /// twice through staging: 0.48x per_chunk there; grouped 0.83x with at most 1 + W collectives).
-  kvtier::broadcast_mode broadcast = kvtier::broadcast_mode::grouped;
   /// The load estimator's starting (T0, B), refined by every measured load. The default is
   /// optimistic (the first hits load and teach it); a probe of the tier gives a better one.
   kvtier::load_path estimator_prior{.fixed_cost_s = 0, .bandwidth_gb_per_s = 1000};
@@ -79,6 +75,7 @@ struct engine_options {
 struct prepared_request {
   const request* src = nullptr;
   std::vector<kvtier::chunk_key> keys;
+  const kvtier::chunker<>* chunk = nullptr;  ///< what made the keys (the connector keys them alike)
   std::size_t n_chunks() const { return keys.size(); }
 };
 
@@ -88,6 +85,7 @@ inline std::vector<prepared_request> prepare(const std::vector<request>& reqs,
   const std::size_t c = chunk.chunk_tokens();
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     out[i].src = &reqs[i];
+    out[i].chunk = &chunk;
     const std::size_t cacheable = (reqs[i].tokens.size() - 1) / c * c;
     out[i].keys = chunk.keys(std::span<const std::uint32_t>(reqs[i].tokens).first(cacheable));
   }

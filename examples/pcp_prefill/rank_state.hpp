@@ -22,6 +22,7 @@
 #include "engine_types.hpp"
 #include "kvtier/comm/inproc.hpp"
 #include "kvtier/comm/recording.hpp"
+#include "kvtier/connector.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/host_kv_cache.hpp"
@@ -44,7 +45,7 @@ struct ctl_state {
 struct local_request {
   std::vector<std::byte> buf;           // n_chunks * chunk_bytes: chunk values on their way to/from the store
   kvtier::host_kv_cache::sequence seq;  // the request's blocks in the paged cache (its KV's home)
-  std::uint64_t lookup_answer = 0, load_answer = 0;
+  std::uint64_t lookup_answer = 0;      // the agreed one (before the modeled deadline)
   kvtier::deadline real_dl{};
 };
 
@@ -53,19 +54,19 @@ struct local_request {
 template <class L2, kvtier::comm::communicator Comm = kvtier::comm::inproc_communicator>
 struct rank_env {
   using tiers_t = kvtier::tiered_store<modeled_l1, L2>;
-  using rec_t = kvtier::comm::recording<Comm&>;  // every rank's collectives, compared after the run
+  using rec_t = kvtier::comm::recording<Comm&>;      // every rank's collectives, compared after the run
+  using conn_t = kvtier::connector<tiers_t, rec_t>;  // lookups and their agreement (one per step)
 
   rec_t* comm = nullptr;
   tiers_t* tiers = nullptr;
   modeled_l1* l1 = nullptr;
-  kvtier::fetch_queue<tiers_t>* queue = nullptr;
+  conn_t* conn = nullptr;
   kvtier::load_estimator* estimator = nullptr;
   modeled_io* io = nullptr;  // the modeled I/O times (every rank's, on this rank's timeline)
   kvtier::host_kv_cache* cache = nullptr;
   std::vector<std::byte> paged_scratch;  // a chunk gathered back from the pages for checking
   std::vector<local_request> loc;
   std::vector<std::byte> scratch;
-  std::vector<std::byte> staging;  // gathered broadcast
   bool lead = false;
   // Replicated state: every rank holds the same values, derived from agreed ones.
   modeled_clock clock;

@@ -1,30 +1,32 @@
 // examples/pcp_prefill/request_lifecycle.hpp: the life of one request's KV on every
-// rank, at the same points on every rank: lookup, one agreement on what is cached,
-// the decision (load, split or recompute), the load by each chunk's owner, the
-// broadcast owner -> all, the scatter into the request's pages with every byte
-// checked there, and the write-back of what was computed. The engine (engine.hpp)
-// calls it from its step loop and keeps the scheduling; this file keeps the I/O.
+// rank, at the same points on every rank, on one kvtier::connector per rank: the lookup
+// and its agreement (the min over ranks), the decision (load, split or recompute), the
+// load by each chunk's owner, moved owner -> all and scattered into the request's pages
+// by the connector, every loaded byte checked there, and the write-back of what was
+// computed. The engine (engine.hpp) calls it from its step loop and keeps the scheduling;
+// this file keeps the modeled clock's bookings of each request's I/O and the checks.
 //
 // Deadlines: one deadline per request, set when its lookup is issued
-// (load_timeout_s later), covers every rank's lookup and load of that request;
-// a rank whose I/O would end past it reports nothing loaded, and the agreed
-// prefix recomputes. The collectives that agree on the outcome run after it,
-// with their own generous deadline, so a late peer turns into "recompute",
-// never into a rank that gave up the agreement while its peer was still in I/O.
+// (load_timeout_s later, modeled), covers every rank's lookup and load of that request: a
+// lookup that would end past it finds nothing, and a rank whose load would end past it
+// takes none of its chunks (connector::limit_load), so the agreed prefix ends before its
+// first one and the rest recomputes. The connector's steps that agree the outcomes have
+// their own generous deadline, so a late peer turns into "recompute", never into a rank
+// that gave up the agreement while its peer was still in I/O.
 //
-// Per rank: L1 = modeled_l1, L2 = the caller's store, kvtier::tiered_store over
-// both, a kvtier::fetch_queue for lookups and loads of owned chunks (c mod W).
-// Lookup answers are kvtier::rank_answer values reduced with a min all-reduce;
-// loaded chunks move owner -> all with kvtier::chunk_broadcast;
-// kvtier::load_estimator drives `--policy cost` and `--mode split`. Modeled
-// stores are timed on the modeled clock (modeled_clock.hpp); real servers by
-// the wall clock, each rank measuring its calls and the ranks agreeing on the
-// longest.
+// Per rank: L1 = modeled_l1, L2 = the caller's store, kvtier::tiered_store over both, and
+// the connector over them (its fetch queue looks up and loads the owned chunks, c mod W).
+// Every loop around connector::step() stops on an agreed condition (a lookup's plan, a
+// load's outcome), so every rank takes the same steps. The L1 answers and the paged
+// check are agreed by all-reduces of their own. kvtier::load_estimator (the engine's,
+// fed modeled times) drives `--policy cost` and `--mode split`. Modeled stores are timed
+// on the modeled clock (modeled_clock.hpp); real servers by the wall clock, each rank
+// measuring its calls and the ranks agreeing on the longest.
 //
 //   pcp::request_lifecycle<pcp::modeled_l2> life(reqs, tm, opt, own, l2s, tally);
-//   life.issue_lookups(env, {i});   // at arrival, on every rank
-//   life.decide(env, {i});          // once its lookup ended: agree, choose, start the load
-//   life.finish_load(env, i);       // once its load ended: agree, broadcast, check, queue
+//   life.issue_lookups(env, {i});   // at arrival, on every rank: begin_lookup, steps until agreed
+//   life.decide(env, {i});          // once its lookup ended: choose, start the load
+//   life.finish_load(env, i);       // once its load ended: steps until its outcome, check, queue
 //   life.store_computed(env, i);    // once computed: write back what this rank owns
 #pragma once
 
@@ -38,11 +40,13 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "engine_types.hpp"
-#include "kvtier/chunk_broadcast.hpp"
+#include "kvtier/comm/recover.hpp"
+#include "kvtier/connector.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/lookup.hpp"
@@ -75,48 +79,53 @@ class request_lifecycle {
   /// their modeled end (their real I/O has finished when this returns).
   void issue_lookups(env_t& env, const std::vector<std::size_t>& ids) {
     if (ids.empty()) return;
-    if (!modeled) {  // one real deadline per request, from an agreed instant (the latest rank's now)
-      std::vector<double> t0 = agree_max_s(
-          env, std::vector<double>(
-                   1, std::chrono::duration<double>(kvtier::clock::now().time_since_epoch()).count()));
-      const auto at = kvtier::clock::time_point(
-          std::chrono::duration_cast<kvtier::clock::duration>(std::chrono::duration<double>(t0[0])));
-      for (std::size_t i : ids)
-        env.loc[i].real_dl = at + std::chrono::duration_cast<kvtier::clock::duration>(
-                                      std::chrono::duration<double>(opt_.load_timeout_s));
+    if (!modeled) {
+      // One real deadline per request: an agreed budget (a duration, the min over ranks), which
+      // each rank turns into a deadline on its own clock as the agreement returns, not an
+      // agreed steady_clock instant (each host's clock counts from its own boot).
+      ++env.collectives;
+      const kvtier::comm::agreed_budget b =
+          kvtier::comm::agree_budget(*env.comm,
+                                     std::chrono::duration_cast<kvtier::clock::duration>(
+                                         std::chrono::duration<double>(opt_.load_timeout_s)),
+                                     coll_dl());
+      if (b.ec) throw std::runtime_error(b.message);
+      const kvtier::deadline dl = b.local_deadline();
+      for (std::size_t i : ids) env.loc[i].real_dl = dl;
     }
-    const kvtier::rank_t me = env.comm->rank();
-    std::vector<kvtier::fetch_handle> hs;
-    std::vector<kvtier::clock::time_point> began;
+    // The connector: each rank's owners ask their stores (never blocks), then steps until every
+    // one of these lookups is agreed (the min over ranks), a condition every rank sees alike, so
+    // every rank takes the same steps. A failed agreement ends them with nothing cached.
+    const auto began = kvtier::clock::now();
     for (std::size_t i : ids) {
       ctl_state& c = env.ctl[i];
       c.io_start = env.clock.now;
       c.deadline = env.clock.now + opt_.load_timeout_s;
-      std::vector<kvtier::chunk_key> keys;
-      for (std::size_t k = 0; k < reqs_[i].n_chunks(); ++k)
-        if (own_.owner(k) == me) keys.push_back(reqs_[i].keys[k]);
-      began.push_back(kvtier::clock::now());
-      hs.push_back(env.queue->lookup(i, keys,
-                                     kvtier::chunk_layout::owned(owned_starts_in(me, 0, reqs_[i].n_chunks()),
-                                                                 reqs_[i].n_chunks() * tm_.chunk_tokens),
-                                     real_dl(env, i)));
+      const std::span<const std::uint32_t> keyed =
+          std::span<const std::uint32_t>(reqs_[i].src->tokens).first(reqs_[i].n_chunks() * tm_.chunk_tokens);
+      if (auto ec = env.conn->begin_lookup(i, keyed, reqs_[i].src->tokens.size()))
+        throw std::runtime_error("connector: begin_lookup of request " + std::to_string(i) + ": " +
+                                 ec.message());
     }
-    std::vector<double> took;
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      const std::size_t i = ids[k];
-      const auto res = completed(env, hs[k], real_dl(env, i));
-      took.push_back(std::chrono::duration<double>(kvtier::clock::now() - began[k]).count());
-      note_error(env, res.ec, "lookup");
-      const bool ok = res.state == kvtier::fetch_state::done;
-      env.loc[i].lookup_answer = ok ? res.answer_tokens : first_start(me, 0, reqs_[i].n_chunks());
+    const auto agreed = [&] {
+      return std::all_of(ids.begin(), ids.end(),
+                         [&](std::size_t i) { return env.conn->lookup(i).has_value(); });
+    };
+    for (std::size_t steps = 0; !agreed(); ++steps) {  // bounded: each lookup by its deadline
+      if (steps == max_steps) throw std::runtime_error("connector: lookups not agreed after max_steps steps");
+      if (auto ec = env.conn->step(coll_dl())) note_error(env, ec, "lookup agreement");
+      if (!agreed()) std::this_thread::yield();  // an engine computes its batch here
     }
+    std::vector<double> took(ids.size(), std::chrono::duration<double>(kvtier::clock::now() - began).count());
     if (!modeled) took = agree_max_s(env, took);
     for (std::size_t k = 0; k < ids.size(); ++k) {
       ctl_state& c = env.ctl[ids[k]];
+      env.loc[ids[k]].lookup_answer = env.conn->lookup(ids[k])->cached_tokens;  // agreed
       const double end =
           modeled ? env.io->lookup_end(reqs_[ids[k]].n_chunks(), env.clock.now) : env.clock.now + took[k];
-      // Past the request's deadline the lookup counts as failed: nothing cached.
-      if (end > c.deadline) env.loc[ids[k]].lookup_answer = first_start(me, 0, reqs_[ids[k]].n_chunks());
+      // Past the request's deadline the lookup counts as failed: nothing cached (on every rank:
+      // the modeled and the agreed times are the same everywhere).
+      if (end > c.deadline) env.loc[ids[k]].lookup_answer = 0;
       c.lookup_end = std::min(end, c.deadline);
       env.costs.lookup_s += c.lookup_end - env.clock.now;
       ++env.costs.lookups;
@@ -126,8 +135,10 @@ class request_lifecycle {
   /// The lookups of `done` (in this order) finished on every rank: agree on their
   /// answers, decide load / split / recompute, and start the loads.
   void decide(env_t& env, const std::vector<std::size_t>& done) {
+    // The lookups' answers are agreed (issue_lookups); the L1 answers are not part of the
+    // connector's step, so one all-reduce agrees them (the min: the L1 prefix on every rank).
     std::vector<std::uint64_t> v;
-    for (std::size_t i : done) v.push_back(env.loc[i].lookup_answer), v.push_back(l1_answer(env, i));
+    for (std::size_t i : done) v.push_back(l1_answer(env, i));
     all_reduce_min(env, v);
     const double g = static_cast<double>(opt_.world) * tm_.chunk_tokens;  // one round of owners
     const kvtier::load_path configured{.fixed_cost_s = tm_.l2_t0_s,
@@ -136,8 +147,8 @@ class request_lifecycle {
       const std::size_t i = done[k];
       ctl_state& c = env.ctl[i];
       const double n = static_cast<double>(reqs_[i].src->tokens.size());
-      c.hit = v[2 * k];
-      c.l1_hit = std::min(v[2 * k + 1], c.hit);
+      c.hit = env.loc[i].lookup_answer;
+      c.l1_hit = std::min(v[k], c.hit);
       if (env.lead) tally_.result.requests[i].lookup_tokens = c.hit;
       bool load = c.hit > 0;
       const double l2_part = static_cast<double>(c.hit - c.l1_hit);
@@ -189,39 +200,28 @@ class request_lifecycle {
   /// byte, and queue what is left of the prompt for compute.
   void finish_load(env_t& env, std::size_t i) {
     ctl_state& c = env.ctl[i];
-    const std::size_t c0 = chunks(c.split), c1 = chunks(c.hit), n = c1 - c0;
-    kvtier::chunk_span_buffers bufs;
-    bufs.sources.resize(n);
-    bufs.destinations.resize(n);
-    for (std::size_t k = 0; k < n; ++k) {
-      bufs.destinations[k] = slot(env, i, c0 + k);
-      bufs.sources[k] = bufs.destinations[k];  // in place: the owner's loaded chunk is its destination
+    const std::size_t c0 = chunks(c.split);
+    // Every rank's fetch has ended (start_loads waited for it): step until the load's outcome is
+    // agreed (an agreed condition: every rank takes the same steps). The steps agree the
+    // fetched prefix (the min over ranks, each rank's cap included), move its chunks owner ->
+    // every rank and scatter them into the pages; a failed agreement loads nothing anywhere.
+    for (std::size_t steps = 0; !env.conn->load_result(i); ++steps) {
+      if (steps == max_steps) throw std::runtime_error("connector: load not agreed after max_steps steps");
+      if (auto ec = env.conn->step(coll_dl())) note_error(env, ec, "load agreement");
+      if (!env.conn->load_result(i)) std::this_thread::yield();
     }
-    // The split point is a multiple of W chunks, so chunk c0 + k has the owner of chunk k.
-    kvtier::broadcast_params p{.n_chunks = n,
-                               .chunk_tokens = tm_.chunk_tokens,
-                               .chunk_bytes = tm_.chunk_bytes(),
-                               .mode = opt_.broadcast,
-                               .request_id = kvtier::load_id{i}};
-    if (opt_.broadcast == kvtier::broadcast_mode::gathered) {
-      const std::size_t need = kvtier::gathered_staging_bytes(own_, n, tm_.chunk_bytes());
-      if (env.staging.size() < need) env.staging.resize(need);
-      p.staging = std::span<std::byte>(env.staging).first(need);
-    }
-    const std::uint64_t loaded = std::clamp(env.loc[i].load_answer, c.split, c.hit) - c.split;
-    const auto r = kvtier::chunk_broadcast(*env.comm, own_, loaded, bufs, p, coll_dl());
-    env.collectives += r.collectives;
-    const std::uint64_t agreed = c.split + (r.ec ? 0 : r.agreed_tokens);
-    // Modeled interconnect time: what the busiest receiver got, plus the collectives' latency.
-    const double bcast = env.io->broadcast_s(c0, chunks(agreed), r.collectives);
+    const std::uint64_t agreed = env.conn->load_result(i)->loaded_end_token;
+    // Modeled interconnect time: what the busiest receiver got, plus the collectives' latency:
+    // the two steps that agree the fetched prefix and the outcome, and one grouped broadcast
+    // per layer group (one group: all layers).
+    const double bcast = env.io->broadcast_s(c0, chunks(agreed), connector_collectives);
     env.clock.now += bcast;
     env.costs.broadcast_s += bcast;
     ++env.costs.broadcasts;
-    // The agreed chunks go into the request's pages (scatter), where its KV lives from now on;
-    // every loaded byte is then checked there, in the paged layout, against what recompute
-    // would produce (each chunk gathered back from the pages). Real CPU work, not modeled time.
-    reserve_pages(env, i, agreed);
-    for (std::size_t k = c0; k < chunks(agreed); ++k) to_pages(env, i, k, slot(env, i, k));
+    // The agreed chunks are in the request's pages (the connector scattered them), where its KV
+    // lives from now on; every loaded byte is checked there, in the paged layout, against what
+    // recompute would produce (each chunk gathered back from the pages). Real CPU work, not
+    // modeled time.
     if (i == opt_.corrupt_paged_request && env.comm->rank() == opt_.corrupt_paged_rank &&
         chunks(agreed) > c0) {
       auto v = std::span<std::byte>(env.paged_scratch);
@@ -229,7 +229,6 @@ class request_lifecycle {
       v[v.size() / 2] ^= std::byte{0x01};
       to_pages(env, i, c0, v);
     }
-    std::vector<std::byte>().swap(env.loc[i].buf);  // the chunk values are no longer needed
     std::uint64_t first_bad = agreed;
     std::uint64_t bad = 0;
     for (std::size_t k = c0; k < chunks(agreed); ++k) {
@@ -318,40 +317,42 @@ class request_lifecycle {
       env.costs.writebacks += has_l2() || !modeled;
       if (opt_.mode == load_mode::sync) env.clock.wait_until(end);
     }
+    if (env.conn) env.conn->finish(i);  // nothing of it is agreed or written by the connector any more
     env.cache->release(env.loc[i].seq);
     env.loc[i] = local_request{};
   }
 
  private:
   static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
+  static constexpr std::size_t max_steps = 10'000'000;  ///< steps to agree one step's lookups
+  /// Collectives of one load agreed by the connector after its fetch ended: two steps (the
+  /// fetched prefix, then the outcome) and one grouped broadcast per layer group (one group).
+  static constexpr std::uint64_t connector_collectives = 3;
 
   /// Starts the loads of `ids` (owned chunks in [split, hit)) at the current modeled
   /// time and sets their modeled end (their real I/O has finished when this returns).
   void start_loads(env_t& env, const std::vector<std::size_t>& ids) {
     if (ids.empty()) return;
     const kvtier::rank_t me = env.comm->rank();
-    std::vector<kvtier::fetch_handle> hs;
     std::vector<kvtier::clock::time_point> began;
     for (std::size_t i : ids) {
       const ctl_state& c = env.ctl[i];
-      const std::size_t c0 = chunks(c.split), c1 = chunks(c.hit);
-      std::vector<kvtier::chunk_key> keys;
-      std::vector<std::span<std::byte>> dst;
-      for (std::size_t k = c0; k < c1; ++k)
-        if (own_.owner(k) == me) keys.push_back(reqs_[i].keys[k]), dst.push_back(slot(env, i, k));
+      // The chunks land in the request's pages: [0, hit) are reserved now (the front of a
+      // split is computed into them too).
+      reserve_pages(env, i, c.hit);
+      const std::vector<std::int64_t> slots = kvtier::slots_from_block_table(
+          {env.loc[i].seq.blocks, 0, c.hit}, static_cast<std::uint32_t>(tm_.kv_block_tokens));
       began.push_back(kvtier::clock::now());
-      hs.push_back(env.queue->submit(
-          i, keys, dst, kvtier::chunk_layout::owned(owned_starts_in(me, c0, c1), c.hit), real_dl(env, i)));
+      // This rank's owners fetch [split, hit); a local failure makes this rank load nothing.
+      note_error(env, env.conn->load(i, slots, c.split, c.hit), "load");
     }
     std::vector<double> took;
     for (std::size_t k = 0; k < ids.size(); ++k) {
-      const std::size_t i = ids[k];
-      const ctl_state& c = env.ctl[i];
-      const auto res = completed(env, hs[k], real_dl(env, i));
+      // Wait for this rank's own fetch (by its deadline, and slack) so that the outcome is
+      // agreed in the steps of finish_load, whatever the threads' timing.
+      if (env.conn->wait_local(ids[k], real_dl(env, ids[k]) + std::chrono::seconds(5)))
+        note_error(env, kvtier::make_error_code(kvtier::errc::timeout), "load");
       took.push_back(std::chrono::duration<double>(kvtier::clock::now() - began[k]).count());
-      note_error(env, res.ec, "load");
-      const bool ok = res.state == kvtier::fetch_state::done;
-      env.loc[i].load_answer = ok ? res.answer_tokens : first_start(me, chunks(c.split), chunks(c.hit));
     }
     if (!modeled) took = agree_max_s(env, took);
     for (std::size_t k = 0; k < ids.size(); ++k) {
@@ -362,9 +363,9 @@ class request_lifecycle {
       if (modeled) {
         const auto ends = env.io->load_ends(chunks(c.split), chunks(c.hit), chunks(c.l1_hit), env.clock.now);
         end = *std::max_element(ends.begin(), ends.end());
-        if (ends[me] > c.deadline) env.loc[i].load_answer = first_start(me, chunks(c.split), chunks(c.hit));
+        if (ends[me] > c.deadline) limit_to_deadline(env, i);
       } else if (end > c.deadline) {
-        env.loc[i].load_answer = first_start(me, chunks(c.split), chunks(c.hit));
+        limit_to_deadline(env, i);
       }
       c.load_end = std::min(end, c.deadline);  // past the deadline the engine stops waiting
       env.costs.load_s += c.load_end - c.load_start;
@@ -373,14 +374,13 @@ class request_lifecycle {
     }
   }
 
-  /// The result of a submitted fetch. Its store calls end by `dl`; should the result still
-  /// be missing a while after that, the fetch is cancelled and waited for, because the
-  /// request's buffers may be reused only once it has completed (a running call is not stopped).
-  kvtier::fetch_result completed(env_t& env, const kvtier::fetch_handle& h, kvtier::deadline dl) {
-    if (auto r = env.queue->wait(h, dl + std::chrono::seconds(5))) return *std::move(r);
-    env.queue->cancel(h);
-    if (auto r = env.queue->wait(h, kvtier::clock::now() + std::chrono::seconds(60))) return *std::move(r);
-    throw std::runtime_error("fetch_queue: a cancelled fetch did not complete within 60 s");
+  /// This rank's part of load i would end past the request's deadline: it takes none of its
+  /// chunks, so the agreed prefix ends before its first owned chunk of [split, hit).
+  void limit_to_deadline(env_t& env, std::size_t i) {
+    const ctl_state& c = env.ctl[i];
+    const std::uint64_t stop = first_start(env.comm->rank(), chunks(c.split), chunks(c.hit));
+    if (auto ec = env.conn->limit_load(i, chunks(stop) - chunks(c.split)))
+      throw std::runtime_error("connector: limit_load of request " + std::to_string(i) + ": " + ec.message());
   }
 
   /// A rank's answer when it found nothing in [c0, c1): its first owned start, or the end.

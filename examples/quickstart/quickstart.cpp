@@ -2,25 +2,29 @@
 //
 // W ranks run as threads over the in-process communicator. Engine A prefills a
 // prompt and each rank stores the chunks it owns; engine B (same W, same shared
-// L2) then receives the same prompt, and on every rank:
+// L2) then receives the same prompt. On every rank, one kvtier::connector runs the
+// request's lifecycle (see serve()):
 //
-//   keys -> owned chunks -> exists -> rank answer -> all-reduce min (cached prefix)
-//   -> asynchronous fetch of the owned chunks below it
-//   -> while it runs: pipelined_broadcast stages driven by the fetch queue's progress
-//      (agree on the loaded prefix so far, owner -> every rank), each agreed chunk into the pages
-//   -> "compute" the rest -> verify every byte -> store the owned new chunks.
+//   begin_lookup (the owners ask their stores) -> step() until the lookup is agreed
+//   (the min over ranks: the cached prefix) -> load into the pages (owners fetch; each
+//   step agrees on the prefix fetched so far and moves the newly agreed chunks owner ->
+//   every rank, layer group by layer group, into the pages) -> step() until the load's
+//   outcome is agreed -> verify every loaded byte in the pages -> "compute" the rest
+//   -> save (each owner writes its computed chunks, off the step) -> finish.
 //
-// One deadline covers the whole request on every rank; this rank's own I/O ends a margin
-// before it (kvtier::phase_deadlines, see serve()). The write-back runs off the request path
-// (fetch_queue::put). One key namespace (quickstart_ns) names the chunks and the servers' keys.
+// Every step() is one all-reduce on every rank, and the step loops stop on agreed
+// conditions, so the ranks' collectives stay symmetric. Deadlines: the lookup and the
+// load have their own (connector_options), well before the request's deadline that
+// bounds every step. One key namespace (quickstart_ns) names the chunks and the
+// servers' keys.
 //
 // The KV lives where an engine keeps it: a paged cache in the vLLM MLA layout (576 bf16 values
 // per token and layer; 2 layers here instead of a real model's 61, to fit memory), pages of 64
-// tokens, in host memory (kvtier::host_kv_cache). A chunk's value is gathered out of the pages
-// before it is stored and scattered into the pages after it is loaded, through staging slots of a
-// kvtier::pinned_arena; every loaded chunk is verified in the paged layout, entry by entry.
+// tokens, in host memory (kvtier::host_kv_cache). The connector gathers a chunk's value out of
+// the pages before it is stored and scatters it into the pages after it is loaded, through its
+// own staging; every loaded chunk is verified in the paged layout, entry by entry.
 // Against servers (each rank's own, with or without --mpi), values use format 2 with one
-// checksum per layer.
+// checksum per layer, and the connector moves one layer per group.
 //
 //   quickstart                                     # L2 = one in-process store per rank
 //   quickstart resp://127.0.0.1:{rank+6400}        # L2 = one redis-server/valkey per rank
@@ -30,7 +34,9 @@
 // MPI_COMM_WORLD, each rank keeps its L2 (in-process, or its own server) between them,
 // and rank 0 prints the same summary, with wrong bytes summed over all ranks.
 //
-// The last line is the Prometheus text of engine B's rank-0 fetch queue and tiers.
+// The last lines are the Prometheus text of engine B's rank-0 fetch queue, tiers and
+// connector counters.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -102,19 +108,19 @@ std::size_t wrong_paged_bytes(const kvtier::host_kv_cache& cache, const kvtier::
 }
 
 struct outcome {
-  std::uint64_t cached = 0, loaded = 0, stages = 0;
+  std::uint64_t cached = 0, loaded = 0, steps = 0;
   std::size_t bad_bytes = 0;
   std::string error, metrics;
 };
 
-/// One engine's handling of the prompt on rank r, over that rank's L2.
+/// One engine's handling of the prompt on rank r, over that rank's L2, through one
+/// kvtier::connector per rank: lookup, agreement, load into the pages, save. The engine keeps
+/// only its own part: the pages, "the model", and the check of every loaded byte.
 template <kvtier::comm::communicator Comm, kvtier::chunk_store L2>
 outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   const kvtier::rank_t r = comm.rank();
-  const kvtier::modulo_ownership own(comm.size());
   const kvtier::chunker<> chunk(quickstart_ns(comm.size()));
-  const std::vector<kvtier::chunk_key> keys = chunk.keys(tokens);
-  const std::size_t n_chunks = keys.size();
+  const std::size_t n_chunks = tokens.size() / chunk_tokens;  // the keyed (full) chunks
   outcome out;
   if constexpr (requires { l2.ns(); })  // a remote L2 names its keys by its own namespace
     if (l2.ns().text() != chunk.ns().text()) {
@@ -122,125 +128,100 @@ outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
           "the L2's key namespace (" + l2.ns().text() + ") is not the chunker's (" + chunk.ns().text() + ")";
       return out;
     }
-  // One deadline for the whole request (lookup, agreement, load, broadcast), taken once when the
-  // request starts and used on every rank: the collectives wait for the slowest peer until it.
-  // This rank's own I/O (lookup, load) ends 1 s before it, so a rank whose server is stuck still
-  // reaches the collectives in time: its failed I/O only shrinks its answer, instead of making
-  // every rank lose the prefix. (Across processes, derive it from the request's agreed arrival
-  // time.) The write-back after compute gets its own.
-  const kvtier::phase_deadlines dl = kvtier::phase_deadlines::split(kvtier::deadline_after(5s), 1s);
+  // One deadline for the request's agreements, taken when it starts, on every rank. This rank's
+  // own I/O ends well before it (the lookup 2 s after begin_lookup, the load 3 s after load()),
+  // so a rank whose server is stuck still reaches the agreement in time: its failed I/O only
+  // shrinks what is agreed, instead of making every rank lose the prefix.
+  const kvtier::deadline request_dl = kvtier::deadline_after(10s);
 
   kvtier::memory_store l1(64u << 20);
   kvtier::metrics m;
   kvtier::tiered_store tiers(l1, l2, {.metrics = &m});
-  kvtier::rank_view view(tiers, own, r, chunk.ns());
-  // One key per store call, so the queue's progress advances chunk by chunk.
-  kvtier::fetch_queue queue(tiers, {.workers = 1, .max_batch_chunks = 1, .metrics = &m});
-
   // Every rank ends with the whole prompt's KV in its paged cache (as after PCP's all-gather).
-  // Chunk values travel through staging slots of one pinned arena (one registration).
   kvtier::host_kv_cache cache(model_layout());
   kvtier::host_kv_cache::sequence seq;
-  std::error_code aec;
-  std::string why;
-  auto arena = kvtier::pinned_arena::create({.slot_bytes = chunk_bytes, .slots = n_chunks}, aec, &why);
-  if (!arena || !cache.reserve(seq, n_chunks * chunk_tokens)) {
-    out.error = arena ? "paged cache: out of blocks" : "staging arena: " + why;
+  if (!cache.reserve(seq, tokens.size())) {
+    out.error = "paged cache: out of blocks";
     return out;
   }
-  std::vector<kvtier::pinned_arena::slot> slots;
-  std::vector<std::span<std::byte>> dst;  // chunk c's value
-  for (std::size_t c = 0; c < n_chunks; ++c)
-    dst.push_back(slots.emplace_back(arena->try_acquire(aec)).bytes());
+  const std::vector<std::int64_t> slots =
+      kvtier::slots_from_block_table({seq.blocks, 0, tokens.size()}, page_tokens);
+  // Rank r looks up, loads and saves the chunks it owns (c mod W); one key per store call, so a
+  // load's agreed prefix advances chunk by chunk while the rest still lands; one layer per group,
+  // as the servers' format-2 values have one checksum per layer.
+  kvtier::connector conn(chunk, kvtier::modulo_ownership(comm.size()), tiers, comm, cache.view(),
+                         {.load_deadline = {.base = 3s, .per_thousand_tokens = 0ms, .cap = 3s},
+                          .lookup_timeout = 2s,
+                          .save_timeout = 5s,
+                          .layers_per_group = 1,
+                          .fetch_workers = 1,
+                          .fetch_batch_chunks = 1,
+                          .metrics = &m});
+  // An engine calls step() once per engine step on every rank; here, until an agreed condition
+  // holds (so every rank takes the same steps), a moment apart, as an engine's steps are.
+  const auto step_until = [&](auto agreed) {
+    for (int s = 0; s < 100000 && !agreed(); ++s) {  // bounded (and each step by request_dl)
+      if (auto ec = conn.step(request_dl))
+        out.error = "step: " + ec.message();  // what it was agreeing on ends short, on every rank
+      ++out.steps;
+      if (!agreed()) std::this_thread::sleep_for(1ms);
+    }
+  };
+  const kvtier::request_id id = 1;
 
-  // 1. Lookup: this rank's answer, then the scheduler's minimum over ranks.
-  // A failed lookup only shrinks the answer (recompute more); .ec says why. (This lookup blocks
-  // until dl.local_io; an engine that must not block uses queue.lookup() and polls.)
-  std::uint64_t hit = view.lookup(keys, tokens.size(), dl.local_io).answer_tokens;
-  if (auto ec = kvtier::comm::all_reduce_value(comm, hit, kvtier::comm::reduce_op::min, dl.collective)) {
-    out.error = "lookup all-reduce: " + ec.message();
+  // 1. Lookup: the owners ask their stores; the first step that has every rank's answer agrees
+  //    on the min over ranks (the longest cached prefix). A failed lookup only shrinks it.
+  conn.begin_lookup(id, tokens);
+  step_until([&] { return conn.lookup(id).has_value(); });
+  if (!conn.lookup(id)) {
+    out.error = "lookup: not agreed";
     return out;
   }
-  out.cached = hit;
+  out.cached = conn.lookup(id)->cached_tokens;
 
-  // 2. Load the owned chunks below the cached prefix, asynchronously.
-  const std::size_t hit_chunks = hit / chunk_tokens;
-  std::vector<kvtier::chunk_key> my_keys;
-  std::vector<std::span<std::byte>> my_dst;
-  for (std::size_t c : view.owned_chunks(hit_chunks)) my_keys.push_back(keys[c]), my_dst.push_back(dst[c]);
-  auto h = queue.submit(1, my_keys, my_dst, kvtier::chunk_layout::owned(view.owned_starts(hit_chunks), hit),
-                        dl.local_io);
-
-  // 3. While the owned chunks land: stage by stage, agree on the loaded prefix so far and move the
-  //    newly agreed chunks from their owners to every rank (pipelined_broadcast, driven by the
-  //    fetch queue's progress); each agreed chunk goes into the pages at once and is verified
-  //    there against what compute would give. Every rank runs the same stages (pb.done() and
-  //    the stage results are agreed values).
-  kvtier::chunk_span_buffers bufs;
-  for (std::size_t c = 0; c < hit_chunks; ++c)
-    bufs.destinations.push_back(dst[c]), bufs.sources.push_back(dst[c]);
-  kvtier::pipelined_broadcast pb(comm, own, bufs,
-                                 {.n_chunks = hit_chunks,
-                                  .chunk_tokens = chunk_tokens,
-                                  .chunk_bytes = chunk_bytes,
-                                  .mode = kvtier::broadcast_mode::grouped,
-                                  .request_id = 1});
+  // 2. Load: the owners fetch their chunks below it; each step agrees on the prefix fetched so
+  //    far and moves the newly agreed chunks owner -> every rank, into the pages, layer group by
+  //    layer group. A failure anywhere only shortens the agreed prefix, on every rank.
+  if (conn.lookup(id)->tokens_to_load() > 0) {
+    if (auto ec = conn.load(id, slots)) out.error = "load: " + ec.message();  // this rank loads nothing
+    step_until([&] { return conn.load_result(id).has_value(); });
+    if (auto o = conn.load_result(id)) out.loaded = o->loaded_end_token;
+  }
+  // Every loaded chunk, checked in the paged layout against what compute would give.
   std::vector<std::byte> expect(chunk_bytes);
-  std::size_t paged = 0, want = 1;
-  for (int stage = 0; stage < 100000 && !pb.done(); ++stage) {  // bounded
-    // an engine steps its other requests here; this one waits a moment for its next chunk
-    const kvtier::fetch_progress p =
-        queue.wait_progress(h, want, std::min(dl.collective, kvtier::deadline_after(2ms)));
-    want = p.answer_chunks + 1;
-    const kvtier::broadcast_result& b = pb.step(p.answer_tokens, p.complete, dl.collective);
-    ++out.stages;
-    if (b.ec) {
-      out.error = "pipelined_broadcast: " + b.message;
-      break;
-    }
-    for (; paged < pb.agreed_chunks(); ++paged) {
-      if (auto ec = cache.scatter(seq, paged * chunk_tokens, chunk_tokens, dst[paged]))
-        out.error = "paged copy: " + ec.message();
-      compute_chunk(tokens, paged, expect);
-      out.bad_bytes += wrong_paged_bytes(cache, seq, paged, expect);
-    }
-  }
-  out.loaded = pb.result().agreed_tokens;  // 0 on error: recompute everything
-  // The destinations belong to the queue until the load completes (this rank may have loaded
-  // past the agreed prefix): wait for it, or cancel and wait for the store call to return.
-  if (!queue.wait(h, dl.collective)) {
-    queue.cancel(h);
-    queue.wait(h, kvtier::no_deadline);  // bounded: the store call ends by dl.local_io
+  for (std::size_t c = 0; c < out.loaded / chunk_tokens; ++c) {
+    compute_chunk(tokens, c, expect);
+    out.bad_bytes += wrong_paged_bytes(cache, seq, c, expect);
   }
 
-  // 4. The rest is "computed" into the pages (the model writes its KV there) and gathered into
-  //    a value for the write-back.
+  // 3. The rest is "computed" into the pages (the model writes its KV there).
   for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c) {
     compute_chunk(tokens, c, expect);
-    std::error_code cec = cache.scatter(seq, c * chunk_tokens, chunk_tokens, expect);
-    if (!cec) cec = cache.gather(seq, c * chunk_tokens, chunk_tokens, dst[c]);
-    if (cec) out.error = "paged copy: " + cec.message();
+    if (auto ec = cache.scatter(seq, c * chunk_tokens, chunk_tokens, expect))
+      out.error = "paged copy: " + ec.message();
   }
 
-  // 5. Write back the computed chunks this rank owns (every rank stores its share; the
-  //    loaded ones are already there), off this thread: the queue holds the staging slots
-  //    (the sources) until the put completes. An engine would free them in on_complete and
-  //    go on; this one waits, since the slots go when serve() returns.
-  std::vector<kvtier::chunk_key> new_keys;
-  std::vector<std::span<const std::byte>> new_src;
-  for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c)
-    if (own.owner(c) == r) new_keys.push_back(keys[c]), new_src.push_back(dst[c]);
-  const kvtier::fetch_handle saving = queue.put(2, new_keys, new_src, kvtier::deadline_after(5s));
-  const std::optional<kvtier::fetch_result> saved =
-      queue.wait(saving, kvtier::no_deadline);  // by its deadline
-  if (saved && saved->ec)
-    out.error = "put: " + saved->ec.message();
-  else if (saved && saved->answer_chunks != new_keys.size())
-    out.error = "put: a chunk was not stored";
-  if (r == 0) out.metrics = kvtier::to_prometheus(m, "kvtier", "rank=\"0\"");
+  // 4. Save: each owner writes the computed chunks it owns (the loaded ones are there already),
+  //    gathered from the pages off this thread; the pages stay until finished() lists the saves.
+  std::size_t to_save = 0;
+  for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c) to_save += c % comm.size() == r;
+  if (auto ec = conn.save(id, slots, out.loaded, n_chunks * chunk_tokens))
+    out.error = "save: " + ec.message();
+  if (!conn.finish(id).free_pages_now) {
+    const kvtier::deadline saved_by = kvtier::deadline_after(10s);  // the save's own 5 s, and slack
+    while (std::ranges::count(conn.finished().saves, id) == 0 && !kvtier::expired(saved_by))
+      std::this_thread::sleep_for(1ms);
+  }
+  if (conn.counters().save_failures.value() || conn.counters().chunks_saved.value() != to_save)
+    out.error = "save: " + std::to_string(conn.counters().chunks_saved.value()) + " of " +
+                std::to_string(to_save) + " chunks stored";
+  cache.release(seq);
+  if (r == 0) {
+    out.metrics = kvtier::to_prometheus(m, "kvtier", "rank=\"0\"");
+    kvtier::write_prometheus(out.metrics, conn.counters(), "kvtier_connector", "rank=\"0\"");
+  }
   return out;
 }
-
 std::vector<kvtier::token_id> prompt() {
   std::vector<kvtier::token_id> tokens(prompt_tokens);
   for (std::size_t i = 0; i < tokens.size(); ++i)
@@ -251,10 +232,10 @@ std::vector<kvtier::token_id> prompt() {
 void print_summary(const char* engine, std::size_t prompt_len, const outcome& o, std::size_t bad_bytes) {
   std::printf(
       "engine %-16s prompt %zu tokens: cached prefix %llu, loaded %llu, recomputed %llu, wrong bytes %zu "
-      "(%llu broadcast stages)\n",
+      "(%llu connector steps)\n",
       engine, prompt_len, static_cast<unsigned long long>(o.cached),
       static_cast<unsigned long long>(o.loaded), static_cast<unsigned long long>(prompt_len - o.loaded),
-      bad_bytes, static_cast<unsigned long long>(o.stages));
+      bad_bytes, static_cast<unsigned long long>(o.steps));
 }
 
 #ifdef KVTIER_QUICKSTART_ASIO
@@ -280,12 +261,14 @@ int run(std::vector<L2*> l2) {
     kvtier::comm::run_ranks(world, [&](kvtier::comm::inproc_communicator& c) {
       out[c.rank()] = serve(c, *l2[c.rank()], tokens);
     });
+    std::size_t bad_bytes = 0;  // summed over the ranks, as --mpi does
     for (kvtier::rank_t r = 0; r < W; ++r) {
       if (!out[r].error.empty())
         std::printf("engine %s rank %u: %s\n", engine, r, out[r].error.c_str()), ++failures;
       if (out[r].bad_bytes) ++failures;
+      bad_bytes += out[r].bad_bytes;
     }
-    print_summary(engine, tokens.size(), out[0], out[0].bad_bytes);
+    print_summary(engine, tokens.size(), out[0], bad_bytes);
     metrics = out[0].metrics;
   }
   const kvtier::kv_layout lay = model_layout();

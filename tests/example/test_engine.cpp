@@ -102,19 +102,6 @@ TEST_CASE("engine: primed async and sync replays load every full chunk with zero
   }
 }
 
-TEST_CASE("engine: every broadcast mode delivers the same verified bytes", "[integration]") {
-  for (auto b : {kvtier::broadcast_mode::per_chunk, kvtier::broadcast_mode::grouped,
-                 kvtier::broadcast_mode::gathered}) {
-    INFO(kvtier::to_string(b));
-    rig g(4);
-    g.prime();
-    const auto r = g.run({.mode = load_mode::async, .broadcast = b});
-    check_complete(g, r);
-    CHECK(r.mismatched_chunks == 0);
-    CHECK(summarize(r).hit_token_fraction > 0.9);
-  }
-}
-
 TEST_CASE("engine: loads cut short recompute from the agreed prefix", "[integration]") {
   rig g(4);
   g.prime();
