@@ -20,7 +20,7 @@ endif()
 if(_kvtier_resp_get_defs)
   add_executable(bench_resp_get ${CMAKE_CURRENT_LIST_DIR}/resp_io/bench_resp_get.cpp)
   target_include_directories(bench_resp_get PRIVATE ${CMAKE_CURRENT_LIST_DIR}/resp_io ${PROJECT_SOURCE_DIR}/tests
-                           ${PROJECT_SOURCE_DIR}/tools/probe)
+                           ${PROJECT_SOURCE_DIR}/tools/probe ${CMAKE_CURRENT_LIST_DIR})
   target_compile_definitions(bench_resp_get PRIVATE ${_kvtier_resp_get_defs})
   target_link_libraries(bench_resp_get PRIVATE kvtier::kvtier ${_kvtier_resp_get_libs})
   if(KVTIER_HAS_HIREDIS)

@@ -42,6 +42,7 @@
 #include "kvtier/detail/xxhash.hpp"
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/store/remote_store.hpp"
+#include "support/machine.hpp"
 #include "support/redis_server.hpp"
 #include "support/stats.hpp"
 #if KVTIER_BENCH_HAS_URING
@@ -57,25 +58,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double cpu_self_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto s = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  return s(u.ru_utime) + s(u.ru_stime);
-}
-
-// used_cpu_sys + used_cpu_user of the server (INFO cpu), seconds.
-double server_cpu_s(const kvtier::test::redis_server& srv) {
-  const std::string info = srv.call({"INFO", "cpu"});
-  auto field = [&](const char* name) {
-    const std::size_t at = info.find(name);
-    return at == std::string::npos ? 0.0 : std::strtod(info.c_str() + at + std::strlen(name), nullptr);
-  };
-  return field("used_cpu_sys:") + field("used_cpu_user:");
 }
 
 struct config {
@@ -307,15 +289,6 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
-double load_average() {
-  double l = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return l;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -402,7 +375,7 @@ int main(int argc, char** argv) try {
           for (std::size_t k = 0; k < clients.size(); ++k) {
             auto& [name, c] = clients[(k + static_cast<std::size_t>(rep)) % clients.size()];
             std::string err;
-            const double s0 = server_cpu_s(srv), c0 = cpu_self_s(), t0 = now_s();
+            const double s0 = kb::server_cpu_s(srv), c0 = kb::cpu_self_s(), t0 = now_s();
             double t = t0;
             std::size_t n = 0;
             // At least two batches (one of 256 MB or more), at most 10,000, for about --seconds.
@@ -413,7 +386,8 @@ int main(int argc, char** argv) try {
               ++n;
               t = now_s();
             }
-            const double c1 = cpu_self_s(), s1 = server_cpu_s(srv), gb = batch_gb * static_cast<double>(n);
+            const double c1 = kb::cpu_self_s(), s1 = kb::server_cpu_s(srv),
+                         gb = batch_gb * static_cast<double>(n);
             cell& e = cells[name];
             e.gbps.push_back(gb / (t - t0));
             e.cpu.push_back((c1 - c0) / gb);
@@ -465,7 +439,7 @@ int main(int argc, char** argv) try {
       }
     }
   }
-  const double load = load_average();
+  const double load = kb::load_average();
   std::printf("1-min load average at the end: %.2f; worst kvtier GB/s ratio to the better floor: x%.2f\n",
               load, worst_gbps_ratio);
   json << "],\"loadavg_1m\":" << fmt("%.2f", load)

@@ -45,6 +45,7 @@
 
 #include "floor_clients.hpp"
 #include "measure.hpp"
+#include "support/machine.hpp"
 #include "support/redis_server.hpp"
 
 #if KVTIER_BENCH_HAS_HIREDIS
@@ -519,11 +520,7 @@ int main(int argc, char** argv) try {
   }
 
   // ---- table ------------------------------------------------------------------------------
-  double load1 = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load1) != 1) load1 = 0;
-    std::fclose(f);
-  }
+  const double load1 = kvtier_bench::load_average();
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
   std::printf(
       "GET %zu x %.1f MB per batch, 1 client -> 1 redis-server on loopback, median of %d reps "
