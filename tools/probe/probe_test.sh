@@ -33,18 +33,28 @@ start_redis() {
     --daemonize no --logfile "$dir/log" "${REDIS_ARGS[@]}" &
   local pid=$!
   for _ in $(seq 100); do
-    if ! kill -0 "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null; return 1; fi  # port taken
+    if ! kill -0 "$pid" 2>/dev/null; then  # a port taken: keep why, for fail's message
+      wait "$pid" 2>/dev/null; cp "$dir/log" "$work/last_start_failure.log" 2>/dev/null; return 1
+    fi
     [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && { pids+=("$pid"); return 0; }
     sleep 0.05
   done
   kill "$pid"; wait "$pid" 2>/dev/null
   return 1
 }
-# start_servers N: N servers on consecutive ports BASE..BASE+N-1; sets BASE.
+# start_servers N: N servers on consecutive ports BASE..BASE+N-1; sets BASE. With TLS_ARGS set,
+# each server also listens for TLS on TPORT, picked afresh on every attempt (a port free when it was
+# picked can be taken before redis binds it, by a concurrent test or an outgoing connection).
+TLS_ARGS=()
 start_servers() {
   local n=$1 attempt i
   for attempt in $(seq 20); do
     BASE=$(( 20000 + RANDOM % 30000 ))
+    if [ "${#TLS_ARGS[@]}" -gt 0 ]; then
+      TPORT=$(dead_port) || continue
+      [ "$TPORT" -ge "$BASE" ] && [ "$TPORT" -lt $((BASE + n)) ] && continue
+      REDIS_ARGS=(--tls-port "$TPORT" "${TLS_ARGS[@]}")
+    fi
     local started=()
     for ((i = 0; i < n; i++)); do
       start_redis $((BASE + i)) || break
@@ -54,6 +64,7 @@ start_servers() {
     for ((i = ${#pids[@]} - ${#started[@]}; i < ${#pids[@]}; i++)); do kill "${pids[$i]}"; wait "${pids[$i]}" 2>/dev/null; done
     pids=("${pids[@]:0:${#pids[@]}-${#started[@]}}")
   done
+  [ -f "$work/last_start_failure.log" ] && { echo "--- last redis-server log"; tail -n 5 "$work/last_start_failure.log"; } >&2
   fail "could not start $n redis-server(s) on consecutive free ports"
 }
 # A port where nothing listens (checked just before use).
@@ -127,10 +138,10 @@ case "$mode" in
     openssl req -newkey rsa:2048 -nodes -keyout "$d/srv.key" -out "$d/srv.csr" -subj /CN=127.0.0.1 >/dev/null 2>&1 &&
       openssl x509 -req -in "$d/srv.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -out "$d/srv.pem" \
         -days 2 -extfile "$d/san.ext" >/dev/null 2>&1 || fail "openssl (server certificate)"
-    tport=$(dead_port) || fail "no free port"
-    REDIS_ARGS=(--tls-port "$tport" --tls-cert-file "$d/srv.pem" --tls-key-file "$d/srv.key"
-                --tls-ca-cert-file "$d/ca.pem" --tls-auth-clients no)
+    TLS_ARGS=(--tls-cert-file "$d/srv.pem" --tls-key-file "$d/srv.key" --tls-ca-cert-file "$d/ca.pem"
+              --tls-auth-clients no)
     start_servers 1
+    tport=$TPORT
     transports=(asio)
     "$probe" --transport uring --url resp://x:1 --instances 1 --chunk-bytes 1 --batch 1 --rounds 1 \
       --timeout-ms 1 2>&1 | grep -q "not available" || transports+=(uring)
