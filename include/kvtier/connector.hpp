@@ -17,7 +17,8 @@
 //   conn.step(dl);  conn.wait_for_layer(l, dl);     // layer l of every loading chunk is in pages
 //   if (auto out = conn.load_result(id)) compute_from(out->loaded_end_token);  // agreed on all ranks
 //   conn.save(id, slots_of(seq), 0, tokens.size()); // owners write their chunks, off the step
-//   if (!conn.finish(id).free_pages_now) ...        // free once finished() lists its saves
+//   conn.wait_for_save(id, dl);                     // or: free once finished() lists its saves
+//   for (const auto& e : conn.errors(id)) log(e.message);  // this rank's own reasons, if any
 //
 // The step. step(dl) issues exactly one all-reduce on the control communicator for everything
 // that is waiting for agreement: each lookup (ready?, this rank's answer), each load (fetched
@@ -43,8 +44,13 @@
 // options.data_writes_after_failure, the blocks of a failed move are never reused at all, so
 // the data communicator may write straight into them (MPI with mpi_options::stage = false).
 //
-// Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors and
-// drain_events never block (load and finish may wait for one scatter of one layer group to
+// Errors. What every rank agreed is load_result / load_errors; why this rank's own part ended
+// short (a store error with the store's words, a corrupt value, a deadline, a failed move, a
+// failed save) is errors(id), and finished().save_errors after finish(): local, never agreed,
+// and no collective carries it.
+//
+// Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors, errors
+// and drain_events never block (load and finish may wait for one scatter of one layer group to
 // end); step, wait_for_layer, wait_local and wait_for_save take a deadline.
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
@@ -74,11 +80,11 @@
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/deployment_check.hpp"
+#include "kvtier/detail/connector_errors.hpp"
 #include "kvtier/detail/connector_mover.hpp"
 #include "kvtier/detail/connector_saver.hpp"
 #include "kvtier/detail/connector_state.hpp"
 #include "kvtier/detail/connector_step.hpp"
-#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/kv_copy.hpp"
@@ -269,6 +275,10 @@ class connector {
     if (ec) {
       r.local_failure = true;
       counters_.local_load_failures.add();
+      note_error(r,
+                 detail::describe_error(id, request_error::stage::load, rank(), r.first_chunk, ec,
+                                        ec == errc::queue_full ? "no staging: max_bytes_in_flight reached"
+                                                               : "this rank's slots do not fit the cache"));
       return ec;
     }
     r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
@@ -364,27 +374,52 @@ class connector {
     return {};
   }
 
-  /// Blocks until every save of request `id` queued so far has ended (stored or failed; the
-  /// counters and events say which), or `dl` passes (errc::timeout). Local: no collective.
+  /// save() of a request this connector never looked up (an engine that computed a prompt
+  /// without asking, say in a recompute-only mode): keys `tokens` as begin_lookup would, and the
+  /// request is known from here on only to save, wait_for_save, errors and finish (no step
+  /// agrees on it). errc::invalid_argument for an id already known (use the form above), or as
+  /// the form above.
+  ///
+  ///   conn.save(id, tokens, slots, 0, tokens.size());   // never looked up: write it through
+  ///   conn.wait_for_save(id, dl);  conn.finish(id);
+  std::error_code save(request_id id, std::span<const token_id> tokens, std::span<const std::int64_t> slots,
+                       std::uint64_t first_token, std::uint64_t end_token, const key_material& m = {}) {
+    if (requests_.count(id)) return make_error_code(errc::invalid_argument);
+    auto r = std::make_shared<detail::connector_request>();
+    r->id = id;
+    r->prompt_tokens = tokens.size();
+    r->keys = chunk_.keys(tokens, m);
+    requests_.emplace(id, r);
+    if (std::error_code ec = save(id, slots, first_token, end_token)) {
+      requests_.erase(id);
+      return ec;
+    }
+    return {};
+  }
+
+  /// This rank's own reasons for request `id` so far, the first of each stage: why its lookup
+  /// answered short (a store error, a corrupt value, no answer by the lookup deadline), why its
+  /// part of the load ended short (a store error, a corrupt value, a chunk gone since the
+  /// lookup, the load deadline, a failed move or scatter, slots that do not fit), why a save
+  /// failed, each naming the chunk, with the store's words when it keeps them; a failed step
+  /// agreement too. Local, never blocks, no collective: only the rank that failed has a reason
+  /// (the outcome, load_result, stays agreed on every rank). Until finish(), or until finished()
+  /// lists the request's saves; after that its save failure is in finished().save_errors. Empty
+  /// for an unknown id.
+  ///
+  ///   conn.wait_for_save(id, dl);
+  ///   for (const kvtier::request_error& e : conn.errors(id)) std::cerr << e.message << '\n';
+  ///   // rank 1: save of chunk 3: authentication failed (store: WRONGPASS invalid username-password pair)
+  std::vector<request_error> errors(request_id id) const { return saver_.errors(known(id), id); }
+
+  /// Blocks until every save of request `id` queued so far has ended (stored or failed; then
+  /// errors(id) says why one failed), or `dl` passes (errc::timeout). Local: no collective.
   /// Before or after finish(), until finished() has listed the request's saves.
   /// errc::invalid_argument for an id neither known nor finishing.
   ///
   ///   conn.save(id, slots, 0, tokens.size());
   ///   conn.wait_for_save(id, kvtier::deadline_after(2s));  // vLLM's wait_for_save
-  std::error_code wait_for_save(request_id id, deadline dl) {
-    req_ptr r;
-    if (const auto it = requests_.find(id); it != requests_.end()) r = it->second;
-    std::unique_lock lock(shared_.mu);
-    if (!r)
-      if (const auto it = std::find_if(finishing_.begin(), finishing_.end(),
-                                       [&](const req_ptr& f) { return f->id == id; });
-          it != finishing_.end())
-        r = *it;
-    if (!r) return make_error_code(errc::invalid_argument);
-    if (!detail::wait_until(shared_.saved, lock, dl, [&] { return r->saves_pending == 0; }))
-      return make_error_code(errc::timeout);
-    return {};
-  }
+  std::error_code wait_for_save(request_id id, deadline dl) { return saver_.wait(known(id), id, dl); }
 
   /// Ends a request on this rank (call it at the same point on every rank): no later step
   /// agrees on it and its pages are never written again. free_pages_now is false while saves
@@ -402,32 +437,24 @@ class connector {
       counters_.quarantined_blocks.add();
     }
     requests_.erase(it);
-    order_.erase(std::find(order_.begin(), order_.end(), id));
-    std::lock_guard lock(shared_.mu);
-    std::erase(shared_.active_loads, r);
-    shared_.landed.notify_all();
-    r->finish_called = true;
-    if (r->saves_pending == 0) return {true};
-    finishing_.push_back(r);
-    return {false};
+    if (const auto o = std::find(order_.begin(), order_.end(), id); o != order_.end()) order_.erase(o);
+    {
+      std::lock_guard lock(shared_.mu);
+      std::erase(shared_.active_loads, r);
+      shared_.landed.notify_all();
+    }
+    return {saver_.finish(r)};
   }
 
-  /// Requests whose loads were agreed, or whose saves ended after finish(), since the last call.
+  /// Requests whose loads were agreed, or whose saves ended after finish(), since the last call,
+  /// and this rank's save failures of the requests finished since then (save_errors).
   finished_requests finished() {
     finished_requests out;
     for (request_id id : order_) {
       auto& r = *requests_.at(id);
       if (r.done && !r.reported) r.reported = true, out.loads.push_back(id);
     }
-    std::lock_guard lock(shared_.mu);
-    for (auto it = finishing_.begin(); it != finishing_.end();) {
-      if ((*it)->saves_pending == 0) {
-        out.saves.push_back((*it)->id);
-        it = finishing_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    saver_.take_ended(out);
     return out;
   }
 
@@ -492,20 +519,14 @@ class connector {
   /// rank's pages (or its load ended), or errc::timeout when dl passes first.
   std::error_code wait_for_layer(std::uint32_t layer, deadline dl) {
     const std::size_t g = std::min<std::size_t>(layer / geo_.per_group, geo_.groups - 1);
-    std::unique_lock lock(shared_.mu);
-    const auto ready = [&] {
-      return std::all_of(shared_.active_loads.begin(), shared_.active_loads.end(), [&](const req_ptr& r) {
-        return r->move_failed || r->group_landed[g] >= r->enqueued;
-      });
-    };
-    if (dl == no_deadline)
-      shared_.landed.wait(lock, ready);
-    else if (!shared_.landed.wait_until(lock, dl, ready))
-      return make_error_code(errc::timeout);
-    return {};
+    return shared_.wait_group_landed(g, dl) ? std::error_code{} : make_error_code(errc::timeout);
   }
 
  private:
+  req_ptr known(request_id id) const {
+    const auto it = requests_.find(id);
+    return it == requests_.end() ? nullptr : it->second;
+  }
   bool separate_data() const noexcept {
     return static_cast<const void*>(&ctrl_) != static_cast<const void*>(&data_);
   }
@@ -534,17 +555,35 @@ class connector {
 
   // This rank's words of one entry (see detail::lookup_words and detail::load_words).
   void contribute(detail::connector_request& r, std::span<std::uint64_t> e) {
-    if (r.lookup_agreed)
+    if (r.lookup_agreed) {
+      if (!r.fetch_explained && !r.local_failure && r.fetch.valid()) explain_fetch(r);
       return detail::load_contribution(r, queue_, shared_, chunk_.chunk_tokens()).encode(e);
-    detail::lookup_contribution(r, queue_, end_of(r), [&](const std::vector<chunk_status>& status) {
-      shared_.note_evictions(r, status, rank());
+    }
+    detail::lookup_contribution(r, queue_, end_of(r), [&](const fetch_result* res) {
+      if (res) shared_.note_evictions(r, res->status, rank());
+      note_error(r, detail::lookup_failure(r, res, rank(), opt_.lookup_timeout, store_));
     }).encode(e);
+  }
+
+  // Once this rank's fetch of load r completed, or the load's deadline passed first: its reason.
+  void explain_fetch(detail::connector_request& r) {
+    const std::optional<fetch_result> res = queue_.poll(r.fetch);
+    if (!res && !expired(r.load_dl)) return;
+    r.fetch_explained = true;
+    note_error(r, detail::fetch_failure(r, res ? &*res : nullptr, queue_.progress(r.fetch), rank(), store_));
+  }
+
+  void note_error(detail::connector_request& r, std::optional<request_error> e) {
+    if (!e) return;
+    std::lock_guard lock(shared_.mu);
+    detail::note_error_locked(r, std::move(*e));
   }
 
   void settle_lookup(detail::connector_request& r, std::error_code ec, std::span<const std::uint64_t> e) {
     const detail::lookup_words agreed = detail::lookup_words::decode(e);
     if (!ec && !agreed.ready) return;  // some rank's answer is not in yet
     r.lookup_agreed = true;
+    if (ec) note_error(r, detail::agreement_failure(r, request_error::stage::lookup, rank(), 0, ec, ctrl_));
     const std::uint64_t hit = ec ? 0 : std::min(agreed.answer_tokens, end_of(r));
     const detail::planned_range p =
         detail::plan_load(opt_, estimator_, hit, r.prompt_tokens, chunk_.chunk_tokens(), own_.world_size());
@@ -557,6 +596,9 @@ class connector {
                    std::vector<detail::move_item>& batch) {
     const detail::load_words agreed = detail::load_words::decode(e);
     const detail::load_decision d = detail::decide_load(bool(ec), agreed, r->n, r->enqueued, r->target);
+    if (ec)
+      note_error(
+          *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, ctrl_));
     if (d.move_end > r->enqueued) {
       batch.push_back({r, r->enqueued, d.move_end});
       std::lock_guard lock(shared_.mu);
@@ -589,7 +631,6 @@ class connector {
   detail::lookup_counts lookup_counts_;  // selective saves
   std::shared_ptr<detail::staging_pool> staging_ =
       std::make_shared<detail::staging_pool>(opt_.max_bytes_in_flight);
-  std::vector<req_ptr> finishing_;  // finished with saves pending (under shared_.mu)
 
   // Shared with the mover and saver threads; they start last and stop first (~connector).
   detail::connector_shared shared_;

@@ -120,8 +120,10 @@ std::optional<load_plan> lookup_agreed(Conn& conn, request_id id, std::span<cons
 }
 
 /// Computes the prompt into fresh pages and saves it; waits (bounded) until the saves ended.
+/// The save failures finished() reports go to `save_errors` when given.
 template <class Conn>
-bool compute_and_save(Conn& conn, host_kv_cache& cache, request_id id, std::span<const token_id> prompt) {
+bool compute_and_save(Conn& conn, host_kv_cache& cache, request_id id, std::span<const token_id> prompt,
+                      std::vector<request_error>* save_errors = nullptr) {
   if (!lookup_agreed(conn, id, prompt)) return false;
   host_kv_cache::sequence seq;
   if (!cache.reserve(seq, prompt.size())) return false;
@@ -129,8 +131,13 @@ bool compute_and_save(Conn& conn, host_kv_cache& cache, request_id id, std::span
   const auto slots = slots_of(cache, seq, prompt.size());
   conn.save(id, slots, 0, prompt.size());
   bool freed = conn.finish(id).free_pages_now;
+  const auto keep = [&](finished_requests f) {
+    if (save_errors) save_errors->insert(save_errors->end(), f.save_errors.begin(), f.save_errors.end());
+    return f;
+  };
+  if (freed) keep(conn.finished());  // saves that ended before finish(): their failures
   for (int i = 0; i < 20000 && !freed; ++i) {
-    for (request_id s : conn.finished().saves) freed = freed || s == id;
+    for (request_id s : keep(conn.finished()).saves) freed = freed || s == id;
     if (!freed) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   cache.release(seq);
@@ -145,6 +152,7 @@ struct rank_load_report {
   std::size_t wrong = 0;  // bytes inside the agreed loaded prefix that differ from the model
   std::vector<comm::collective_call> calls;
   std::uint64_t agreement_failures = 0, save_failures = 0;
+  std::vector<request_error> reasons;  // this rank's own: request 1's save failures, request 2's errors()
 };
 
 /// A load of a computed and saved prompt on W ranks (request 1 computes and saves, request 2
@@ -178,7 +186,7 @@ std::vector<rank_load_report> run_load(const load_scenario& s, StoreFor store_fo
     const auto step_to = [&](auto& conn, auto pred) { return step_until(conn, pred, 20000, s.step_timeout); };
     auto run = [&](auto& conn) {
       rank_load_report& rep = reports[r];
-      if (!compute_and_save(conn, cache, 1, prompt)) return;
+      if (!compute_and_save(conn, cache, 1, prompt, &rep.reasons)) return;
       if (s.after_save) s.after_save(r);
       conn.begin_lookup(2, prompt);
       if (!step_to(conn, [&] { return conn.lookup(2).has_value(); })) return;
@@ -194,6 +202,8 @@ std::vector<rank_load_report> run_load(const load_scenario& s, StoreFor store_fo
         rep.errors = conn.load_errors(2);
         rep.wrong = wrong_bytes(cache, seq, rep.outcome->load_first_token, rep.outcome->loaded_end_token);
       }
+      const std::vector<request_error> own = conn.errors(2);
+      rep.reasons.insert(rep.reasons.end(), own.begin(), own.end());
       conn.finish(2);
       rep.calls = ctrl.calls();
       rep.agreement_failures = conn.counters().agreement_failures.value();

@@ -98,6 +98,39 @@ TEST_CASE("connector: saves emit stored events, finish waits for saves, metrics 
   });
 }
 
+TEST_CASE("connector: a save of a request never looked up is keyed as a lookup is, with no collective",
+          "[connector]") {
+  comm::inproc_world world(2);
+  const std::vector<token_id> prompt = rig_prompt(prompt_tokens, 4);
+  std::vector<std::vector<comm::collective_call>> calls(2);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    comm::recording<comm::inproc_communicator&> rec(c);
+    memory_store store(16 << 20);
+    host_kv_cache cache(rig_layout());
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(2), store, rec, cache.view(), rig_options());
+    host_kv_cache::sequence seq;
+    LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+    compute_into(cache, seq, 0, prompt.size());
+    const auto slots = slots_of(cache, seq, prompt.size());
+    LOCKED_REQUIRE_FALSE(conn.save(7, prompt, slots, 0, prompt.size()));                    // never looked up
+    LOCKED_CHECK(conn.save(7, prompt, slots, 0, prompt.size()) == errc::invalid_argument);  // known now
+    LOCKED_CHECK_FALSE(conn.lookup(7).has_value());  // known only to save
+    LOCKED_CHECK(conn.step(deadline_after(std::chrono::seconds(20))) ==
+                 std::error_code{});  // nothing to agree
+    LOCKED_CHECK(rec.calls().empty());
+    LOCKED_REQUIRE_FALSE(conn.wait_for_save(7, deadline_after(std::chrono::seconds(30))));
+    LOCKED_CHECK(conn.errors(7).empty());
+    LOCKED_CHECK(conn.finish(7).free_pages_now);
+    cache.release(seq);
+    const auto plan = lookup_agreed(conn, 8, prompt);  // the keys the save wrote are the lookup's
+    LOCKED_REQUIRE(plan);
+    LOCKED_CHECK(plan->cached_tokens == prompt_chunks * rig_chunk_tokens);
+    conn.finish(8);
+    calls[c.rank()] = rec.calls();  // each rank its own entry
+  });
+  CHECK(calls[0] == calls[1]);
+}
+
 TEST_CASE("connector: selective writes save a chunk only after it was looked up N times", "[connector]") {
   comm::inproc_world world(1);
   const std::vector<token_id> prompt = rig_prompt(prompt_tokens, 5);

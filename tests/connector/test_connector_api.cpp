@@ -3,6 +3,7 @@
 // estimator samples in the engine's time, extra words in the step's one agreement,
 // wait_for_save and wait_local. Each on W rank threads over the in-process communicator, with
 // the recorded collective sequences compared across ranks.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -419,6 +421,7 @@ namespace {
 struct gated_store {
   memory_store& inner;
   bool stall_gets = false;
+  bool refuse_puts = false;  // a put refused as a server with a wrong password refuses it
   std::mutex mu;
   std::condition_variable cv;
   bool open = true, gets_open = false;
@@ -442,8 +445,11 @@ struct gated_store {
       std::unique_lock lock(mu);
       cv.wait_for(lock, std::chrono::seconds(20), [&] { return open; });
     }
-    return inner.put(k, s, st, dl);
+    if (!refuse_puts) return inner.put(k, s, st, dl);
+    std::fill(st.begin(), st.end(), chunk_status::error);
+    return make_error_code(errc::auth_failed);
   }
+  std::string last_error() const { return refuse_puts ? "WRONGPASS invalid username-password pair" : ""; }
   void set_open(bool o) {
     std::lock_guard lock(mu);
     open = o;
@@ -487,6 +493,59 @@ TEST_CASE("connector wait_for_save: returns once the request's saves ended, befo
         LOCKED_CHECK(env.conn.finished().saves == std::vector<request_id>{1});
         LOCKED_CHECK(env.conn.wait_for_save(1, short_wait()) == errc::invalid_argument);  // listed: gone
         LOCKED_CHECK(env.conn.wait_for_save(99, short_wait()) == errc::invalid_argument);
+      });
+}
+
+TEST_CASE("connector save errors: the reason after wait_for_save, and in finished() before or after finish",
+          "[connector]") {
+  on_ranks(
+      2, rig_options(), false,
+      [](rank_t r, memory_store& m) {
+        auto s = std::make_unique<gated_store>(m);
+        s->refuse_puts = r == 1;
+        return s;
+      },
+      [&](auto& env, rank_t r) {
+        host_kv_cache::sequence seq;
+        LOCKED_REQUIRE(env.cache.reserve(seq, the_prompt.size()));
+        compute_into(env.cache, seq, 0, the_prompt.size());
+        const auto slots = slots_of(env.cache, seq, the_prompt.size());
+        const std::string why = "rank 1: save of chunk 1: " + make_error_code(errc::auth_failed).message() +
+                                " (store: WRONGPASS invalid username-password pair)";
+        // Its saves ended before finish(): errors() after wait_for_save, then the next finished().
+        LOCKED_REQUIRE_FALSE(env.conn.save(7, the_prompt, slots, 0, 6 * T));
+        LOCKED_REQUIRE_FALSE(env.conn.wait_for_save(7, deadline_after(std::chrono::seconds(30))));
+        const std::vector<request_error> e = env.conn.errors(7);
+        LOCKED_REQUIRE(e.size() == (r == 1 ? 1u : 0u));  // only the rank that failed has a reason
+        if (r == 1) {
+          LOCKED_CHECK(e[0].what == request_error::stage::save);
+          LOCKED_CHECK(e[0].chunk == 1);  // rank 1's first chunk
+          LOCKED_CHECK(e[0].ec == errc::auth_failed);
+          LOCKED_CHECK(e[0].message == why);
+        }
+        LOCKED_CHECK(env.conn.finish(7).free_pages_now);
+        finished_requests f = env.conn.finished();
+        LOCKED_CHECK(f.saves.empty());
+        LOCKED_REQUIRE(f.save_errors.size() == (r == 1 ? 1u : 0u));
+        if (r == 1) LOCKED_CHECK((f.save_errors[0].id == 7 && f.save_errors[0].message == why));
+        LOCKED_CHECK(env.conn.finished().save_errors.empty());  // reported once
+        // Its saves end after finish(): the finished() that lists the request has its reason.
+        env.store.set_open(false);
+        LOCKED_REQUIRE_FALSE(env.conn.save(8, the_prompt, slots, 0, 6 * T));
+        LOCKED_CHECK_FALSE(env.conn.finish(8).free_pages_now);  // the put cannot end yet
+        env.store.set_open(true);
+        std::vector<request_error> later;
+        bool listed = false;
+        for (int i = 0; i < 20000 && !listed; ++i) {
+          f = env.conn.finished();
+          later.insert(later.end(), f.save_errors.begin(), f.save_errors.end());
+          listed = std::count(f.saves.begin(), f.saves.end(), request_id{8}) == 1;
+          if (!listed) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        LOCKED_REQUIRE(listed);
+        LOCKED_REQUIRE(later.size() == (r == 1 ? 1u : 0u));
+        if (r == 1) LOCKED_CHECK((later[0].id == 8 && later[0].message == why));
+        env.cache.release(seq);
       });
 }
 

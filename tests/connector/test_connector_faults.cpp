@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -45,15 +46,19 @@ const char* name(fault f) {
 
 // The memory store with one fault: exists() that answers only at its deadline, the n-th get()
 // failing or reporting its value corrupt (what remote_store's checksums report for a flipped
-// byte), or every put() failing.
+// byte), or every put() failing. Once a fault fired, last_error() says so in "its own words".
 struct faulty_store {
   memory_store& inner;
   fault f = fault::none;
   std::atomic<int> gets{0};
+  std::atomic<bool> fired{false};
+
+  std::string last_error() const { return fired ? std::string("injected: ") + name(f) : std::string(); }
 
   std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> st, deadline dl) {
     if (f != fault::lookup_timeout) return inner.exists(k, st, dl);
     std::this_thread::sleep_until(std::min(dl, clock::now() + std::chrono::seconds(5)));
+    fired = true;
     std::fill(st.begin(), st.end(), chunk_status::timeout);
     return make_error_code(errc::timeout);
   }
@@ -61,22 +66,46 @@ struct faulty_store {
                       std::span<chunk_status> st, deadline dl) {
     const int call = gets++;
     if (f == fault::store_error_mid_load && call == 1) {
+      fired = true;
       std::fill(st.begin(), st.end(), chunk_status::error);
       return make_error_code(errc::backend_error);
     }
     const std::error_code ec = inner.get(k, d, st, dl);
-    if (f == fault::corrupt_value && call == 0 && !st.empty()) st[0] = chunk_status::corrupt;
+    if (f == fault::corrupt_value && call == 0 && !st.empty()) fired = true, st[0] = chunk_status::corrupt;
     return ec;
   }
   std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> s,
                       std::span<chunk_status> st, deadline dl) {
     if (f != fault::save_fails) return inner.put(k, s, st, dl);
+    fired = true;
     std::fill(st.begin(), st.end(), chunk_status::error);
     return make_error_code(errc::backend_error);
   }
 };
 
 constexpr std::size_t T = rig_chunk_tokens;
+
+// The failed rank's one reason for fault f: its stage, the chunk, an error code and the store's
+// own words in a message that names the rank and the chunk.
+void check_reason(const std::vector<request_error>& reasons, fault f, rank_t rank, std::size_t chunk) {
+  LOCKED_REQUIRE(reasons.size() == 1);
+  const request_error& e = reasons.front();
+  INFO(e.message);
+  const auto stage = f == fault::lookup_timeout ? request_error::stage::lookup
+                     : f == fault::save_fails   ? request_error::stage::save
+                                                : request_error::stage::load;
+  LOCKED_CHECK(e.what == stage);
+  LOCKED_CHECK(e.id == (f == fault::save_fails ? 1u : 2u));
+  LOCKED_CHECK(e.chunk == chunk);
+  LOCKED_CHECK(e.ec == (f == fault::lookup_timeout  ? make_error_code(errc::timeout)
+                        : f == fault::corrupt_value ? make_error_code(errc::corrupt_value)
+                                                    : make_error_code(errc::backend_error)));
+  const std::string head = "rank " + std::to_string(rank) + ": " + std::string(to_string(stage)) +
+                           " of chunk " + std::to_string(chunk);
+  LOCKED_CHECK(e.message.rfind(head, 0) == 0);
+  if (f != fault::lookup_timeout)  // a lookup cut at its deadline may end before the store spoke
+    LOCKED_CHECK(e.message.find(std::string("(store: injected: ") + name(f) + ")") != std::string::npos);
+}
 
 }  // namespace
 
@@ -115,6 +144,12 @@ TEST_CASE("connector faults: one rank at a time, every rank agrees and no byte i
           // What each fault must have cost (the first rank's view; the others equal it).
           const rank_load_report& a = reps[0];
           const std::uint64_t first_owned = bad * T, second_owned = (bad + W) * T;
+          // Why, in words, on the failed rank only (local reasons: no collective carries them).
+          if (f != fault::peer_stalls) {
+            for (rank_t r = 0; r < W; ++r)
+              if (r != bad) LOCKED_CHECK(reps[r].reasons.empty());
+            check_reason(reps[bad].reasons, f, bad, f == fault::store_error_mid_load ? bad + W : bad);
+          }
           switch (f) {
             case fault::lookup_timeout:
               LOCKED_CHECK(a.plan->cached_tokens <= first_owned);
@@ -302,6 +337,11 @@ TEST_CASE(
       // Group 1 never landed: nothing is in every rank's pages, on every rank alike.
       LOCKED_CHECK(conn.load_result(2)->loaded_end_token == 0);
       LOCKED_CHECK(conn.load_errors(2).size() == 6);
+      const std::vector<request_error> why = conn.errors(2);  // every rank's move failed alike
+      LOCKED_REQUIRE(why.size() == 1);
+      LOCKED_CHECK(why[0].what == request_error::stage::load);
+      LOCKED_CHECK(why[0].ec == errc::backend_error);
+      LOCKED_CHECK(why[0].message.find("of chunk 0: move of layer group 1: ") != std::string::npos);
       conn.finish(2);  // the fetch completed: finish quarantines nothing of its own
       cache.release(seq);
       // A second load, moved by the same mover thread after the failed batch was handled (so

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -86,10 +87,42 @@ struct finish_result {
   bool free_pages_now = true;  ///< false: saves still read the pages; wait for finished()
 };
 
+/// Why one part of a request ended short or failed on this rank: this rank's own reason, never
+/// agreed (what every rank agreed is connector::load_result / load_errors; only the rank that
+/// failed has a reason). The message names the rank, the part and the chunk, with the store's
+/// own words when it keeps them (a store with last_error(), e.g. remote_store):
+///
+///   "rank 1: save of chunk 3: authentication failed (store: WRONGPASS invalid username-password pair)"
+///   "rank 0: load of chunk 2: corrupt value (header or checksum mismatch)"
+struct request_error {
+  enum class stage : std::uint8_t { lookup, load, save };
+  request_id id = 0;
+  stage what = stage::lookup;
+  std::size_t chunk = 0;  ///< the prompt chunk it names: the first one that failed
+  std::error_code ec;     ///< the store's or the communicator's error, errc::corrupt_value,
+                          ///< errc::timeout...; empty for a chunk gone from the store since its lookup
+  std::string message;
+};
+
+constexpr std::string_view to_string(request_error::stage s) noexcept {
+  switch (s) {
+    case request_error::stage::lookup:
+      return "lookup";
+    case request_error::stage::load:
+      return "load";
+    case request_error::stage::save:
+      return "save";
+  }
+  return "?";
+}
+
 /// Requests whose work ended since the previous finished() call.
 struct finished_requests {
   std::vector<request_id> loads;  ///< load outcome agreed (load_result has a value)
   std::vector<request_id> saves;  ///< finished, and every save ended: free the pages
+  /// This rank's first save failure of each request finished since the last call (those in
+  /// `saves`, and those whose saves had all ended when finish() was called).
+  std::vector<request_error> save_errors;
 };
 
 /// For a KV-aware router: chunks this rank wrote, or found gone that it had written.

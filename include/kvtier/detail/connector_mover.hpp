@@ -20,12 +20,14 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
 
 #include "kvtier/comm/communicator.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/detail/connector_errors.hpp"
 #include "kvtier/detail/connector_state.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/metrics.hpp"
@@ -109,8 +111,15 @@ class connector_mover {
       if (std::error_code e = data_.group_end(dl); e && !ec) ec = e;
       if (ec) {  // no later group of this batch runs: its failure is agreed at the next step
         if (keep_failed_) keep_failed_blocks(*batch);
+        std::string why = "move of layer group " + std::to_string(g) + ": " + ec.message();
+        if (const std::string words(data_.last_error()); !words.empty() && words != ec.message())
+          why += " (" + words + ")";
         std::lock_guard lock(shared_.mu);
-        for (const move_item& m : *batch) m.r->move_failed = true;
+        for (const move_item& m : *batch) {
+          m.r->move_failed = true;
+          note_error_locked(*m.r, describe_error(m.r->id, request_error::stage::load, me,
+                                                 m.r->first_chunk + m.begin, ec, why));
+        }
         shared_.landed.notify_all();
         return;
       }
@@ -133,20 +142,25 @@ class connector_mover {
 
   void scatter_group(connector_request& r, std::size_t begin, std::size_t end, std::uint32_t g) {
     for (std::size_t i = begin; i < end; ++i) {
-      bool ok = true;
+      std::error_code ec;
       {
         std::lock_guard gate(r.scatter_mu);
         if (r.abandoned) return;
-        ok = !kv_scatter(geo_.cache, geo_.chunk_slots(r.slots, r.first_chunk + i), geo_.staged_group(r, i, g),
-                         geo_.group_layers(g));
+        ec = kv_scatter(geo_.cache, geo_.chunk_slots(r.slots, r.first_chunk + i), geo_.staged_group(r, i, g),
+                        geo_.group_layers(g));
       }
       std::lock_guard lock(shared_.mu);
-      if (ok)
+      if (!ec) {
         r.group_landed[g] = i + 1;
-      else
+      } else {
         r.move_failed = true;
+        note_error_locked(
+            r, describe_error(
+                   r.id, request_error::stage::load, static_cast<rank_t>(data_.rank()), r.first_chunk + i, ec,
+                   "scatter of layer group " + std::to_string(g) + " into the pages: " + ec.message()));
+      }
       shared_.landed.notify_all();
-      if (!ok) return;
+      if (ec) return;
     }
   }
 

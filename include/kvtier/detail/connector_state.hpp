@@ -23,6 +23,7 @@
 #include "kvtier/chunker.hpp"
 #include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/fetch_types.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/kv_layout.hpp"
@@ -53,9 +54,10 @@ struct connector_request {
   std::uint64_t range_first_token = 0, range_end_token = 0;
   bool local_failure = false;  // this rank could not start its part (bad slots, no staging)
   std::size_t first_chunk = 0, n = 0;
-  std::shared_ptr<std::byte[]> staging;  // n chunk values; the mover holds copies while moving
-  std::vector<std::int64_t> slots;       // slot of every prompt position below the load's end
-  fetch_handle fetch;                    // empty when this rank owns no chunk of the range
+  std::shared_ptr<std::byte[]> staging;   // n chunk values; the mover holds copies while moving
+  std::vector<std::int64_t> slots;        // slot of every prompt position below the load's end
+  fetch_handle fetch;                     // empty when this rank owns no chunk of the range
+  std::vector<std::size_t> fetch_chunks;  // the prompt chunk of each key of `fetch`
   deadline load_dl{};
   clock::time_point load_started{};
   std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
@@ -70,6 +72,7 @@ struct connector_request {
   bool move_failed = false;
   std::size_t saves_pending = 0;
   bool save_failed = false;
+  std::vector<request_error> errors;  // this rank's first reason per stage (see note_error_locked)
 
   // Scatter gate: once abandoned (finished, or its outcome agreed short), the mover never
   // writes this request's pages again; set under scatter_mu, which each scatter holds.
@@ -77,6 +80,7 @@ struct connector_request {
   bool abandoned = false;
 
   bool finish_called = false;
+  bool fetch_explained = false;  // the load's fetch reason, if any, is in errors
 
   std::size_t landed_locked() const noexcept {
     std::size_t m = n;
@@ -139,6 +143,17 @@ struct connector_shared {
       if (status[k] == chunk_status::miss && stored.erase(r.keys[r.owned[k]]))
         gone.push_back(r.keys[r.owned[k]]);
     if (!gone.empty()) events.push_back({kv_event::kind::evicted, rank, std::move(gone)});
+  }
+
+  /// connector::wait_for_layer: until layer group g of every chunk agreed so far for every
+  /// running load is in the pages (or its move failed); false when dl passed first.
+  bool wait_group_landed(std::size_t g, deadline dl) {
+    std::unique_lock lock(mu);
+    return wait_until(landed, lock, dl, [&] {
+      return std::all_of(active_loads.begin(), active_loads.end(), [&](const connector_request_ptr& r) {
+        return r->move_failed || r->group_landed[g] >= r->enqueued;
+      });
+    });
   }
 
   // Under mu: remembers a key this rank stored (the newest 65,536).
@@ -235,6 +250,7 @@ fetch_handle fetch_owned(connector_request& r, Queue& queue, const Own& own, ran
     const std::size_t c = r.first_chunk + i;
     if (static_cast<rank_t>(own.owner(c)) != rank) continue;
     keys.push_back(r.keys[c]);
+    r.fetch_chunks.push_back(c);
     dst.push_back(geo.staged(r, i));
     starts.push_back(static_cast<std::uint64_t>(c) * geo.chunk_tokens);
   }

@@ -110,18 +110,20 @@ struct load_words {
 };
 
 /// This rank's words for a lookup not yet agreed: its store's answer once the lookup completed
-/// (`on_status` gets the per-chunk statuses), "nothing cached" once its deadline passed (the
-/// lookup is cancelled), else not ready. A rank that owns none of the chunks answers `keyed_end`.
-template <class Queue, class OnStatus>
-lookup_words lookup_contribution(connector_request& r, Queue& queue, std::uint64_t keyed_end,
-                                 OnStatus on_status) {
+/// (`on_end` gets the result), "nothing cached" once its deadline passed (the lookup is
+/// cancelled; `on_end` gets nullptr), else not ready. A rank that owns none of the chunks
+/// answers `keyed_end`. Called at every step until the lookup is agreed, so on_end may run
+/// more than once for one lookup.
+template <class Queue, class OnEnd>
+lookup_words lookup_contribution(connector_request& r, Queue& queue, std::uint64_t keyed_end, OnEnd on_end) {
   if (!r.lookup.valid()) return {true, keyed_end};
   if (auto res = queue.poll(r.lookup)) {
-    on_status(res->status);
+    on_end(&*res);
     return {true, res->answer_tokens};
   }
   if (!expired(r.lookup_dl)) return {false, 0};
   queue.cancel(r.lookup);
+  on_end(nullptr);
   return {true, 0};
 }
 

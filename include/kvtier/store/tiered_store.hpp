@@ -14,10 +14,12 @@
 // The tiers are held by reference and must outlive the tiered_store.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <span>
+#include <string>
 #include <system_error>
 #include <vector>
 
@@ -109,6 +111,21 @@ class tiered_store {
   stats_type stats() const {
     std::lock_guard lock(mu_);
     return stats_;
+  }
+
+  /// The last failure in words of the tier that keeps them (remote_store, cluster_store): L2's
+  /// when it has one, else L1's; empty when neither tier keeps words or nothing failed.
+  std::string last_error() const {
+    std::string e;
+    if constexpr (requires(L2 & s) {
+                    { s.last_error() } -> std::convertible_to<std::string>;
+                  })
+      e = std::string(l2_.last_error());
+    if constexpr (requires(L1 & s) {
+                    { s.last_error() } -> std::convertible_to<std::string>;
+                  })
+      if (e.empty()) e = std::string(l1_.last_error());
+    return e;
   }
 
  private:
