@@ -28,7 +28,7 @@
 //
 // KV: each rank keeps its KV in a paged host cache (kvtier::host_kv_cache, the
 // layout from the timing model: vLLM MLA or FlashAttention NHD). A computed chunk
-// is written into the pages and gathered from them before its put; a loaded chunk
+// is written into the pages, and the connector gathers it from them to save it; a loaded chunk
 // is scattered into them after the broadcast and checked there, gathered back and
 // compared with what recompute would produce. Gather/scatter are real CPU work,
 // not modeled time.
@@ -237,15 +237,14 @@ class engine {
     // applied to the agreed answers); real servers get the request's own.
     if (!reqs_.empty() && !reqs_.front().chunk)
       throw std::invalid_argument("engine: prepared requests without their chunker (use pcp::prepare)");
-    const auto io_budget = lifecycle_t::modeled ? std::chrono::milliseconds(60'000)
-                                                : std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      std::chrono::duration<double>(opt_.load_timeout_s));
+    const std::chrono::milliseconds io_budget = life_.io_budget();
     std::optional<typename env_t::conn_t> conn;
     if (!reqs_.empty())
       conn.emplace(*reqs_.front().chunk, own_, tiers, comm, cache.view(),
                    kvtier::connector_options{
                        .load_deadline = {.base = io_budget, .per_thousand_tokens = {}, .cap = io_budget},
                        .lookup_timeout = io_budget,
+                       .save_timeout = io_budget,  // the write-back's deadline (store_computed)
                        .fetch_workers = opt_.fetch_workers,
                        .fetch_batch_chunks = 0});
     env.conn = conn ? &*conn : nullptr;

@@ -4,7 +4,7 @@
 //
 // Per request there are two records: `ctl_state`, replicated (every rank holds the same
 // values, derived only from agreed ones, so the ranks' schedules and collectives stay
-// identical), and `local_request`, this rank's own (its chunk buffers, its pages, its
+// identical), and `local_request`, this rank's own (its pages, its
 // store answers before they are agreed).
 //
 //   pcp::rank_env<pcp::modeled_l2> env;   // filled in by engine::rank_main
@@ -43,7 +43,6 @@ struct ctl_state {
 
 /// One rank's own per-request data.
 struct local_request {
-  std::vector<std::byte> buf;           // n_chunks * chunk_bytes: chunk values on their way to/from the store
   kvtier::host_kv_cache::sequence seq;  // the request's blocks in the paged cache (its KV's home)
   std::uint64_t lookup_answer = 0;      // the agreed one (before the modeled deadline)
   kvtier::deadline real_dl{};

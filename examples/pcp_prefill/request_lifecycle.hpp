@@ -3,8 +3,11 @@
 // and its agreement (the min over ranks), the decision (load, split or recompute), the
 // load by each chunk's owner, moved owner -> all and scattered into the request's pages
 // by the connector, every loaded byte checked there, and the write-back of what was
-// computed. The engine (engine.hpp) calls it from its step loop and keeps the scheduling;
-// this file keeps the modeled clock's bookings of each request's I/O and the checks.
+// computed (connector::save by each chunk's owner, waited for with wait_for_save). The engine
+// (engine.hpp) calls it from its step loop and keeps the scheduling; this file keeps the
+// modeled clock's bookings of each request's I/O and the checks. A rank's failures are
+// counted and its first kept in words: the connector's own reasons for this rank's lookup,
+// load or save ("rank 1: save of chunk 3: authentication failed (store: WRONGPASS ...)").
 //
 // Deadlines: one deadline per request, set when its lookup is issued
 // (load_timeout_s later, modeled), covers every rank's lookup and load of that request: a
@@ -27,7 +30,7 @@
 //   life.issue_lookups(env, {i});   // at arrival, on every rank: begin_lookup, steps until agreed
 //   life.decide(env, {i});          // once its lookup ended: choose, start the load
 //   life.finish_load(env, i);       // once its load ended: steps until its outcome, check, queue
-//   life.store_computed(env, i);    // once computed: write back what this rank owns
+//   life.store_computed(env, i);    // once computed: save what this rank owns, wait for it
 #pragma once
 
 #include <algorithm>
@@ -71,6 +74,14 @@ class request_lifecycle {
                     const std::vector<L2*>& l2s, run_tally& tally)
       : reqs_(reqs), tm_(tm), opt_(opt), own_(own), l2s_(l2s), tally_(tally) {}
 
+  /// The real budget of each lookup, load and save of the connector (its deadlines): modeled
+  /// stores take no real time, so a generous one; real servers get load_timeout_s of wall time.
+  std::chrono::milliseconds io_budget() const {
+    return modeled ? std::chrono::milliseconds(60'000)
+                   : std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::duration<double>(opt_.load_timeout_s));
+  }
+
   /// The deadline of the collectives that agree on outcomes: generous, so a late peer
   /// becomes "recompute" rather than a rank that gave up the agreement.
   static kvtier::deadline coll_dl() { return kvtier::clock::now() + std::chrono::seconds(300); }
@@ -101,9 +112,7 @@ class request_lifecycle {
       ctl_state& c = env.ctl[i];
       c.io_start = env.clock.now;
       c.deadline = env.clock.now + opt_.load_timeout_s;
-      const std::span<const std::uint32_t> keyed =
-          std::span<const std::uint32_t>(reqs_[i].src->tokens).first(reqs_[i].n_chunks() * tm_.chunk_tokens);
-      if (auto ec = env.conn->begin_lookup(i, keyed, reqs_[i].src->tokens.size()))
+      if (auto ec = env.conn->begin_lookup(i, keyed_tokens(i), reqs_[i].src->tokens.size()))
         throw std::runtime_error("connector: begin_lookup of request " + std::to_string(i) + ": " +
                                  ec.message());
     }
@@ -116,6 +125,7 @@ class request_lifecycle {
       if (auto ec = env.conn->step(coll_dl())) note_error(env, ec, "lookup agreement");
       if (!agreed()) std::this_thread::yield();  // an engine computes its batch here
     }
+    for (std::size_t i : ids) note_reasons(env, i, kvtier::request_error::stage::lookup);  // this rank's own
     std::vector<double> took(ids.size(), std::chrono::duration<double>(kvtier::clock::now() - began).count());
     if (!modeled) took = agree_max_s(env, took);
     for (std::size_t k = 0; k < ids.size(); ++k) {
@@ -211,6 +221,7 @@ class request_lifecycle {
       if (!env.conn->load_result(i)) std::this_thread::yield();
     }
     const std::uint64_t agreed = env.conn->load_result(i)->loaded_end_token;
+    note_reasons(env, i, kvtier::request_error::stage::load);  // why this rank's part ended short
     // Modeled interconnect time: what the busiest receiver got, plus the collectives' latency:
     // the two steps that agree the fetched prefix and the outcome, and one grouped broadcast
     // per layer group (one group: all layers).
@@ -275,36 +286,28 @@ class request_lifecycle {
     }
   }
 
-  /// Request i finished computing: each rank stores the chunks it owns that it
-  /// computed (L1 and L2, write-through). Sync: the step waits for the write-back.
+  /// Request i finished computing: each rank saves the chunks it owns that it computed (L1
+  /// and L2, write-through) through the connector, which gathers them from the pages and puts
+  /// them off this thread by its own deadline. The step waits for the save before the pages go
+  /// back, so every rank frees them at the same point and the ranks' reservations stay alike.
+  /// Sync: the modeled step waits for the write-back too.
   void store_computed(env_t& env, std::size_t i) {
     const ctl_state& c = env.ctl[i];
     // Chunks below the hit are in L2 already (a load cut short or a recompute by policy
     // leaves them there), except a mismatched one, which is overwritten with good bytes.
     const std::size_t from = chunks(c.status == "mismatch" ? c.cached : std::max(c.cached, c.hit));
     const std::size_t to = reqs_[i].n_chunks();
-    std::vector<kvtier::chunk_key> keys;
-    std::vector<std::span<const std::byte>> src;
-    if (from < to) reserve_pages(env, i, static_cast<std::uint64_t>(to) * tm_.chunk_tokens);
-    for (std::size_t k = from; k < to; ++k) {
-      if (own_.owner(k) != env.comm->rank()) continue;
-      auto s = slot(env, i, k);
-      // Compute writes the chunk's KV into the pages; the value stored is gathered from them.
-      fill_payload(env.paged_scratch, chunk_tokens_of(i, k), k * tm_.chunk_tokens);
-      to_pages(env, i, k, env.paged_scratch);
-      from_pages(env, i, k, s);
-      keys.push_back(reqs_[i].keys[k]);
-      src.emplace_back(s);
-    }
+    bool pages_free = true;
     const auto t = kvtier::clock::now();
-    if (!keys.empty()) {
-      std::vector<kvtier::chunk_status> st(keys.size());
-      // A write-back is not part of the request's load: its own deadline.
-      const auto dl =
-          kvtier::clock::now() + (modeled ? kvtier::clock::duration(std::chrono::seconds(60))
-                                          : std::chrono::duration_cast<kvtier::clock::duration>(
-                                                std::chrono::duration<double>(opt_.load_timeout_s)));
-      note_error(env, step_io(env, [&] { return env.tiers->put(keys, src, st, dl); }), "store");
+    if (from < to) {
+      reserve_pages(env, i, static_cast<std::uint64_t>(to) * tm_.chunk_tokens);
+      // Compute writes the chunk's KV into the pages; the connector gathers the value from them.
+      for (std::size_t k = from; k < to; ++k) {
+        if (own_.owner(k) != env.comm->rank()) continue;
+        fill_payload(env.paged_scratch, chunk_tokens_of(i, k), k * tm_.chunk_tokens);
+        to_pages(env, i, k, env.paged_scratch);
+      }
+      pages_free = write_back(env, i, from, to);
     }
     if (from < to && opt_.timed) {
       double end = env.clock.now;
@@ -317,8 +320,8 @@ class request_lifecycle {
       env.costs.writebacks += has_l2() || !modeled;
       if (opt_.mode == load_mode::sync) env.clock.wait_until(end);
     }
-    if (env.conn) env.conn->finish(i);  // nothing of it is agreed or written by the connector any more
-    env.cache->release(env.loc[i].seq);
+    env.conn->finish(i);  // nothing of it is agreed or written by the connector any more
+    if (pages_free) env.cache->release(env.loc[i].seq);
     env.loc[i] = local_request{};
   }
 
@@ -437,11 +440,7 @@ class request_lifecycle {
   }
   void note_error(env_t& env, const std::error_code& ec, const char* what) {
     if (!ec) return;
-    ++tally_.failed_calls;
-    std::lock_guard lock(tally_.mu);
-    std::string& e = tally_.result.l2_errors[env.comm->rank()];
-    if (!e.empty()) return;
-    e = std::string(what) + ": " + ec.message();
+    std::string e = std::string(what) + ": " + ec.message();
     // A store that keeps its last failure in words (the server's or OpenSSL's) says why.
     if constexpr (requires(const L2& s) {
                     { s.last_error() } -> std::convertible_to<std::string>;
@@ -449,14 +448,44 @@ class request_lifecycle {
       const std::string why = l2s_[env.comm->rank()]->last_error();
       if (!why.empty() && why != ec.message()) e += " (" + why + ")";
     }
+    note_failure(env, std::move(e));
+  }
+  /// One failed store call in words: counted, and kept when it is this rank's first.
+  void note_failure(env_t& env, std::string text) {
+    ++tally_.failed_calls;
+    std::lock_guard lock(tally_.mu);
+    std::string& e = tally_.result.l2_errors[env.comm->rank()];
+    if (e.empty()) e = std::move(text);
+  }
+  /// The connector's reason, if any, for this rank's part of request i's `stage` ("rank 1: load
+  /// of chunk 3: corrupt value ..."): a failure of its own, never agreed. One without an error
+  /// code is a key the store did not have or keep (--l2 none keeps nothing), not a failed call.
+  void note_reasons(env_t& env, std::size_t i, kvtier::request_error::stage stage) {
+    for (const kvtier::request_error& e : env.conn->errors(i))
+      if (e.what == stage && e.ec) note_failure(env, e.message);
   }
 
-  std::span<std::byte> slot(env_t& env, std::size_t i, std::size_t c) {
-    local_request& l = env.loc[i];
-    const std::size_t cb = tm_.chunk_bytes();
-    if (l.buf.size() != reqs_[i].n_chunks() * cb) l.buf.assign(reqs_[i].n_chunks() * cb, std::byte{0});
-    return std::span<std::byte>(l.buf).subspan(c * cb, cb);
+  /// The write-back of request i's owned chunks in [from, to) from its pages: connector::save
+  /// (by each chunk's owner, the write policy's chunks, off this thread), then this thread waits
+  /// for it: by the save's own deadline and slack. True when the pages may be freed: a save
+  /// still running past that keeps them (never reused while it may read them).
+  bool write_back(env_t& env, std::size_t i, std::size_t from, std::size_t to) {
+    const std::uint64_t end = static_cast<std::uint64_t>(to) * tm_.chunk_tokens;
+    const std::vector<std::int64_t> slots = kvtier::slots_from_block_table(
+        {env.loc[i].seq.blocks, 0, end}, static_cast<std::uint32_t>(tm_.kv_block_tokens));
+    const std::uint64_t first = static_cast<std::uint64_t>(from) * tm_.chunk_tokens;
+    // A request that was never looked up (recompute mode) is keyed by the save itself.
+    const std::error_code ec = env.conn->lookup(i) ? env.conn->save(i, slots, first, end)
+                                                   : env.conn->save(i, keyed_tokens(i), slots, first, end);
+    if (ec) throw std::runtime_error("connector: save of request " + std::to_string(i) + ": " + ec.message());
+    const kvtier::deadline dl = kvtier::clock::now() + io_budget() + std::chrono::seconds(30);
+    const std::error_code waited = step_io(env, [&] { return env.conn->wait_for_save(i, dl); });
+    note_error(env, waited, "store");  // a save past its own deadline and the slack
+    note_reasons(env, i, kvtier::request_error::stage::save);
+    (void)env.conn->drain_events();  // no router here: the stored events are not kept
+    return !waited;
   }
+
   /// Blocks for request i's first `tokens` positions in the paged cache. Every rank reserves
   /// the same tokens for the same requests in the same order, so all ranks agree on failure.
   void reserve_pages(env_t& env, std::size_t i, std::uint64_t tokens) {
@@ -473,6 +502,10 @@ class request_lifecycle {
   void from_pages(env_t& env, std::size_t i, std::size_t c, std::span<std::byte> v) {
     if (auto ec = env.cache->gather(env.loc[i].seq, c * tm_.chunk_tokens, tm_.chunk_tokens, v))
       throw std::runtime_error("paged KV gather: " + ec.message());
+  }
+  /// Request i's tokens that are keyed: its full chunks.
+  std::span<const std::uint32_t> keyed_tokens(std::size_t i) const {
+    return std::span<const std::uint32_t>(reqs_[i].src->tokens).first(reqs_[i].n_chunks() * tm_.chunk_tokens);
   }
   std::span<const std::uint32_t> chunk_tokens_of(std::size_t i, std::size_t c) const {
     return std::span<const std::uint32_t>(reqs_[i].src->tokens)

@@ -10,7 +10,8 @@
 //   step agrees on the prefix fetched so far and moves the newly agreed chunks owner ->
 //   every rank, layer group by layer group, into the pages) -> step() until the load's
 //   outcome is agreed -> verify every loaded byte in the pages -> "compute" the rest
-//   -> save (each owner writes its computed chunks, off the step) -> finish.
+//   -> save (each owner writes its computed chunks, off the step) -> wait_for_save -> this
+//   rank's own reasons, if any (errors: a failed lookup, load or save, in words) -> finish.
 //
 // Every step() is one all-reduce on every rank, and the step loops stop on agreed
 // conditions, so the ranks' collectives stay symmetric. Deadlines: the lookup and the
@@ -202,20 +203,21 @@ outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   }
 
   // 4. Save: each owner writes the computed chunks it owns (the loaded ones are there already),
-  //    gathered from the pages off this thread; the pages stay until finished() lists the saves.
+  //    gathered from the pages off this thread; the pages stay until its saves ended.
   std::size_t to_save = 0;
   for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c) to_save += c % comm.size() == r;
   if (auto ec = conn.save(id, slots, out.loaded, n_chunks * chunk_tokens))
     out.error = "save: " + ec.message();
-  if (!conn.finish(id).free_pages_now) {
-    const kvtier::deadline saved_by = kvtier::deadline_after(10s);  // the save's own 5 s, and slack
-    while (std::ranges::count(conn.finished().saves, id) == 0 && !kvtier::expired(saved_by))
-      std::this_thread::sleep_for(1ms);
-  }
-  if (conn.counters().save_failures.value() || conn.counters().chunks_saved.value() != to_save)
+  if (auto ec = conn.wait_for_save(id, kvtier::deadline_after(10s)))  // the save's own 5 s, and slack
+    out.error = "save: " + ec.message();
+  // This rank's own reasons, if any: why its lookup, its part of the load or its save fell short
+  // ("rank 1: save of chunk 5: connection refused (store: ...)"), the first of them reported.
+  if (const std::vector<kvtier::request_error> why = conn.errors(id); !why.empty())
+    out.error = why.front().message;
+  else if (conn.counters().chunks_saved.value() != to_save)
     out.error = "save: " + std::to_string(conn.counters().chunks_saved.value()) + " of " +
                 std::to_string(to_save) + " chunks stored";
-  cache.release(seq);
+  if (conn.finish(id).free_pages_now) cache.release(seq);  // else a save still reads them: kept
   if (r == 0) {
     out.metrics = kvtier::to_prometheus(m, "kvtier", "rank=\"0\"");
     kvtier::write_prometheus(out.metrics, conn.counters(), "kvtier_connector", "rank=\"0\"");

@@ -394,10 +394,18 @@ class LoadOutcome:
     requested_end_token: int
     complete: bool
 
+class RequestError:
+    """for e in conn.errors(7): log(e.message)  # "rank 1: save of chunk 3: ..." (this rank's own)"""
+    id: int
+    stage: str  # "lookup", "load" or "save"
+    chunk: int
+    message: str
+
 class FinishedRequests:
     """done = conn.finished(); free_pages(done.saves)"""
     loads: list[int]
     saves: list[int]
+    save_errors: list[RequestError]
 
 class KvEvent:
     """for e in conn.drain_events(): router.update(e.kind, e.rank, e.keys)"""
@@ -444,7 +452,9 @@ class Connector:
     def wait_for_layer(self, layer: int, deadline: DeadlineLike) -> None: ...
     def load_result(self, id: int) -> Optional[LoadOutcome]: ...
     def load_errors(self, id: int) -> list[int]: ...
-    def save(self, id: int, slots: Ints, first_token: int, end_token: int) -> None: ...
+    def save(self, id: int, slots: Ints, first_token: int, end_token: int, *,
+             tokens: Optional[TokenIds] = None) -> None: ...
+    def errors(self, id: int) -> list[RequestError]: ...
     def finish(self, id: int) -> bool: ...
     def finished(self) -> FinishedRequests: ...
     def drain_events(self) -> list[KvEvent]: ...

@@ -204,11 +204,24 @@ void bind_connector(py::module_& m) {
                std::to_string(o.loaded_end_token) +
                "), requested_end_token=" + std::to_string(o.requested_end_token) + ")";
       });
+  py::class_<kvtier::request_error>(
+      m, "RequestError",
+      "This rank's own reason for a request's lookup, load or save ending short "
+      "(never agreed).\n\n"
+      "    for e in conn.errors(7): print(e.stage, e.chunk, e.message)")
+      .def_readonly("id", &kvtier::request_error::id)
+      .def_property_readonly("stage",
+                             [](const kvtier::request_error& e) { return std::string(to_string(e.what)); })
+      .def_readonly("chunk", &kvtier::request_error::chunk)
+      .def_readonly("message", &kvtier::request_error::message)
+      .def("__repr__", [](const kvtier::request_error& e) { return "RequestError(" + e.message + ")"; });
   py::class_<kvtier::finished_requests>(m, "FinishedRequests",
-                                        "Requests whose work ended since the last finished() call.\n\n"
+                                        "Requests whose work ended since the last finished() call, and this "
+                                        "rank's save failures of the requests finished since then.\n\n"
                                         "    done = conn.finished(); free(done.saves)")
       .def_readonly("loads", &kvtier::finished_requests::loads)
-      .def_readonly("saves", &kvtier::finished_requests::saves);
+      .def_readonly("saves", &kvtier::finished_requests::saves)
+      .def_readonly("save_errors", &kvtier::finished_requests::save_errors);
   py::class_<kvtier::kv_event>(m, "KvEvent",
                                "A router event: chunks this rank stored, or found evicted.\n\n"
                                "    for e in conn.drain_events(): print(e.kind, e.rank, len(e.keys))")
@@ -484,20 +497,40 @@ void bind_connector(py::module_& m) {
       .def(
           "save",
           [](py_connector& p, kvtier::request_id id, py::handle slots, std::uint64_t first_token,
-             std::uint64_t end_token) {
+             std::uint64_t end_token, py::handle tokens) {
             const auto s =
                 ints_of(slots, "slots", static_cast<std::int64_t>(p.pages->view.layout.num_slots()));
             if (end_token > s.size())
               raise_invalid("Connector.save(request " + std::to_string(id) + "): " +
                             std::to_string(s.size()) + " slots, end_token is " + std::to_string(end_token));
-            const std::error_code ec = p.with([&](auto& c) { return c.save(id, s, first_token, end_token); });
-            if (ec) raise_error(ec, "Connector.save: unknown request " + std::to_string(id));
+            buffer_hold hold;
+            std::vector<kvtier::token_id> storage;
+            const bool keyed_here = !tokens.is_none();
+            const std::span<const kvtier::token_id> t =
+                keyed_here ? tokens_of(tokens, storage, hold) : std::span<const kvtier::token_id>{};
+            const std::error_code ec = p.with([&](auto& c) {
+              return keyed_here ? c.save(id, t, s, first_token, end_token)
+                                : c.save(id, s, first_token, end_token);
+            });
+            if (ec)
+              raise_error(ec, "Connector.save: request " + std::to_string(id) +
+                                  (keyed_here ? " is already known" : " is unknown"));
           },
-          py::arg("id"), py::arg("slots"), py::arg("first_token"), py::arg("end_token"),
+          py::arg("id"), py::arg("slots"), py::arg("first_token"), py::arg("end_token"), py::kw_only(),
+          py::arg("tokens") = py::none(),
           "Writes the request's full chunks in [first_token, end_token) this rank owns from the pages at "
-          "`slots`, "
-          "off the step. Keep the pages until finished() lists the request's saves.\n\n"
+          "`slots`, off the step. Keep the pages until finished() lists the request's saves (or "
+          "wait_for_save). tokens: the prompt of a request never looked up, keyed here.\n\n"
           "    conn.save(7, slots, 0, len(tokens))")
+      .def(
+          "errors",
+          [](py_connector& p, kvtier::request_id id) {
+            return p.with([&](auto& c) { return c.errors(id); });
+          },
+          py::arg("id"),
+          "This rank's own reasons (RequestError) for the request so far: its lookup, load or save, each "
+          "naming the chunk, with the store's words. Local; until finish(), then in finished().save_errors."
+          "\n\n    conn.wait_for_save(7, 2.0); print([e.message for e in conn.errors(7)])")
       .def(
           "finish",
           [](py_connector& p, kvtier::request_id id) {

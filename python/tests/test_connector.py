@@ -407,3 +407,37 @@ def test_connector_constructor_bad_inputs():
     store.close()
     with pytest.raises(kvtier.ClosedError):
         kvtier.Connector(ch, store, comm, view)
+
+
+def test_a_failed_save_says_why_and_a_request_never_looked_up_can_save():
+    # A save into a store with nothing listening: this rank's reason, naming the chunk, in
+    # errors() after wait_for_save and in finished().save_errors after finish(). And save(...,
+    # tokens=) of a request never looked up is keyed as a lookup keys it.
+    ns, tokens = namespace(1), list(range(64))
+    comm = kvtier.InprocWorld(1).communicator(0)
+    dead = kvtier.RemoteStore("resp://127.0.0.1:1", ns)
+    conn = kvtier.Connector(kvtier.Chunker(ns), dead, comm, kvtier.KvCacheView.per_layer(layout(), make_pages()),
+                            lookup_timeout=20.0, save_timeout=5.0)
+    conn.save(1, list(range(64)), 0, 64, tokens=tokens)
+    with pytest.raises(kvtier.InvalidArgument, match="already known"):
+        conn.save(1, list(range(64)), 0, 64, tokens=tokens)
+    conn.wait_for_save(1, 30.0)
+    [e] = conn.errors(1)
+    assert (e.id, e.stage, e.chunk) == (1, "save", 0)
+    assert e.message.startswith("rank 0: save of chunk 0: ")
+    assert conn.finish(1)
+    assert [x.message for x in conn.finished().save_errors] == [e.message]
+    conn.close()
+    dead.close()
+
+    mem = kvtier.MemoryStore(64 << 20)
+    conn = kvtier.Connector(kvtier.Chunker(ns), mem, comm, kvtier.KvCacheView.per_layer(layout(), make_pages()),
+                            lookup_timeout=20.0, save_timeout=30.0)
+    conn.save(2, list(range(64)), 0, 64, tokens=tokens)
+    conn.wait_for_save(2, 30.0)
+    assert conn.errors(2) == [] and conn.finish(2)
+    conn.begin_lookup(3, tokens)
+    assert step_until(conn, lambda: conn.lookup(3) is not None)
+    assert conn.lookup(3).cached_tokens == 64
+    conn.finish(3)
+    conn.close()

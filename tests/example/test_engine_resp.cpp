@@ -152,21 +152,28 @@ TEST_CASE("engine over a real server with a wrong password: recompute, counted, 
     l1.push_back(std::make_unique<modeled_l1>(64 << 20));
     pools.push_back(std::make_unique<resp_l2>(url, r, ns, 3));
   }
-  const auto r = test::replay<resp_l2>(
-      prepared, tm, {.world = 2, .mode = load_mode::async, .load_timeout_s = 1, .fetch_workers = 2},
-
-      l1, pools);
-  REQUIRE(r.fatal.empty());
-  CHECK(r.mismatched_chunks == 0);
-  for (const auto& q : r.requests) {
-    CHECK(q.ttft_s > 0);
-    CHECK(q.l2_tokens == 0);
-  }
-  CHECK(r.failed_l2_calls > 0);
-  for (const auto& e : r.l2_errors) {
-    INFO(e);
-    CHECK(e.find("authentication failed") != std::string::npos);
-    CHECK(e.find("WRONGPASS") != std::string::npos);  // the server's own words, from last_error()
+  // Async: the lookups fail first. Recompute: nothing is looked up, so the first failure is the
+  // connector's save, with its reason (the chunk, the store's error and the server's words).
+  for (const load_mode mode : {load_mode::async, load_mode::recompute}) {
+    INFO("mode " << to_string(mode));
+    for (auto& x : l1) x->data().clear();
+    const auto r = test::replay<resp_l2>(
+        prepared, tm, {.world = 2, .mode = mode, .load_timeout_s = 1, .fetch_workers = 2}, l1, pools);
+    REQUIRE(r.fatal.empty());
+    CHECK(r.mismatched_chunks == 0);
+    for (const auto& q : r.requests) {
+      CHECK(q.ttft_s > 0);
+      CHECK(q.l2_tokens == 0);
+    }
+    CHECK(r.failed_l2_calls > 0);
+    for (std::size_t k = 0; k < r.l2_errors.size(); ++k) {
+      const std::string& e = r.l2_errors[k];
+      INFO(e);
+      const std::string stage = mode == load_mode::recompute ? "save" : "lookup";
+      CHECK(e.rfind("rank " + std::to_string(k) + ": " + stage + " of chunk ", 0) == 0);
+      CHECK(e.find("authentication failed") != std::string::npos);
+      CHECK(e.find("WRONGPASS") != std::string::npos);  // the server's own words, from last_error()
+    }
   }
 }
 

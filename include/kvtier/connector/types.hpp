@@ -100,7 +100,9 @@ struct request_error {
   stage what = stage::lookup;
   std::size_t chunk = 0;  ///< the prompt chunk it names: the first one that failed
   std::error_code ec;     ///< the store's or the communicator's error, errc::corrupt_value,
-                          ///< errc::timeout...; empty for a chunk gone from the store since its lookup
+                          ///< errc::timeout...; empty for a key the store did not have (a load of
+                          ///< a chunk gone since its lookup) or did not keep (a put it refused
+                          ///< without an error, e.g. a tier that stores nothing)
   std::string message;
 };
 

@@ -44,14 +44,16 @@ inline request_error describe_error(request_id id, request_error::stage what, ra
 }
 
 /// Why one key of a store call failed, from its status and the call's error (the call's error
-/// says most: a lost connection, a refused AUTH; a corrupt value is named as such).
-inline std::pair<std::error_code, std::string> key_failure(chunk_status s, std::error_code call) {
+/// says most: a lost connection, a refused AUTH; a corrupt value is named as such). A miss has
+/// no error code: a read found the key gone since its lookup, a put (`put`) was not kept.
+inline std::pair<std::error_code, std::string> key_failure(chunk_status s, std::error_code call,
+                                                           bool put = false) {
   if (s == chunk_status::corrupt)
     return {make_error_code(errc::corrupt_value), "corrupt value (header or checksum mismatch)"};
   if (call) return {call, call.message()};
   switch (s) {
     case chunk_status::miss:
-      return {{}, "not in the store (gone since its lookup)"};
+      return {{}, put ? "not stored (the store kept nothing)" : "not in the store (gone since its lookup)"};
     case chunk_status::timeout:
       return {make_error_code(errc::timeout), "deadline exceeded"};
     default:

@@ -140,7 +140,7 @@ class connector_saver {
       if (st[k] == chunk_status::stored) {
         stored.push_back(keys[k]);
       } else if (!why) {
-        const auto [kec, text] = key_failure(st[k], ec);
+        const auto [kec, text] = key_failure(st[k], ec, /*put=*/true);
         why = explain(job, chunk_of[k], kec, text, true);
       }
     }
