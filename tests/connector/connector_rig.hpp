@@ -99,10 +99,16 @@ inline std::vector<token_id> rig_prompt(std::size_t tokens, std::uint64_t seed =
   return t;
 }
 
+/// The deadline of a test's steps: generous, since a step's all-reduce waits for the slowest
+/// rank thread, which under a sanitizer on a loaded machine can lag by seconds (a 2 s one
+/// expired under TSan with 3 copies at load 15: "recompute", cached 0). The step returns as
+/// soon as every rank is in, so this costs nothing; a fault under test sets its own short one.
+inline constexpr std::chrono::milliseconds rig_step_timeout{20'000};
+
 /// Steps (on every rank alike) until `agreed()` holds or `max_steps` ran; true if it held.
 template <class Conn, class Pred>
 bool step_until(Conn& conn, Pred agreed, int max_steps = 20000,
-                std::chrono::milliseconds step_timeout = std::chrono::milliseconds(2000)) {
+                std::chrono::milliseconds step_timeout = rig_step_timeout) {
   for (int i = 0; i < max_steps; ++i) {
     if (agreed()) return true;
     conn.step(deadline_after(step_timeout));
@@ -164,7 +170,7 @@ struct load_scenario {
   std::size_t prompt_tokens = 6 * rig_chunk_tokens + 7;
   // The deadline of each step that waits for request 2's load (the lookups' steps keep 2 s: a
   // short one there, on a loaded machine, agrees "recompute" and the load under test never runs).
-  std::chrono::milliseconds load_step_timeout{2000};
+  std::chrono::milliseconds load_step_timeout = rig_step_timeout;
   std::function<void(rank_t)> after_load;
   std::function<void(rank_t)> after_save;  // after request 1's saves ended, before request 2
 };
