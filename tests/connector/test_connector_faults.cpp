@@ -337,26 +337,31 @@ TEST_CASE(
       // Group 1 never landed: nothing is in every rank's pages, on every rank alike.
       LOCKED_CHECK(conn.load_result(2)->loaded_end_token == 0);
       LOCKED_CHECK(conn.load_errors(2).size() == 6);
-      const std::vector<request_error> why = conn.errors(2);  // every rank's move failed alike
+      // A second load, moved by the same mover thread after the failed batch was handled (so
+      // the count and the reason below are final), lands whole: the data communicator keeps
+      // working. Request 2 stays unfinished until then (its outcome, agreed short, keeps the
+      // mover out of its pages), so its reason can still be read.
+      const auto plan3 = lookup_agreed(conn, 3, prompt);
+      LOCKED_REQUIRE(plan3);
+      host_kv_cache::sequence seq3;
+      LOCKED_REQUIRE(cache.reserve(seq3, prompt.size()));
+      LOCKED_REQUIRE_FALSE(conn.load(3, slots_of(cache, seq3, prompt.size())));
+      const auto agreed3 = step_until(conn, [&] { return conn.load_result(3).has_value(); });  // may wait
+      LOCKED_REQUIRE(agreed3);
+      LOCKED_CHECK(conn.load_result(3)->complete());
+      LOCKED_CHECK(wrong_bytes(cache, seq3, 0, 6 * T) == 0);
+      // This rank's reason for request 2: its own move of group 1 failed (the agreement that
+      // ended the load may have come before this rank's mover got there; load 3 came after).
+      const std::vector<request_error> why = conn.errors(2);
       LOCKED_REQUIRE(why.size() == 1);
       LOCKED_CHECK(why[0].what == request_error::stage::load);
       LOCKED_CHECK(why[0].ec == errc::backend_error);
       LOCKED_CHECK(why[0].message.find("of chunk 0: move of layer group 1: ") != std::string::npos);
       conn.finish(2);  // the fetch completed: finish quarantines nothing of its own
-      cache.release(seq);
-      // A second load, moved by the same mover thread after the failed batch was handled (so
-      // the count below is final), lands whole: the data communicator keeps working.
-      const auto plan3 = lookup_agreed(conn, 3, prompt);
-      LOCKED_REQUIRE(plan3);
-      LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
-      LOCKED_REQUIRE_FALSE(conn.load(3, slots_of(cache, seq, prompt.size())));
-      const auto agreed3 = step_until(conn, [&] { return conn.load_result(3).has_value(); });  // may wait
-      LOCKED_REQUIRE(agreed3);
-      LOCKED_CHECK(conn.load_result(3)->complete());
-      LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);
       conn.finish(3);
       LOCKED_CHECK(conn.counters().quarantined_blocks.value() == (writes_late ? 1u : 0u));
       cache.release(seq);
+      cache.release(seq3);
     });
   }
 }
