@@ -128,9 +128,11 @@ class Case:
         self.key, self.n, self.w, self.chunk, self.comm = key, n, w, chunk, comm
         cfg = model.cfg
         self.cache = PagedKvCache(cfg, -(-(n + 1) // 16) + 1, 16)
-        ctrl, data = kvtier.MpiCommunicator(comm, 10.0), kvtier.MpiCommunicator(comm, 10.0)
-        self.tier = BoundTier(ctrl, data, store, kvtier.Chunker(ns), self.cache, lookup_timeout=2.0,
-                              load_timeout=(10.0, 0.0, 10.0))
+        ctrl, data = kvtier.MpiCommunicator(comm, 60.0), kvtier.MpiCommunicator(comm, 60.0)
+        # generous deadlines: at load 25 on the 2 cores a rank was once descheduled for more than the
+        # 2 s step deadline the tests use (the agreement timed out and poisoned the communicator)
+        self.tier = BoundTier(ctrl, data, store, kvtier.Chunker(ns), self.cache, step_timeout_s=60.0,
+                              lookup_timeout=30.0, load_timeout=(30.0, 0.0, 30.0))
         cp = comm if w > 1 else None
         self.load = Engine(model, cp, self.tier, policy=lambda h, nn: True)
         self.recompute = Engine(model, cp, self.tier, policy=lambda h, nn: False)
