@@ -35,7 +35,7 @@ class BoundTier:
     """See the module comment. `cache` is the engine's PagedKvCache; its pages are the connector's."""
 
     def __init__(self, ctrl, data, store, chunker, cache, layer_wait_s: float = 30.0, before_load=None,
-                 step_timeout_s: float = 2.0, **connector_options):
+                 step_timeout_s: float = 10.0, **connector_options):
         cfg = cache.cfg
         self.step_timeout_s = step_timeout_s  # each step()'s deadline: how long a rank waits for the others
         self.before_load = before_load  # test hook: runs right before the load starts (its GETs)
