@@ -306,7 +306,11 @@ class request_lifecycle {
       ctl_state& c = env.ctl[i];
       finish_load(env, i, /*in_step*/ true);
       c.layer_pending = false;
-      if (c.cached < c.hit) c.remaining = reqs_[i].src->tokens.size() - c.cached + take;
+      if (c.cached >= c.hit) continue;
+      // The engine subtracts `take` after the step; a request whose rest continues next step
+      // (remaining > take) is in the ready queue already.
+      if (c.remaining <= take) env.ready.push_front(i);
+      c.remaining = reqs_[i].src->tokens.size() - c.cached + take;
     }
     return t;
   }
