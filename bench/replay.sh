@@ -120,26 +120,32 @@ if [[ "${SKIP_REAL:-0}" != 1 ]]; then
     real_note="real-server variant skipped: redis-server not installed"
   else
     port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-    base=
-    for _ in $(seq 1 50); do
-      p=$(( 20000 + RANDOM % 30000 ))
-      if port_free "$p" && port_free $((p + 1)); then base=$p; break; fi
-    done
-    [[ -n "$base" ]] || { echo "replay.sh: no two free consecutive loopback ports" >&2; exit 1; }
     pids=()
     stop_servers() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done; pids=(); }
     trap stop_servers EXIT
-    for r in 0 1; do
-      redis-server --port $((base + r)) --bind 127.0.0.1 --save '' --appendonly no --maxmemory 2gb \
-        --maxmemory-policy allkeys-lru >"$out/redis-$r.log" 2>&1 &
-      pids+=($!)
-    done
-    for r in 0 1; do
-      for _ in $(seq 1 100); do
-        redis-cli -p $((base + r)) ping >/dev/null 2>&1 && break
-        sleep 0.05
+    # Two servers on consecutive free ports; a port free when checked can be taken before redis
+    # binds it, so a start that does not answer PING is retried on other ports.
+    base=
+    for _ in $(seq 1 20); do
+      p=$(( 20000 + RANDOM % 30000 ))
+      port_free "$p" && port_free $((p + 1)) || continue
+      for r in 0 1; do
+        redis-server --port $((p + r)) --bind 127.0.0.1 --save '' --appendonly no --maxmemory 2gb \
+          --maxmemory-policy allkeys-lru >"$out/redis-$r.log" 2>&1 &
+        pids+=($!)
       done
+      up=0
+      for r in 0 1; do
+        for _ in $(seq 1 100); do
+          [ "$(redis-cli -p $((p + r)) ping 2>/dev/null)" = PONG ] && { up=$((up + 1)); break; }
+          kill -0 "${pids[$r]}" 2>/dev/null || break
+          sleep 0.05
+        done
+      done
+      if [ "$up" -eq 2 ]; then base=$p; break; fi
+      stop_servers
     done
+    [[ -n "$base" ]] || { echo "replay.sh: could not start two redis-servers on free loopback ports" >&2; exit 1; }
     real=(--generate hit-heavy --requests 30 --rate 2 --seed "$seed" --world 2 --payload-scale 0.015625 --quiet)
     url="resp://127.0.0.1:{rank+$base}"
     echo "== real servers ($url), W = 2: recompute, sync and async over real sockets" >&2

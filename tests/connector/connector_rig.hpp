@@ -154,7 +154,9 @@ struct load_scenario {
   bool two_comms = false;  // a separate data world: the moves run on the mover thread
   connector_options opt = rig_options();
   std::size_t prompt_tokens = 6 * rig_chunk_tokens + 7;
-  std::chrono::milliseconds step_timeout{2000};
+  // The deadline of each step that waits for request 2's load (the lookups' steps keep 2 s: a
+  // short one there, on a loaded machine, agrees "recompute" and the load under test never runs).
+  std::chrono::milliseconds load_step_timeout{2000};
   std::function<void(rank_t)> after_load;
   std::function<void(rank_t)> after_save;  // after request 1's saves ended, before request 2
 };
@@ -175,7 +177,10 @@ std::vector<rank_load_report> run_load(const load_scenario& s, StoreFor store_fo
     auto store = store_for(r, mem);
     host_kv_cache cache(rig_layout());
     const modulo_ownership own(s.world);
-    const auto step_to = [&](auto& conn, auto pred) { return step_until(conn, pred, 20000, s.step_timeout); };
+    const auto step_to = [&](auto& conn, auto pred) { return step_until(conn, pred); };
+    const auto step_load_to = [&](auto& conn, auto pred) {
+      return step_until(conn, pred, 20000, s.load_step_timeout);
+    };
     auto run = [&](auto& conn) {
       rank_load_report& rep = reports[r];
       if (!compute_and_save(conn, cache, 1, prompt)) return;
@@ -189,7 +194,7 @@ std::vector<rank_load_report> run_load(const load_scenario& s, StoreFor store_fo
       if (rep.plan->tokens_to_load()) {
         conn.load(2, slots);
         if (s.after_load) s.after_load(r);
-        if (!step_to(conn, [&] { return conn.load_result(2).has_value(); })) return;
+        if (!step_load_to(conn, [&] { return conn.load_result(2).has_value(); })) return;
         rep.outcome = conn.load_result(2);
         rep.errors = conn.load_errors(2);
         rep.wrong = wrong_bytes(cache, seq, rep.outcome->load_first_token, rep.outcome->loaded_end_token);

@@ -92,7 +92,7 @@ TEST_CASE("connector faults: one rank at a time, every rank agrees and no byte i
           sc.opt.layers_per_group = 2;
           if (f == fault::lookup_timeout) sc.opt.lookup_timeout = std::chrono::milliseconds(200);
           if (f == fault::peer_stalls) {
-            sc.step_timeout = std::chrono::milliseconds(100);
+            sc.load_step_timeout = std::chrono::milliseconds(100);
             sc.after_load = [bad](rank_t r) {
               if (r == bad) std::this_thread::sleep_for(std::chrono::milliseconds(400));
             };

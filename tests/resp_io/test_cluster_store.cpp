@@ -20,6 +20,7 @@
 #include "kvtier/store/cluster_store.hpp"
 #include "resp_io/io_test_util.hpp"
 #include "resp_io/store_test_util.hpp"
+#include "support/deadline_check.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/scripted_server.hpp"
 
@@ -65,7 +66,7 @@ std::string all_slots_to(std::uint16_t port) {
   return "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port) + "\r\n";
 }
 
-void require_by(kvtier::deadline dl) { REQUIRE(kvtier::clock::now() < dl + 250ms); }
+void require_by(kvtier::deadline dl) { REQUIRE(kvtier::test::returned_by(dl)); }
 
 }  // namespace
 

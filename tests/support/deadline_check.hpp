@@ -5,7 +5,10 @@
 // ignores its deadline and waits for something else (a busy connection, a peer, a
 // hung server) overruns it by far more and fails the check. Measured with both
 // cores busy (two spinning processes next to the other builds), Release, ASan and
-// TSan trees: see the commit that introduced this header for the figures.
+// TSan trees: see the commit that introduced this header for the figures. 300 ms was
+// raised to 1 s when a ctest -j6 run on the 2 cores (a flake hunt before CI) overran a
+// cluster_store retry deadline by more than 250 ms; the misses these checks exist for
+// (a retry loop or a backoff that ignores the deadline) overrun by seconds or hang.
 //
 //   const auto dl = kvtier::deadline_after(200ms);
 //   REQUIRE(store.exists(keys, st, dl) == kvtier::errc::timeout);
@@ -23,7 +26,7 @@
 namespace kvtier::test {
 
 /// How late past its deadline a call may return and still pass.
-inline constexpr std::chrono::milliseconds deadline_margin{300};
+inline constexpr std::chrono::milliseconds deadline_margin{1000};
 
 /// True if a call that returned `late` past its deadline (negative: before it) is
 /// within deadline_margin.
