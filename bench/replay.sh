@@ -20,18 +20,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-bin=${PCP_PREFILL:-}
-if [[ -z "$bin" ]]; then
-  for b in "$here"/build/examples/pcp_prefill/pcp_prefill "$here"/build*/*/examples/pcp_prefill/pcp_prefill \
-    "$here"/build-*/examples/pcp_prefill/pcp_prefill; do
-    [[ -x "$b" ]] && { bin=$b; break; }
-  done
-fi
-[[ -n "$bin" && -x "$bin" ]] || { echo "replay.sh: pcp_prefill not built (cmake --build build --target pcp_prefill), or set PCP_PREFILL" >&2; exit 2; }
+# shellcheck source=support/pcp_prefill.sh
+source "$here/bench/support/pcp_prefill.sh"
+find_pcp_prefill replay.sh
 out=${OUT_DIR:-$here/out/replay}
-requests=${REQUESTS:-450}
-seed=${SEED:-1}
-clients=${CLIENTS:-16}
 mkdir -p "$out"
 
 trace="$out/hit-heavy.jsonl"

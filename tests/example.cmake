@@ -3,7 +3,10 @@
 # the embedded modeled store and on two real redis-server processes.
 kvtier_add_test(test_example_trace SOURCES example/test_trace.cpp LABELS unit)
 kvtier_add_test(test_example_engine SOURCES example/test_engine.cpp LABELS integration tsan TIMEOUT 600)
-set(KVTIER_EXAMPLE_TESTS test_example_trace test_example_engine)
+# Layer-by-layer loading against whole chunks (--load-granularity): same outcomes, never slower.
+kvtier_add_test(test_example_engine_layers SOURCES example/test_engine_layers.cpp LABELS integration tsan
+                TIMEOUT 600)
+set(KVTIER_EXAMPLE_TESTS test_example_trace test_example_engine test_example_engine_layers)
 if(TARGET kvtier::asio AND EXISTS /usr/bin/redis-server)
   kvtier_add_test(test_example_engine_resp SOURCES example/test_engine_resp.cpp LABELS integration
                   LIBS kvtier::asio TIMEOUT 300)

@@ -50,6 +50,12 @@ replay options:
   --mode recompute|sync|async|split   loading mode (async); split computes the front of a hit while
                               loading its back, at the cost model's split point
   --policy always|cost        load every hit, or let the cost model decide per request (always)
+  --load-granularity chunk|layer|layer-streamed   when a loaded request's compute starts (chunk):
+                              chunk: after its whole load; layer: layer l once layer group l of every
+                              loaded chunk is in the pages (whole-chunk fetches, as remote_store does:
+                              the moves overlap compute); layer-streamed: the same with group-major
+                              ranged reads (modeled: the fetch overlaps too; --l2 embedded). Layer modes
+                              need --mode async; with the flag the report adds TTFT beside the model
   --closed-loop N             N clients, each sending its next request when its last completes
   --l2 embedded|none|URL      L2: in-process modeled servers (default), none, a resp:// URL template with
                               {rank} or {rank+N} (one server per rank), or a plain URL (one shared server)
@@ -144,6 +150,7 @@ struct options {
   double sustained_gbps = 0;  ///< > 0: derive tm.l2_gbps from it
   bool prime = false, prime_shared = false, keep_l1 = false, quiet = false, prior_from_model = false;
   bool mpi = false, world_set = false;
+  bool granularity_set = false;  ///< --load-granularity given: the report prints TTFT beside the model
   std::size_t prime_first = 0;
   std::uint64_t fault_every = 0;
   kvtier::resp::tls_options tls;  ///< for TLS L2 endpoints (--l2-tls-*)
@@ -235,6 +242,11 @@ inline options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) 
       using enum pcp::load_mode;
       o.eng.mode = parse_choice<pcp::load_mode>(
           a, val(), {{"recompute", recompute}, {"sync", sync}, {"async", async}, {"split", split}});
+    } else if (a == "--load-granularity") {
+      using enum pcp::load_granularity;
+      o.eng.granularity = parse_choice<pcp::load_granularity>(
+          a, val(), {{"chunk", chunk}, {"layer", layer}, {"layer-streamed", layer_streamed}});
+      o.granularity_set = true;
     } else if (a == "--policy")
       o.eng.policy = parse_choice<pcp::load_policy>(
           a, val(), {{"always", pcp::load_policy::always}, {"cost", pcp::load_policy::cost}});
@@ -322,6 +334,13 @@ inline options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) 
         "--l2-tls-ca, --l2-tls-cert and --l2-tls-key need a TLS --l2 (rediss://, resp+tls:// or "
         "resp+cluster+tls://); --l2 is '" +
         (o.l2.find("://") == std::string::npos ? o.l2 : kvtier::resp::redact_url(o.l2)) + "'");
+  if (o.eng.granularity != pcp::load_granularity::chunk && o.eng.mode != pcp::load_mode::async)
+    throw usage_error(std::string("--load-granularity ") + pcp::to_string(o.eng.granularity) +
+                      " needs --mode async, got --mode " + pcp::to_string(o.eng.mode));
+  if (o.eng.granularity == pcp::load_granularity::layer_streamed && o.l2 != "embedded" && o.l2 != "none")
+    throw usage_error(
+        "--load-granularity layer-streamed is modeled (group-major ranged reads are not in remote_store): "
+        "it needs --l2 embedded");
   if (o.prior_from_model && o.l2 != "embedded")
     throw usage_error("--estimator-prior model needs --l2 embedded");
   if (o.sustained_gbps > 0) {  // the instance rate beside T0, from the rate it sustained per hit

@@ -105,7 +105,16 @@ class engine {
   run_result run() requires std::is_same_v<Comm, kvtier::comm::inproc_communicator> {
     begin();
     kvtier::comm::inproc_world world(opt_.world);
-    kvtier::comm::run_ranks(world, [&](comm_t& c) { rank_main(c); });
+    // Layer by layer, the connector moves on a data communicator of its own: its mover's threads
+    // broadcast and scatter each layer group while the engine goes on, and wait_for_layer waits
+    // for them. (The process form keeps one communicator: the moves run inside step().)
+    std::optional<kvtier::comm::inproc_world> data_world;
+    if (layered()) data_world.emplace(opt_.world);
+    kvtier::comm::run_ranks(world, [&](comm_t& c) {
+      if (!data_world) return rank_main(c, nullptr);
+      comm_t d = data_world->communicator_for(c.rank());
+      rank_main(c, &d);
+    });
     tally_.result.symmetric_collectives = std::all_of(tally_.calls.begin(), tally_.calls.end(),
                                                       [&](const auto& c) { return c == tally_.calls[0]; });
     return finish();
@@ -125,7 +134,7 @@ class engine {
     if (!l1s_.at(comm.rank()) || !l2s_.at(comm.rank()))
       throw std::invalid_argument("engine: no L1/L2 store for rank " + std::to_string(comm.rank()));
     begin();
-    rank_main(comm);
+    rank_main(comm, nullptr);
     if (tally_.result.fatal.empty()) combine_over_ranks(comm);
     return finish();
   }
@@ -201,9 +210,14 @@ class engine {
 
   // ---- the rank's loop ----------------------------------------------------------------
 
-  void rank_main(comm_t& inner) {
+  bool layered() const { return opt_.granularity != load_granularity::chunk; }
+
+  /// `data_inner`: the connector's data communicator (layer modes, thread form), else null.
+  void rank_main(comm_t& inner, comm_t* data_inner) {
     const kvtier::rank_t r = inner.rank();
     rec_t comm(inner);
+    std::optional<rec_t> data;  // its calls are recorded too, and compared like the control's
+    if (data_inner) data.emplace(*data_inner);
     env_t env;
     env.comm = &comm;
     env.lead = r == 0;
@@ -242,10 +256,11 @@ class engine {
                                                       std::chrono::duration<double>(opt_.load_timeout_s));
     std::optional<typename env_t::conn_t> conn;
     if (!reqs_.empty())
-      conn.emplace(*reqs_.front().chunk, own_, tiers, comm, cache.view(),
+      conn.emplace(*reqs_.front().chunk, own_, tiers, comm, data ? *data : comm, cache.view(),
                    kvtier::connector_options{
                        .load_deadline = {.base = io_budget, .per_thousand_tokens = {}, .cap = io_budget},
                        .lookup_timeout = io_budget,
+                       .layers_per_group = layered() ? 1u : 0u,  // layer by layer: one group per layer
                        .fetch_workers = opt_.fetch_workers,
                        .fetch_batch_chunks = 0});
     env.conn = conn ? &*conn : nullptr;
@@ -255,9 +270,11 @@ class engine {
       std::lock_guard lock(tally_.mu);
       if (tally_.result.fatal.empty()) tally_.result.fatal = "rank " + std::to_string(r) + ": " + e.what();
     }
+    conn.reset();  // its mover's threads stop: no data call runs after this
     {
       std::lock_guard lock(tally_.mu);
       tally_.calls[r] = comm.calls();
+      if (data) tally_.calls[r].insert(tally_.calls[r].end(), data->calls().begin(), data->calls().end());
     }
     if (env.lead) {
       tally_.result.collectives = env.collectives;
@@ -295,16 +312,25 @@ class engine {
     };
     const auto lookups_done = take_done(env.lookups, &ctl_state::lookup_end);
     if (!lookups_done.empty()) life_.decide(env, lookups_done);
-    for (std::size_t i : take_done(env.loads, &ctl_state::load_end)) {
+    for (std::size_t i : take_done(env.loads, load_event())) {
+      if (layered()) {  // its layers land in time for a step from now: it joins the queue
+        life_.layer_ready(env, i);
+        continue;
+      }
       env.clock.wait_until(env.ctl[i].load_end);  // already ended: an async step never waits here
       life_.finish_load(env, i);
     }
   }
 
+  /// The event that ends a running load's wait: its load's end, or (layer by layer) the time
+  /// it may join the ready queue.
+  using time_member = double ctl_state::*;
+  time_member load_event() const { return layered() ? &ctl_state::ready_at : &ctl_state::load_end; }
+
   double next_event(const env_t& env, std::size_t admitted) const {
     double t = admitted < reqs_.size() ? arrival_at(env, admitted) : never;
     for (std::size_t i : env.lookups) t = std::min(t, env.ctl[i].lookup_end);
-    for (std::size_t i : env.loads) t = std::min(t, env.ctl[i].load_end);
+    for (std::size_t i : env.loads) t = std::min(t, env.ctl[i].*load_event());
     return t;
   }
 
@@ -358,7 +384,12 @@ class engine {
       // 3. Compute (modeled), all ranks together.
       const double compute_start = env.clock.now;
       const double dur = tm_.compute_s(static_cast<double>(tokens));
-      env.clock.now += dur;
+      // Layer by layer, a layer waits for its groups of the batch's loads (none when each
+      // joined at its ready time; the wait counts as stall).
+      const double end =
+          layered() ? life_.compute_layers(env, batch, compute_start, dur) : compute_start + dur;
+      env.clock.step_stall += end - (compute_start + dur);
+      env.clock.now = end;
       env.costs.compute_s += dur;
       if (env.lead) {
         tally_.result.busy_s += dur;

@@ -18,6 +18,7 @@
 #include "kvtier/chunker.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/ownership.hpp"
+#include "timing_model.hpp"
 #include "trace.hpp"
 
 namespace pcp {
@@ -44,6 +45,9 @@ struct engine_options {
   std::uint32_t world = 8;
   load_mode mode = load_mode::async;
   load_policy policy = load_policy::always;
+  /// When a loaded request's compute may start: after its whole load (chunk), or layer by layer
+  /// (layer, layer_streamed: async mode only; see load_granularity in timing_model.hpp).
+  load_granularity granularity = load_granularity::chunk;
   bool use_cache = true;                 ///< false: neither reads nor writes (prime passes keep it on)
   std::size_t max_batch_tokens = 32768;  ///< tokens computed per step
   std::size_t max_batch_requests = 256;  ///< requests per step (vLLM's default max_num_seqs)
@@ -123,6 +127,7 @@ struct run_result {
   std::vector<std::string> l2_errors;  ///< per rank: its first store error ("" if none)
   std::uint64_t steps = 0;
   std::uint64_t collectives = 0;
+  std::uint64_t layer_waits = 0;       ///< rank 0's connector::wait_for_layer calls (layer modes)
   bool symmetric_collectives = false;  ///< every rank issued the same collectives in the same order
   std::string fatal;                   ///< non-empty when the run aborted (a collective failed)
 };

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kvtier/ownership.hpp"
@@ -76,16 +77,42 @@ class modeled_io {
   /// at `at`: each rank's end, in rank order.
   std::vector<double> load_ends(std::size_t c0, std::size_t c1, std::size_t c_l1, double at) {
     std::vector<double> end(world_, at);
-    const double cb = tm_.chunk_model_bytes();
     for (kvtier::rank_t r = 0; r < world_; ++r) {
-      const double from_l1 =
-          static_cast<double>(owned_in(own_, r, c0, std::max(c0, std::min(c1, c_l1)))) * cb;
-      const double from_l2 = static_cast<double>(owned_in(own_, r, std::max(c0, c_l1), c1)) * cb;
+      const auto [from_l1, from_l2] = owned_bytes(r, c0, c1, c_l1);
       const double after_l1 = at + tm_.l1_load_s(from_l1);
       end[r] =
           from_l2 > 0 && has_l2_ ? line_.serve(r, after_l1 + tm_.l2_t0_s, tm_.l2_hold_s(from_l2)) : after_l1;
     }
     return end;
+  }
+
+  /// Layer by layer (--load-granularity layer*): when layer group g (0..groups-1) of a load of
+  /// chunks [c0, c1) is in every rank's pages, given each rank's fetch end `ends` (load_ends),
+  /// a fetch being cut at `cap` (the request's deadline). Group g moves once every rank has
+  /// fetched it and the previous group has moved: one step that agrees it (one collective),
+  /// then one grouped broadcast (the group's bytes the busiest receiver gets / interconnect,
+  /// plus one collective). Whole-chunk fetches (`streamed` false: one GET per chunk, what
+  /// remote_store does) bring every group at the rank's fetch end; group-major ranged reads
+  /// (modeled) bring group g at (g+1)/groups of the rank's transfer from its last tier.
+  std::vector<double> group_landings(std::size_t c0, std::size_t c1, std::size_t c_l1,
+                                     const std::vector<double>& ends, std::uint32_t groups, bool streamed,
+                                     double cap) const {
+    const double per_group = broadcast_s(c0, c1, 0) / groups + tm_.collective_s;
+    std::vector<double> land(groups, 0);
+    double moved = 0;
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      double fetched = 0;
+      for (kvtier::rank_t r = 0; r < world_; ++r) {
+        const auto [from_l1, from_l2] = owned_bytes(r, c0, c1, c_l1);
+        const double transfer =
+            from_l2 > 0 && has_l2_ ? tm_.l2_hold_s(from_l2) : from_l1 / (tm_.l1_gbps * 1e9);
+        const double left = streamed ? transfer * static_cast<double>(groups - 1 - g) / groups : 0.0;
+        fetched = std::max(fetched, ends[r] - left);
+      }
+      moved = std::max(moved, std::min(fetched, cap) + tm_.collective_s) + per_group;
+      land[g] = moved;
+    }
+    return land;
   }
 
   /// Every rank's write-back of its owned chunks in [c0, c1) at `at`: the end of the slowest.
@@ -108,6 +135,14 @@ class modeled_io {
   }
 
  private:
+  /// Modeled bytes `rank` loads of chunks [c0, c1): from L1 (those below c_l1), from L2.
+  std::pair<double, double> owned_bytes(kvtier::rank_t rank, std::size_t c0, std::size_t c1,
+                                        std::size_t c_l1) const {
+    const double cb = tm_.chunk_model_bytes();
+    return {static_cast<double>(owned_in(own_, rank, c0, std::max(c0, std::min(c1, c_l1)))) * cb,
+            static_cast<double>(owned_in(own_, rank, std::max(c0, c_l1), c1)) * cb};
+  }
+
   const timing_model& tm_;
   std::uint32_t world_;
   const kvtier::modulo_ownership& own_;

@@ -39,6 +39,12 @@ struct ctl_state {
   double lookup_end = never, load_start = 0, load_end = never;
   bool loading = false, started = false, front = false, front_done = false, loaded = false;
   std::string status;
+  // Layer by layer: when each layer group is in the pages (modeled), when the request joins
+  // the ready queue (its first layer's compute never waits), and whether its load's outcome
+  // is still to be agreed in the step that computes it.
+  std::vector<double> layer_ready;
+  double ready_at = never;
+  bool layer_pending = false;
 };
 
 /// One rank's own per-request data.

@@ -170,6 +170,16 @@ int replay(
         s.rho >= 1 ? " (>= 1: overloaded, no steady state; the tail grows with the trace length)" : "");
     std::cout << buf;
   }
+  if (o.granularity_set && o.l2 == "embedded") {  // the model's figures are the modeled tier's
+    const auto m = pcp::ttft_with_prediction(r, o.tm, o.eng.world, o.eng.granularity);
+    std::snprintf(
+        buf, sizeof buf,
+        "TTFT beside the model, load granularity %s (predicted: each request alone, closed form "
+        "on T0, B, R, L = %u layers): p50 %.3f s (predicted %.3f s), p99 %.3f s (predicted %.3f s)\n",
+        pcp::to_string(o.eng.granularity), o.tm.kv_layers, m.ttft_p50_s, m.predicted_p50_s, m.ttft_p99_s,
+        m.predicted_p99_s);
+    std::cout << buf << "ttft_model " << pcp::ttft_beside_model_json(m, o.eng.granularity) << "\n";
+  }
   pcp::print_table(std::cout, {{o.name, s}});
   if (!o.plot.empty()) {
     std::string err;

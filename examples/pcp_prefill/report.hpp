@@ -77,6 +77,40 @@ inline summary summarize(const run_result& r) {
   return s;
 }
 
+/// The replay's TTFT percentiles beside the model's: the same percentiles of every request's
+/// closed-form TTFT alone (timing_model::predicted_ttft_s at this granularity: T0, B, R, the
+/// interconnect, the per-layer split; no queue, no lookup, L1 hits not counted apart). A request
+/// that loaded (hit, partial or mismatch) is predicted with its agreed lookup as the hit; any
+/// other with the whole prompt computed. The gap between the two is what the replay adds: the
+/// queue behind other requests, the busiest rank's share, the lookups.
+struct ttft_beside_model {
+  double ttft_p50_s = 0, ttft_p99_s = 0, predicted_p50_s = 0, predicted_p99_s = 0;
+};
+
+inline ttft_beside_model ttft_with_prediction(const run_result& r, const timing_model& tm,
+                                              std::uint32_t world, load_granularity g) {
+  std::vector<double> t, p;
+  for (const auto& q : r.requests) {
+    const bool loaded = q.status == "hit" || q.status == "partial" || q.status == "mismatch";
+    t.push_back(q.ttft_s);
+    p.push_back(tm.predicted_ttft_s(g, loaded ? static_cast<double>(q.lookup_tokens) : 0.0,
+                                    static_cast<double>(q.prompt_tokens), world));
+  }
+  std::sort(t.begin(), t.end());
+  std::sort(p.begin(), p.end());
+  return {percentile(t, 0.5), percentile(t, 0.99), percentile(p, 0.5), percentile(p, 0.99)};
+}
+
+inline std::string ttft_beside_model_json(const ttft_beside_model& m, load_granularity g) {
+  return json_object_writer()
+      .field("granularity", std::string(to_string(g)))
+      .field("ttft_p50_s", m.ttft_p50_s)
+      .field("predicted_p50_s", m.predicted_p50_s)
+      .field("ttft_p99_s", m.ttft_p99_s)
+      .field("predicted_p99_s", m.predicted_p99_s)
+      .str();
+}
+
 /// The JSON line's time and fraction fields, in order; `errors` (an integer) follows them.
 /// One list, so the writer and the reader cannot drift apart.
 inline constexpr std::pair<const char*, double summary::*> summary_fields[] = {

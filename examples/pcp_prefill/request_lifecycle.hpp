@@ -197,8 +197,11 @@ class request_lifecycle {
 
   /// Every rank loaded what it could of request i: agree on the prefix, move the
   /// chunks owner -> all (modeled interconnect time on the step), verify every
-  /// byte, and queue what is left of the prompt for compute.
-  void finish_load(env_t& env, std::size_t i) {
+  /// byte, and queue what is left of the prompt for compute. `in_step` (layer by layer,
+  /// from compute_layers): the request is being computed already and the moves were
+  /// overlapped with it (booked in its layer_ready times), so the clock does not move and
+  /// nothing is queued.
+  void finish_load(env_t& env, std::size_t i, bool in_step = false) {
     ctl_state& c = env.ctl[i];
     const std::size_t c0 = chunks(c.split);
     // Every rank's fetch has ended (start_loads waited for it): step until the load's outcome is
@@ -214,8 +217,9 @@ class request_lifecycle {
     // Modeled interconnect time: what the busiest receiver got, plus the collectives' latency:
     // the two steps that agree the fetched prefix and the outcome, and one grouped broadcast
     // per layer group (one group: all layers).
-    const double bcast = env.io->broadcast_s(c0, chunks(agreed), connector_collectives);
-    env.clock.now += bcast;
+    const double bcast =
+        env.io->broadcast_s(c0, chunks(agreed), in_step ? 2 + layers() : connector_collectives);
+    if (!in_step) env.clock.now += bcast;
     env.costs.broadcast_s += bcast;
     ++env.costs.broadcasts;
     // The agreed chunks are in the request's pages (the connector scattered them), where its KV
@@ -257,11 +261,58 @@ class request_lifecycle {
       env.estimator->record(kvtier::kv_gb(static_cast<double>(c.cached - l2_from), tm_.bytes_per_token),
                             c.load_end - c.load_start);
     if (env.lead) tally_.result.requests[i].load_s = c.load_end - c.io_start;
+    if (in_step) return;
     if (!c.front || c.front_done) {
       c.front = false;
       c.remaining = reqs_[i].src->tokens.size() - c.cached;
       env.ready.push_back(i);
     }
+  }
+
+  /// Layer by layer: request i's ready time came (its layer groups land in time for a step
+  /// starting now): it joins the ready queue to compute its suffix past the planned hit; its
+  /// load's outcome is agreed in the step that first computes it (compute_layers).
+  void layer_ready(env_t& env, std::size_t i) {
+    ctl_state& c = env.ctl[i];
+    c.layer_pending = true;
+    c.remaining = reqs_[i].src->tokens.size() - c.hit;
+    env.ready.push_back(i);
+  }
+
+  /// Layer by layer: computes a batch that starts at `start` and takes `dur` (modeled), layer
+  /// after layer, and returns its end. Layer l starts once layer l of the batch's loading
+  /// requests is in the pages (modeled: their layer_ready) and the previous layer is done.
+  /// For real: one connector step agrees what every rank fetched (every rank's fetch has ended:
+  /// start_loads waited for it) and hands those chunks to the mover, then the engine waits
+  /// for each layer (connector::wait_for_layer) before that layer's compute; once the batch is
+  /// computed the loads' outcomes are agreed and checked (finish_load). A load that came back
+  /// short voids what this step computed of its request: it recomputes from the agreed prefix.
+  double compute_layers(env_t& env, const std::vector<std::pair<std::size_t, std::uint64_t>>& batch,
+                        double start, double dur) {
+    std::vector<std::pair<std::size_t, std::uint64_t>> pending;
+    for (const auto& b : batch)
+      if (env.ctl[b.first].layer_pending) pending.push_back(b);
+    if (pending.empty()) return start + dur;
+    if (auto ec = env.conn->step(coll_dl())) note_error(env, ec, "load agreement");
+    const std::uint32_t n_layers = layers();
+    double t = start;
+    for (std::uint32_t l = 0; l < n_layers; ++l) {
+      if (auto ec = env.conn->wait_for_layer(l, coll_dl())) note_error(env, ec, "layer wait");
+      if (env.lead) ++tally_.result.layer_waits;
+      for (const auto& [i, take] : pending) t = std::max(t, env.ctl[i].layer_ready[l]);
+      t += dur / n_layers;
+    }
+    for (const auto& [i, take] : pending) {
+      ctl_state& c = env.ctl[i];
+      finish_load(env, i, /*in_step*/ true);
+      c.layer_pending = false;
+      if (c.cached >= c.hit) continue;
+      // The engine subtracts `take` after the step; a request whose rest continues next step
+      // (remaining > take) is in the ready queue already.
+      if (c.remaining <= take) env.ready.push_front(i);
+      c.remaining = reqs_[i].src->tokens.size() - c.cached + take;
+    }
+    return t;
   }
 
   /// Sync mode: lookup and load request i inside the step (every rank waits).
@@ -328,6 +379,8 @@ class request_lifecycle {
   /// Collectives of one load agreed by the connector after its fetch ended: two steps (the
   /// fetched prefix, then the outcome) and one grouped broadcast per layer group (one group).
   static constexpr std::uint64_t connector_collectives = 3;
+  /// Layer groups of a load in the layer modes (one layer each): the paged cache's layers.
+  std::uint32_t layers() const { return std::max<std::uint32_t>(1, tm_.kv_layers); }
 
   /// Starts the loads of `ids` (owned chunks in [split, hit)) at the current modeled
   /// time and sets their modeled end (their real I/O has finished when this returns).
@@ -347,6 +400,7 @@ class request_lifecycle {
       note_error(env, env.conn->load(i, slots, c.split, c.hit), "load");
     }
     std::vector<double> took;
+    std::vector<double> ends;
     for (std::size_t k = 0; k < ids.size(); ++k) {
       // Wait for this rank's own fetch (by its deadline, and slack) so that the outcome is
       // agreed in the steps of finish_load, whatever the threads' timing.
@@ -361,17 +415,35 @@ class request_lifecycle {
       c.load_start = env.clock.now;
       double end = env.clock.now + (modeled ? 0.0 : took[k]);
       if (modeled) {
-        const auto ends = env.io->load_ends(chunks(c.split), chunks(c.hit), chunks(c.l1_hit), env.clock.now);
+        ends = env.io->load_ends(chunks(c.split), chunks(c.hit), chunks(c.l1_hit), env.clock.now);
         end = *std::max_element(ends.begin(), ends.end());
         if (ends[me] > c.deadline) limit_to_deadline(env, i);
       } else if (end > c.deadline) {
         limit_to_deadline(env, i);
       }
       c.load_end = std::min(end, c.deadline);  // past the deadline the engine stops waiting
+      if (opt_.granularity != load_granularity::chunk)
+        set_layer_ready(env, i, modeled ? ends : std::vector<double>(opt_.world, c.load_end));
       env.costs.load_s += c.load_end - c.load_start;
       ++env.costs.loads;
       if (opt_.mode != load_mode::sync) env.loads.push_back(i);
     }
+  }
+
+  /// Layer by layer: when each layer of load i is in every rank's pages (each rank's fetch
+  /// ending at `ends`), and the earliest step start at which none of its layers waits: layer
+  /// l of a step that computes c seconds of it starts l*c/L after the step (c: its suffix, at
+  /// most one batch; a longer step only starts later layers later).
+  void set_layer_ready(env_t& env, std::size_t i, const std::vector<double>& ends) {
+    ctl_state& c = env.ctl[i];
+    c.layer_ready = env.io->group_landings(chunks(c.split), chunks(c.hit), chunks(c.l1_hit), ends, layers(),
+                                           opt_.granularity == load_granularity::layer_streamed, c.deadline);
+    const double per_layer = tm_.compute_s(static_cast<double>(std::min<std::uint64_t>(
+                                 reqs_[i].src->tokens.size() - c.hit, opt_.max_batch_tokens))) /
+                             layers();
+    c.ready_at = env.clock.now;
+    for (std::uint32_t l = 0; l < layers(); ++l)
+      c.ready_at = std::max(c.ready_at, c.layer_ready[l] - l * per_layer);
   }
 
   /// This rank's part of load i would end past the request's deadline: it takes none of its

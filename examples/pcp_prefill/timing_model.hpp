@@ -46,6 +46,20 @@ namespace pcp {
 /// What the L2 tier is: the modeled servers, none, or real servers (timed by the wall clock).
 enum class l2_kind { modeled, none, real };
 
+/// When a loaded request's prefill may start computing (--load-granularity):
+///   chunk           after its whole load has been fetched and moved (the default);
+///   layer           layer l once layer group l of every loaded chunk is in the pages, with
+///                   whole-chunk fetches (one GET per chunk, what remote_store does today): only
+///                   the owner -> all move and scatter, group by group, overlap compute;
+///   layer_streamed  the same with group-major ranged reads (GETRANGE per layer group, the
+///                   storage choice of docs/architecture.md, not yet in remote_store): group g
+///                   of a rank's chunks is fetched after (g+1)/G of its transfer, so the fetch
+///                   overlaps compute too. Modeled only.
+enum class load_granularity { chunk, layer, layer_streamed };
+inline const char* to_string(load_granularity g) {
+  return g == load_granularity::chunk ? "chunk" : g == load_granularity::layer ? "layer" : "layer-streamed";
+}
+
 /// The layout of the engine's paged KV cache (--kv-layout).
 enum class kv_layout_kind { mla, fa_nhd };
 inline const char* to_string(kv_layout_kind k) { return k == kv_layout_kind::mla ? "mla" : "fa-nhd"; }
@@ -111,6 +125,34 @@ struct timing_model {
   double l2_total_gbps(std::uint32_t world) const { return l2_gbps * std::min(l2_instances, world); }
   kvtier::prefill_node node() const {
     return {.kv_bytes_per_token = bytes_per_token, .prefill_tokens_per_s = prefill_tokens_per_s};
+  }
+
+  /// The closed-form TTFT of one request alone (no queue, no lookup): `hit` tokens loaded from
+  /// the L2 at (T0, B = every rank's instance in parallel), moved owner -> all (M: the
+  /// (W-1)/W of the bytes a rank receives over the interconnect), and the `prompt - hit`
+  /// suffix computed (c = suffix / R), split evenly over the kv_layers layers (L, one layer
+  /// group each in the layer modes). F = hit bytes / B. Layer group l is in at
+  ///   chunk           T0 + F + M (the whole load), then c:            T0 + F + M + c
+  ///   layer           T0 + F + (l+1) M/L, layer l after it:           T0 + F + max(M/L + c, M + c/L)
+  ///   layer_streamed  T0 + (l+1) F/L + M/L (group l moves as soon as it is fetched):
+  ///                                                                   T0 + M/L + max(F/L + c, F + c/L)
+  /// (each a maximum over l of a linear function of l: at l = 0 or l = L-1). No hit: prompt / R.
+  double predicted_ttft_s(load_granularity g, double hit, double prompt, std::uint32_t world) const {
+    const double c = compute_s(prompt - hit);
+    if (!(hit > 0)) return c;
+    const double f = kvtier::kv_gb(hit, bytes_per_token) / l2_total_gbps(world);
+    const double w = static_cast<double>(std::max<std::uint32_t>(1, world));
+    const double m = broadcast_s(hit * bytes_per_token * (w - 1) / w, 0);
+    const double layers = static_cast<double>(std::max<std::uint32_t>(1, kv_layers));
+    switch (g) {
+      case load_granularity::chunk:
+        return l2_t0_s + f + m + c;
+      case load_granularity::layer:
+        return l2_t0_s + f + std::max(m / layers + c, m + c / layers);
+      case load_granularity::layer_streamed:
+        return l2_t0_s + m / layers + std::max(f / layers + c, f + c / layers);
+    }
+    return 0;
   }
 
   /// The timing block. Real servers: their figures are measured, so the modeled ones are not shown.

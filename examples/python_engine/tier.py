@@ -35,8 +35,9 @@ class BoundTier:
     """See the module comment. `cache` is the engine's PagedKvCache; its pages are the connector's."""
 
     def __init__(self, ctrl, data, store, chunker, cache, layer_wait_s: float = 30.0, before_load=None,
-                 **connector_options):
+                 step_timeout_s: float = 10.0, **connector_options):
         cfg = cache.cfg
+        self.step_timeout_s = step_timeout_s  # each step()'s deadline: how long a rank waits for the others
         self.before_load = before_load  # test hook: runs right before the load starts (its GETs)
         self.cache, self.chunk_tokens, self.layer_wait_s = cache, chunker.chunk_tokens, layer_wait_s
         layout = kvtier.KvLayout.vllm_mla(cfg.n_layers, num_blocks=cache.num_blocks, block_size=cache.block_size,
@@ -55,7 +56,7 @@ class BoundTier:
 
     def _step_until(self, done, what: str):
         for _ in range(MAX_STEPS):
-            self.conn.step(2.0)
+            self.conn.step(self.step_timeout_s)
             if done():
                 return
             time.sleep(0.001)  # let the fetch workers answer

@@ -42,7 +42,11 @@ int main() {
     // kvtier::remote_store<kvtier::resp::asio_connection> l2(chunk.ns(), {.server = url_of_rank_r});
     kvtier::tiered_store tiers(l1, l2);
     kvtier::host_kv_cache cache(kvtier::kv_layout::vllm_mla(/*layers=*/4, /*blocks=*/256, page));
-    kvtier::connector conn(chunk, own, tiers, comm, cache.view());  // rank r loads and saves its chunks
+    // Deadlines: a lookup or load that runs out only shortens the agreed prefix (recompute from
+    // there). Generous here, where 4 ranks share a laptop's cores; an engine derives them from its
+    // prefill speed (defaults: 50 ms a lookup, 200 ms + 20 ms per 1,000 tokens a load).
+    const kvtier::connector_options opt{.load_deadline = {.base = 2s}, .lookup_timeout = 1s};
+    kvtier::connector conn(chunk, own, tiers, comm, cache.view(), opt);  // rank r loads, saves its chunks
     // An engine calls step() once per engine step on every rank; here: until the agreed state holds.
     const auto step_until = [&](auto agreed) {
       while (!agreed()) conn.step(kvtier::deadline_after(1s));

@@ -104,9 +104,15 @@ case "$mode" in
     fi
     start_servers "$n"
     for ((i = 0; i < n; i++)); do redis-cli -p $((BASE + i)) set "other:key" keep >/dev/null; done
-    run_probe --url "resp://127.0.0.1:{rank+$BASE}" --instances "$n" --chunk-bytes 1000000 --batch 4 \
-      --rounds 6 --timeout-ms 10000 --bytes-per-token 48400 --prefill-tokens-per-s 52200 --json "${extra[@]}" \
-      || fail "exit status $? (expected 0)"
+    # On a loaded machine the batch latencies can come out with no positive slope, and the probe
+    # then rightly reports "fit":null; that is noise, not the fit under test: up to 3 runs.
+    for attempt in 1 2 3; do
+      run_probe --url "resp://127.0.0.1:{rank+$BASE}" --instances "$n" --chunk-bytes 1000000 --batch 4 \
+        --rounds 6 --timeout-ms 10000 --bytes-per-token 48400 --prefill-tokens-per-s 52200 --json "${extra[@]}" \
+        || fail "exit status $? (expected 0)"
+      grep -qF '"fit":null' <<<"$(last_json)" || break
+      echo "note: run $attempt: no positive slope (fit null) on this machine's noise; again" >&2
+    done
     json=$(last_json)
     case "$json" in \{*\}) ;; *) fail "last stdout line is not a JSON object: $json" ;; esac
     for field in '"aggregate_gbps":' '"per_instance":' '"fit":' '"b_star_gbps":2.526' \
