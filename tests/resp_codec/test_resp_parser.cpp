@@ -758,3 +758,61 @@ TEST_CASE("parser: a destination's landed observer sees every later byte once, i
     }
   }
 }
+
+TEST_CASE("parser: a large destination's payload is read straight into it, none through the buffer",
+          "[unit]") {
+  // Reads as a socket gives them (as much as prepare() takes, the whole stream available): at a
+  // reply's start only its length line and the destination's first part go to the internal
+  // buffer, so no payload byte is copied from there. A small destination, a null and a reply of
+  // another length still parse as ever, and the stream stays in sync.
+  const std::size_t big = parser::short_head_read_min * 8 + 77;
+  std::string body(big, '\0');
+  for (std::size_t i = 0; i < big; ++i) body[i] = static_cast<char>('a' + (i * 5) % 26);
+  const std::string len = std::to_string(56 + big);
+  const std::string head(56, 'H');
+  const std::string input = "$" + len + "\r\n" + head + body + "\r\n" + "$" + len + "\r\n" + head + body +
+                            "\r\n$-1\r\n$5\r\nsmall\r\n$3\r\nabc\r\n+OK\r\n";
+  std::string h1(56, '.'), p1(big, '.'), h2(56, '.'), p2(big, '.'), h3(56, '.'), p3(big, '.'), tiny(5, '.'),
+      other(4, '.');
+  std::span<std::byte> d1[] = {bytes_of(h1), bytes_of(p1)}, d2[] = {bytes_of(h2), bytes_of(p2)},
+                       d3[] = {bytes_of(h3), bytes_of(p3)};
+  parser p;  // the default 64 KiB buffer: without the short head read it takes 64 KiB of payload
+  p.expect_destination(d1);
+  p.expect_destination(d2);
+  p.expect_destination(d3);  // answered by the null
+  p.expect_destination(bytes_of(tiny));
+  p.expect_destination(bytes_of(other));  // "abc": another length, discarded
+  p.expect_no_destination();
+  std::size_t pos = 0, through_buffer = 0, reads = 0;
+  std::vector<value> got;
+  std::error_code ec;
+  while (pos < input.size() && reads < 100000) {
+    ++reads;
+    std::span<std::byte> into = p.prepare();
+    REQUIRE_FALSE(into.empty());
+    const bool direct = p.prepared_payload();
+    const std::size_t n = std::min(into.size(), input.size() - pos);
+    std::memcpy(into.data(), input.data() + pos, n);
+    p.commit(n);
+    if (!direct) through_buffer += n;
+    pos += n;
+    while (auto v = p.next(ec)) got.push_back(std::move(*v));
+    REQUIRE_FALSE(ec);
+  }
+  REQUIRE(got.size() == 6);
+  CHECK(got[0].into_destination);
+  CHECK(got[1].into_destination);
+  CHECK(h1 == head);
+  CHECK(p1 == body);
+  CHECK(p2 == body);
+  CHECK(got[2].is_null());
+  CHECK(p3 == std::string(big, '.'));
+  CHECK(got[3].into_destination);
+  CHECK(tiny == "small");
+  CHECK_FALSE(got[4].into_destination);
+  CHECK(other == "....");
+  CHECK(got[5].str == "OK");
+  // Through the buffer: the two lines and value headers, their CRLFs and the small replies.
+  const std::size_t framing = 2 * (len.size() + 3 + 56 + 2) + 5 + 11 + 9 + 5;
+  CHECK(through_buffer <= framing);
+}

@@ -221,12 +221,7 @@ template <class Derived>
 class connection_base {
  public:
   explicit connection_base(connection_options opt)
-      : opt_(std::move(opt)), parser_(opt_.limits), backoff_(opt_.reconnect_backoff_min) {
-    // A fresh parser's prepare() is its whole internal buffer: remember where it ends, so a
-    // span that ends elsewhere is known to be a caller destination (read_span_is_payload()).
-    const std::span<std::byte> whole = parser_.prepare();
-    internal_end_ = whole.data() + whole.size();
-  }
+      : opt_(std::move(opt)), parser_(opt_.limits), backoff_(opt_.reconnect_backoff_min) {}
 
   const connection_options& options() const noexcept { return opt_; }
   connection_stats stats() const noexcept { return stats_; }
@@ -301,7 +296,7 @@ class connection_base {
   /// Where the next bytes read go (internal buffer or the current destination).
   std::span<std::byte> read_span() {
     const std::span<std::byte> s = parser_.prepare();
-    payload_read_ = s.data() + s.size() != internal_end_;
+    payload_read_ = parser_.prepared_payload();
     return s;
   }
   /// True when the span read_span() returned is a payload of known length the transport may
@@ -526,7 +521,6 @@ class connection_base {
   std::size_t out_index_ = 0;
   bool payload_read_ = false;
   std::uint64_t bytes_read_at_connect_ = 0;  // stats_.bytes_read when the socket connected
-  const std::byte* internal_end_ = nullptr;
 };
 
 }  // namespace kvtier::resp

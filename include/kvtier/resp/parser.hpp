@@ -125,6 +125,10 @@ class parser {
 
   /// Smallest internal buffer the parser accepts (a length header must fit).
   static constexpr std::size_t min_buffer_bytes = 32;
+  /// A destination at least this large is read to, at the start of its reply, only as far as
+  /// its length line and its first part (prepare()), so none of its payload passes through the
+  /// internal buffer (a second copy).
+  static constexpr std::size_t short_head_read_min = 32u << 10;
   /// Largest piece a destination's `landed` observer sees at once, and so the largest direct
   /// read into such a destination: small enough to stay in a core's L2 cache until observed.
   static constexpr std::size_t landed_slice_bytes = 256u << 10;
@@ -171,8 +175,11 @@ class parser {
 
   /// Where to read the next bytes: a slice of the current destination (or of the reply string
   /// being assembled) while the parser is inside such a payload and has no buffered bytes left,
-  /// else the internal buffer's free tail. Valid until the next call on the parser. Empty only
-  /// if the buffer is full of bytes next() has not looked at yet: call next() first.
+  /// else the internal buffer's free tail; when the next reply's destination is large
+  /// (short_head_read_min), only as much of that tail as its length line and first part need,
+  /// so its payload is then read straight into the destination. Valid until the next call on
+  /// the parser. Empty only if the buffer is full of bytes next() has not looked at yet: call
+  /// next() first.
   std::span<std::byte> prepare() {
     direct_ = false;
     if (!err_ && mode_ == mode::payload && sink_ != sink::discard && remaining_ > 0 && begin_ == end_) {
@@ -186,7 +193,7 @@ class parser {
       end_ -= begin_;
       begin_ = 0;
     }
-    return {buf_.get() + end_, cap_ - end_};
+    return {buf_.get() + end_, std::min(cap_ - end_, head_read_limit())};
   }
 
   /// True when the span the last prepare() returned is a payload slice (a destination or the
@@ -257,6 +264,26 @@ class parser {
   std::optional<value> fail(errc e) {
     err_ = make_error_code(e);
     return std::nullopt;
+  }
+
+  // How many bytes the internal buffer may take in now: before a top-level reply whose
+  // destination is large, just what precedes its payload (the CRLF ending the reply before, its
+  // length line "$<total>\r\n" and its first part, the value header) minus what is buffered
+  // already; otherwise no limit. Only a read size: a reply of another kind or length is parsed
+  // as ever, over more reads.
+  std::size_t head_read_limit() const noexcept {
+    constexpr std::size_t none = static_cast<std::size_t>(-1);
+    if (!stack_.empty() || (mode_ != mode::header && mode_ != mode::payload_crlf)) return none;
+    const std::size_t before = mode_ == mode::payload_crlf ? 2 : 0;         // the last reply's CRLF
+    const std::size_t next = mode_ == mode::payload_crlf && slot_ ? 1 : 0;  // it holds dests_[0]
+    if (next >= dests_.size()) return none;
+    const destination& d = dests_[next];
+    if (!d.active || d.total < short_head_read_min) return none;
+    std::size_t digits = 1;
+    for (std::size_t t = d.total; t >= 10; t /= 10) ++digits;
+    const std::size_t head = before + 3 + digits + (d.parts.empty() ? 0 : d.parts[0].size());
+    const std::size_t have = end_ - begin_;
+    return have < head ? head - have : none;
   }
 
   // Contiguous span the next payload bytes go to (never longer than remaining_). A reply string
