@@ -399,6 +399,8 @@ class RequestError:
     id: int
     stage: str  # "lookup", "load" or "save"
     chunk: int
+    code: Optional[Errc]  # as kvtier.Error's: None for a key the store did not have or keep
+    code_name: str  # "timeout", "system:111", ...; "" when code says nothing
     message: str
 
 class FinishedRequests:

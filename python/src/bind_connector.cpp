@@ -213,6 +213,8 @@ void bind_connector(py::module_& m) {
       .def_property_readonly("stage",
                              [](const kvtier::request_error& e) { return std::string(to_string(e.what)); })
       .def_readonly("chunk", &kvtier::request_error::chunk)
+      .def_property_readonly("code", [](const kvtier::request_error& e) { return code_of(e.ec); })
+      .def_property_readonly("code_name", [](const kvtier::request_error& e) { return code_name_of(e.ec); })
       .def_readonly("message", &kvtier::request_error::message)
       .def("__repr__", [](const kvtier::request_error& e) { return "RequestError(" + e.message + ")"; });
   py::class_<kvtier::finished_requests>(m, "FinishedRequests",

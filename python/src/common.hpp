@@ -32,6 +32,11 @@ struct error_types {
 };
 error_types& errors();
 
+/// `ec` as an exception's `.code` (kvtier.Errc, None outside kvtier's category or for no error)
+/// and `.code_name` ("timeout", "system:111", "" for no error).
+py::object code_of(std::error_code ec);
+std::string code_name_of(std::error_code ec);
+
 /// Creates kvtier.Error and its subclasses in `m` and the translator of C++ exceptions.
 void register_errors(py::module_& m);
 

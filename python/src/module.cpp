@@ -114,19 +114,25 @@ error_types& errors() {
   return *e;
 }
 
+py::object code_of(std::error_code ec) {
+  if (!ec || ec.category() != kvtier::error_category()) return py::none();
+  return errors().errc(ec.value());
+}
+
+std::string code_name_of(std::error_code ec) {
+  if (!ec) return {};
+  if (ec.category() == kvtier::error_category()) return errc_name(ec.value());
+  return ec.category().name() + std::string(":") + std::to_string(ec.value());
+}
+
 namespace {
 
 // Sets the Python error for `ec` (raise_error, and the translator of C++ exceptions).
 void set_error(std::error_code ec, const std::string& message, py::object status) {
   py::object type = type_for(ec);
   py::object exc = type(py::str(message));
-  if (ec.category() == kvtier::error_category()) {
-    exc.attr("code") = errors().errc(ec.value());
-    exc.attr("code_name") = errc_name(ec.value());
-  } else {
-    exc.attr("code") = py::none();
-    exc.attr("code_name") = ec.category().name() + std::string(":") + std::to_string(ec.value());
-  }
+  exc.attr("code") = code_of(ec);
+  exc.attr("code_name") = code_name_of(ec);
   exc.attr("status") = std::move(status);
   PyErr_SetObject(type.ptr(), exc.ptr());
 }

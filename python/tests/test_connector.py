@@ -425,6 +425,8 @@ def test_a_failed_save_says_why_and_a_request_never_looked_up_can_save():
     [e] = conn.errors(1)
     assert (e.id, e.stage, e.chunk) == (1, "save", 0)
     assert e.message.startswith("rank 0: save of chunk 0: ")
+    # The store's code, as kvtier.Error carries it (nothing listens on port 1: refused).
+    assert (e.code, e.code_name) == (kvtier.Errc.connection_refused, "connection_refused")
     assert conn.finish(1)
     assert [x.message for x in conn.finished().save_errors] == [e.message]
     conn.close()
