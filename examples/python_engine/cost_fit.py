@@ -105,8 +105,12 @@ def fit_load_path(points: list[LoadPoint]) -> LoadPath:
 
 def check_split(fit, held_out):
     """Raises ValueError unless the held-out configurations (n, W, chunk) are held out: none of them
-    in the fit, the fit has two chunk sizes per W (see fit_load_path), and the held-out set has a
-    prompt length and a chunk size that the fit does not, and both W = 1 and W = 2."""
+    in the fit, the fit has two chunk sizes per W (see fit_load_path), at each W no held-out prompt
+    length is a fit length (its recompute would be fitted) and none lies below the fit's shortest
+    (where R(n) would only be guessed), and the held-out set has a chunk size that the fit does not,
+    and both W = 1 and W = 2.
+
+        check_split([(48, 1, 16), (256, 1, 64), (128, 2, 16), (512, 2, 64)], [(96, 1, 32), (384, 2, 32)])"""
     fit, held_out = set(fit), list(held_out)
     both = fit.intersection(held_out)
     if both:
@@ -114,8 +118,17 @@ def check_split(fit, held_out):
     for w in {c[1] for c in fit}:
         if len({c[2] for c in fit if c[1] == w}) < 2:
             raise ValueError(f"the W = {w} fit has one chunk size; the per-chunk cost needs two")
-    if not {c[0] for c in held_out} - {c[0] for c in fit}:
-        raise ValueError("no held-out prompt length outside the fit's")
+    for w in sorted({c[1] for c in held_out}):
+        fit_lengths = {c[0] for c in fit if c[1] == w}
+        lengths = {c[0] for c in held_out if c[1] == w}
+        if not fit_lengths:
+            raise ValueError(f"held-out configurations at W = {w} and no fit at W = {w}")
+        if min(lengths) < min(fit_lengths):
+            raise ValueError(f"held-out prompt length {min(lengths)} at W = {w} is below the fit's shortest, "
+                             f"{min(fit_lengths)}: R(n) there would be extrapolated, not fitted")
+        if lengths & fit_lengths:
+            raise ValueError(f"held-out prompt lengths {sorted(lengths & fit_lengths)} at W = {w} are fit "
+                             "lengths: their recompute would be fitted")
     if not {c[2] for c in held_out} - {c[2] for c in fit}:
         raise ValueError("no held-out chunk size outside the fit's")
     if {c[1] for c in held_out} != {1, 2}:

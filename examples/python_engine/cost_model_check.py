@@ -17,12 +17,14 @@ Every request goes through the bound kvtier.Connector (tier.BoundTier). Measured
 The model, fitted on the FIT configurations only, for each W separately (2 processes running a
 context-parallel prefill are another machine than 1); cost_fit.py holds the fits:
   recompute(n)   = n / R(n), the per-token cost 1/R(n) piecewise linear in n through the fit
-                   lengths' recompute medians (constant below the shortest, the last slope past the
-                   longest): a layer's 128 latent rows (4 MiB) fit the L2 cache, more do not, so
-                   one R cannot serve both ends
+                   lengths' recompute medians (constant below the shortest, which check_split
+                   keeps at or below every held-out length, the last slope past the longest): a
+                   layer's 128 latent rows (4 MiB) fit the L2 cache, more do not, so one R cannot
+                   serve both ends
   after_hit(n)   = the forward of the last token after a whole hit (it attends over every row),
                    piecewise linear in n through the fit lengths' measured compute parts
   load(k, gb)    = T0 + k*c + gb/B over the fit configurations' loads of n/4, n/2 and n-1 tokens
+                   (n/4 and n/2 where they hold a whole chunk, fit_hits)
                    at two chunk sizes (16 and 64 tokens), least squares of the relative error,
                    each term >= 0: c is the per-chunk cost (a GET, a checksum per layer group, the
                    scatter, the mover's per-chunk work) that one chunk size cannot tell from 1/B
@@ -32,11 +34,12 @@ context-parallel prefill are another machine than 1); cost_fit.py holds the fits
                    rate at which h tokens cost what the hit saves, recompute(n) - after_hit(n)
 The held-out configurations (other prompt lengths, 1 and 2 servers, another chunk size: 32) are
 predicted and printed against their medians, with p25-p75. Noise handling: one discarded warm-up
-round, then --reps rounds; in each round every case's hit and recompute run, the cases in an order
-shuffled per round from a seed both ranks share (a drift of the machine's load then hits every case
-alike); the garbage collector off while timing; 1 torch/OpenMP/BLAS thread per process; the load
-average sampled each round; per recompute the process CPU time beside the wall-clock (how much of
-the wall the process ran: the rest it waited for one of the 2 shared cores).
+round, then --reps rounds; in each round every case's hit and recompute run, each timed hit after
+an untimed one of the same case (Case.warm, --warm case), the cases in an order shuffled per round
+from a seed both ranks share (a drift of the machine's load then hits every case alike); the
+garbage collector off while timing; 1 torch/OpenMP/BLAS thread per process; the load average
+sampled each round; per recompute the process CPU time beside the wall-clock (how much of the wall
+the process ran: the rest it waited for one of the 2 shared cores).
 
 Hits shorter than the prompt (the fit's h = n/4, n/2) are loads capped below the hit: the whole
 prompt is stored, and the connector's ranged load fetches only the first h tokens' chunks
@@ -75,12 +78,22 @@ from tier import BoundTier  # noqa: E402
 BENCH = MlaConfig(vocab=256, d_model=16, n_layers=2, n_heads=1, nope_dim=8, rope_dim=8, v_dim=8,
                   kv_lora_rank=8184, d_ff=32, seed=3)
 # (prompt tokens, servers = ranks, chunk tokens). The fit: two chunk sizes per W (16, 64), R(n)
-# through each W's fit lengths. Held out: chunk 32 (between the fit's), lengths the fit has not
-# (64 below its shortest, 640 past W = 2's longest), both verdicts at W = 1.
-FIT = [(128, 1, 16), (256, 1, 64), (512, 1, 16), (768, 1, 64),
+# through each W's fit lengths, the shortest at or below the shortest held-out length (below it
+# the model would only guess: a fixed per-request cost dominates on a quiet machine, preemption of
+# long requests under load), a knot at 384 at W = 1 (the per-token cost is not linear between 256
+# and 512: the latent rows leave the L2 there). Held out: chunk 32 (between the fit's), lengths
+# the fit has not (64, 96 between 48 and 128; 320, 448 on each side of the 384 knot; 640 past
+# W = 2's longest), both verdicts at W = 1.
+FIT = [(48, 1, 16), (128, 1, 16), (256, 1, 64), (384, 1, 64), (512, 1, 16), (768, 1, 64),
        (128, 2, 16), (256, 2, 64), (512, 2, 64)]
-HELD_OUT = [(64, 1, 16), (96, 1, 32), (192, 1, 32), (384, 1, 32), (384, 1, 64), (640, 1, 32),
+HELD_OUT = [(64, 1, 16), (96, 1, 32), (192, 1, 32), (320, 1, 32), (448, 1, 64), (640, 1, 32),
             (192, 2, 32), (320, 2, 16), (384, 2, 32), (640, 2, 64)]
+
+
+def fit_hits(n, chunk):
+    """The capped hits of a fit configuration: n/4 and n/2 where they hold a whole chunk (a cap
+    below one chunk loads nothing), then the whole prompt (None)."""
+    return tuple(h for h in (n // 4, n // 2) if h >= chunk) + (None,)
 
 
 def idle_barrier(comm):
@@ -141,6 +154,14 @@ class Case:
         self.load.run(self.tokens, steps=1, keep_kv=False)  # cold: stores every full chunk (once per prompt)
         self.hits, self.loads, self.computes, self.recs, self.rec_cpu, self.agreed = [], [], [], [], [], set()
 
+    def warm(self):
+        """One untimed hit of this prompt (nothing written back). At W = 2 the first hit of a case
+        in a round is slower, also after a warm-up hit of the turn's last case (the fit's n/4 hits
+        loaded 1-2 chunks in 24-59 ms, the n/2 ones 10-25 ms for 2-4 chunks): a held-out
+        configuration has one case per turn, a fit one three, so unwarmed the two were timed in
+        different states."""
+        self.load.run(self.tokens, steps=1, keep_kv=False, save=False, max_load=self.cap)
+
     def measure(self, keep=True):
         gc.collect()
         gc.disable()
@@ -183,6 +204,9 @@ def main():
     ap.add_argument("--reps", type=int, default=11, help="measured rounds (after one warm-up round)")
     ap.add_argument("--probe-rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=7, help="of the per-round case order")
+    ap.add_argument("--warm", choices=("case", "turn", "none"), default="case",
+                    help="an untimed hit before every timed one (case), before each configuration's turn "
+                         "in a round (turn), or none (the method of the runs before either)")
     ap.add_argument("--json", help="write the JSON line here too (rank 0)")
     a = ap.parse_args()
     world, self_comm = MPI.COMM_WORLD, MPI.COMM_SELF
@@ -226,7 +250,7 @@ def main():
                 continue
             ns, store = stores[(w, chunk)]
             comm = world if w == 2 else self_comm
-            for h in ((n // 4, n // 2, None) if (n, w, chunk) in FIT else (None,)):
+            for h in (fit_hits(n, chunk) if (n, w, chunk) in FIT else (None,)):
                 key = (n, w, chunk) if h is None else (n, w, chunk, h)
                 cases.append(Case(key, model, comm, store, ns, h, seed=n * 31 + chunk * 7 + w))
         # rank 1 holds only the W = 2 cases; both ranks walk the configurations in the same order
@@ -236,7 +260,12 @@ def main():
             walk = list(configs)
             order.shuffle(walk)
             for n, w, chunk in walk:
-                for c in [c for c in cases if c.key[:3] == (n, w, chunk)]:
+                turn = [c for c in cases if c.key[:3] == (n, w, chunk)]
+                if turn and a.warm == "turn":
+                    turn[-1].warm()  # untimed: the first request of a turn pays a start-up cost at W = 2
+                for c in turn:
+                    if a.warm == "case":
+                        c.warm()  # untimed: every timed hit follows one of the same case
                     c.measure(keep=rnd > 0)  # round 0: the warm-up, dropped
                 if w == 1:
                     idle_barrier(world)
@@ -274,7 +303,7 @@ def report(a, measured, probes, s, loads_seen):
                for k in keys]
         paths[w] = fit_load_path(pts)
     for w, p in paths.items():
-        print(f"fit W={w}: R(n) = " + ", ".join(f"{n}: {n / recompute_s(w, n):.0f}" for n in (64, 128, 256, 512, 768))
+        print(f"fit W={w}: R(n) = " + ", ".join(f"{n}: {n / recompute_s(w, n):.0f}" for n in (48, 64, 128, 256, 384, 512, 768))
               + " tok/s; the last token after a hit of n-1: " + ", ".join(
                   f"{n}: {after_hit_s(w, n, n - 1) * 1e3:.1f}" for n in (64, 256, 768))
               + f" ms; load: T0 = {p.fixed_s * 1e3:.2f} ms, c = {p.per_chunk_s * 1e3:.2f} ms/chunk, "
@@ -327,7 +356,7 @@ def report(a, measured, probes, s, loads_seen):
                          verdict_pred=verdict_p, verdict_meas=verdict_m, fit=not is_held))
     H = held["n"]
     ld = sorted(loads_seen)
-    summary = (f"held-out: {held['both']}/{H} within +-25% on both (hit {held['hit']}/{H}, recompute "
+    summary = (f"warm-up hits: {a.warm}; held-out: {held['both']}/{H} within +-25% on both (hit {held['hit']}/{H}, recompute "
                f"{held['rec']}/{H}); verdict right {held['verdict']}/{H}; measured verdicts among them: "
                f"{sorted('load' if v else 'recompute' for v in held['seen'])}; {a.reps} rounds after a warm-up; "
                f"load average (1 min) {ld[0]:.1f}..{ld[-1]:.1f}, median {statistics.median(ld):.1f} on "
@@ -336,15 +365,18 @@ def report(a, measured, probes, s, loads_seen):
                + " GB/s")
     print("\n" + "\n".join(md) + "\n")
     print(summary)
-    line = json.dumps(dict(bench="python_engine_cost_model", s_bytes_per_token=s, reps=a.reps,
-                           R_per_n={str(w): {n: n / recompute_s(w, n) for n in (64, 128, 256, 384, 512, 640, 768)}
+    line = json.dumps(dict(bench="python_engine_cost_model", s_bytes_per_token=s, reps=a.reps, warm=a.warm,
+                           R_per_n={str(w): {n: n / recompute_s(w, n) for n in (48, 64, 128, 256, 384, 512, 640, 768)}
                                     for w in (1, 2)},
                            load_path={str(w): dict(T0_s=p.fixed_s, per_chunk_s=p.per_chunk_s,
                                                    B_gbps=p.bandwidth_gb_per_s, terms=p.terms,
                                                    rms_relative=p.rms_relative) for w, p in paths.items()},
                            probes={f"{w}x{c}": dict(B_gbps=probes[(w, c)].path.bandwidth_gb_per_s,
                                                     T0_s=probes[(w, c)].path.fixed_cost_s) for w, c in probes},
-                           rows=rows, within_25=held["both"], within_25_hit=held["hit"], within_25_rec=held["rec"],
+                           rows=rows, cases={"/".join(map(str, k)): dict(h=m["h"], chunks=m["chunks"], hit_s=m["hit"],
+                                                                    load_s=m["load"], compute_s=m["compute"])
+                                             for k, m in measured.items()},  # the capped fit hits too
+                           within_25=held["both"], within_25_hit=held["hit"], within_25_rec=held["rec"],
                            verdict_right=held["verdict"], held_out=H, loadavg=loads_seen))
     print(line)
     if a.json:

@@ -81,14 +81,20 @@ def test_piecewise():
 
 
 def test_check_split_refuses_a_held_out_set_that_is_not_held_out():
-    fit = [(128, 1, 16), (768, 1, 64), (128, 2, 16), (512, 2, 64)]
+    fit = [(48, 1, 16), (128, 1, 16), (768, 1, 64), (128, 2, 16), (512, 2, 64)]
     check_split(fit, [(64, 1, 32), (384, 2, 32)])
-    with pytest.raises(ValueError, match="in the fit"):
+    with pytest.raises(ValueError, match="held-out configurations in the fit"):
         check_split(fit, [(128, 1, 16), (384, 2, 32)])
     with pytest.raises(ValueError, match="one chunk size"):
-        check_split([(128, 1, 64), (768, 1, 64), (128, 2, 16), (512, 2, 64)], [(64, 1, 32), (384, 2, 32)])
-    with pytest.raises(ValueError, match="prompt length"):
-        check_split(fit, [(128, 1, 32), (512, 2, 32)])
+        check_split([(48, 1, 64), (768, 1, 64), (128, 2, 16), (512, 2, 64)], [(64, 1, 32), (384, 2, 32)])
+    with pytest.raises(ValueError, match="are fit lengths"):
+        check_split(fit, [(128, 1, 32), (384, 2, 32)])  # 128's recompute is fitted at W = 1
+    with pytest.raises(ValueError, match="below the fit's shortest"):
+        check_split(fit, [(32, 1, 32), (384, 2, 32)])
+    with pytest.raises(ValueError, match="below the fit's shortest"):
+        check_split(fit, [(64, 1, 32), (96, 2, 32)])  # W = 2's shortest fit length is 128
+    with pytest.raises(ValueError, match="no fit at W = 2"):
+        check_split([(48, 1, 16), (768, 1, 64)], [(64, 1, 32), (384, 2, 32)])
     with pytest.raises(ValueError, match="chunk size"):
         check_split(fit, [(64, 1, 16), (384, 2, 64)])
     with pytest.raises(ValueError, match="1 and 2 servers"):
@@ -98,6 +104,14 @@ def test_check_split_refuses_a_held_out_set_that_is_not_held_out():
 def test_cost_model_check_configurations_are_held_out():
     import cost_model_check as c  # the script's own split (importing it runs nothing)
     check_split(c.FIT, c.HELD_OUT)
+
+
+def test_fit_hits_each_hold_a_whole_chunk():
+    import cost_model_check as c
+    assert c.fit_hits(48, 16) == (24, None)  # 12 tokens would load no chunk of 16
+    assert c.fit_hits(128, 16) == (32, 64, None)
+    for n, _, chunk in c.FIT:
+        assert all(h is None or h >= chunk for h in c.fit_hits(n, chunk))
 
 
 def test_spread():
