@@ -24,41 +24,33 @@ trap 'rm -rf "$logs"' EXIT
 passed=0
 failed=0
 rerun_passed=()
-tally() {  # tally LOG: adds LOG's ctest totals to passed/failed
+tally() {  # tally LOG [all]: adds LOG's ctest totals to passed/failed; "all": its failures passed on a rerun
   local line total bad
   line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$1" | tail -n 1 || true)
   [ -n "$line" ] || return 0
   bad=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
   total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")
+  [ "${2:-}" = all ] && bad=0
   passed=$((passed + total - bad))
   failed=$((failed + bad))
 }
+sanitizer_report() { grep -qE 'ERROR: (Address|Thread|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$1"; }
 closing_line() {
   printf '\nkvtier: %d passed, %d failed' "$passed" "$failed"
   [ "${#rerun_passed[@]}" -eq 0 ] || printf ' (%d passed only on a rerun: %s)' "${#rerun_passed[@]}" "${rerun_passed[*]}"
   printf '\n'
 }
-run_ctest() {
-  local log="$logs/ctest-$((passed + failed))-$RANDOM.log" rc=0 dir=
+run_ctest() {  # run_ctest --test-dir DIR [ctest options]
+  local log="$logs/ctest-$((passed + failed))-$RANDOM.log" rc=0 dir=$2
   ctest "$@" 2>&1 | tee "$log" || rc=$?
-  if [ "$rc" -ne 0 ] && ! grep -qE 'ERROR: (Address|Thread|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$log"; then
-    local prev=""
-    for a in "$@"; do [ "$prev" = --test-dir ] && dir=$a; prev=$a; done
-    local names
-    names=$(sed -n '/The following tests FAILED:/,$p' "$log" | sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/\1/p' | tr '\n' ' ')
-    if [ -n "$dir" ] && [ -n "$names" ]; then
-      printf '\n=== rerunning what failed, alone: %s\n' "$names"
-      local relog="$logs/rerun-$RANDOM.log" rerc=0
-      ctest --test-dir "$dir" --output-on-failure --rerun-failed 2>&1 | tee "$relog" || rerc=$?
-      if [ "$rerc" -eq 0 ] && ! grep -qE 'ERROR: (Address|Thread|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$relog"; then
-        # The first run's failures passed: count the first run's totals as all passed.
-        tally "$log"
-        local n
-        n=$(wc -w <<<"$names")
-        failed=$((failed - n))
-        passed=$((passed + n))
-        read -r -a more <<<"$names"
-        rerun_passed+=("${more[@]}")
+  if [ "$rc" -ne 0 ] && ! sanitizer_report "$log"; then
+    local names relog="$logs/rerun-$RANDOM.log"
+    names=$(sed -n '/The following tests FAILED:/,$p' "$log" | sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/\1/p')
+    if [ -n "$names" ]; then
+      printf '\n=== rerunning what failed, alone: %s\n' "$(tr '\n' ' ' <<<"$names")"
+      if ctest --test-dir "$dir" --output-on-failure --rerun-failed 2>&1 | tee "$relog" && ! sanitizer_report "$relog"; then
+        tally "$log" all
+        mapfile -t -O "${#rerun_passed[@]}" rerun_passed <<<"$names"
         return 0
       fi
     fi

@@ -33,6 +33,15 @@ using any_conn = std::variant<std::monostate, std::unique_ptr<inproc_conn>, std:
 using any_conn = std::variant<std::monostate, std::unique_ptr<inproc_conn>>;
 #endif
 
+// A local wait's failure (wait_local, wait_for_save) as a Python exception: InvalidArgument for an
+// id the call does not know here, else the error (TimeoutError) with what did not end in time.
+void raise_wait_error(std::error_code ec, const char* call, kvtier::request_id id, const char* unknown,
+                      const char* not_ended) {
+  const std::string what = std::string("Connector.") + call + "(request " + std::to_string(id) + "): ";
+  if (ec == kvtier::errc::invalid_argument) raise_invalid(what + unknown);
+  if (ec) raise_error(ec, what + not_ended);
+}
+
 struct py_connector {
   store_ref store;
   std::shared_ptr<py_view> pages;
@@ -393,8 +402,7 @@ void bind_connector(py::module_& m) {
           "Starts the load of a planned request into the pages: slots[i] is prompt position i's slot (block "
           "* "
           "block_size + offset), or block_table[b] the block of positions [b*block_size, ...). Call it on "
-          "every "
-          "rank; a bad argument raises, and this rank still takes part (loading nothing). first_token, "
+          "every rank; a bad argument raises, and this rank still takes part (loading nothing). first_token, "
           "end_token: load only that range of the plan, whole chunks (the same on every rank; a range "
           "outside the plan raises kvtier.InvalidArgument and this rank does not take part).\n\n"
           "    conn.load(7, block_table=torch.tensor([3, 9], dtype=torch.int32))\n"
@@ -403,35 +411,27 @@ void bind_connector(py::module_& m) {
           "wait_local",
           [](py_connector& p, kvtier::request_id id, py::handle deadline) {
             const kvtier::deadline dl = deadline_of(deadline);
-            const std::error_code ec = p.with([&](auto& c) { return c.wait_local(id, dl); });
-            if (ec == kvtier::errc::invalid_argument)
-              raise_invalid("Connector.wait_local(request " + std::to_string(id) +
-                            "): no load started for it on this rank");
-            if (ec)
-              raise_error(ec, "Connector.wait_local(request " + std::to_string(id) +
-                                  "): this rank's fetch did not end before the deadline");
+            raise_wait_error(p.with([&](auto& c) { return c.wait_local(id, dl); }), "wait_local", id,
+                             "no load started for it on this rank",
+                             "this rank's fetch did not end before the deadline");
           },
           py::arg("id"), py::arg("deadline"),
           "Returns once this rank's own part of load `id` has ended (its fetch done, or nothing of its "
-          "own to fetch); kvtier.TimeoutError when the deadline passes first. Local: no collective. Called "
-          "on "
-          "every rank before step(), the next step agrees the whole load.\n\n"
+          "own to fetch); kvtier.TimeoutError when the deadline passes first. Local: no collective. "
+          "Called on every rank before step(), the next step agrees the whole load.\n\n"
           "    conn.load(7, slots); conn.wait_local(7, 1.0); conn.step(1.0)")
       .def(
           "wait_for_save",
           [](py_connector& p, kvtier::request_id id, py::handle deadline) {
             const kvtier::deadline dl = deadline_of(deadline);
-            const std::error_code ec = p.with([&](auto& c) { return c.wait_for_save(id, dl); });
-            if (ec == kvtier::errc::invalid_argument)
-              raise_invalid("Connector.wait_for_save(request " + std::to_string(id) +
-                            "): neither known nor finishing on this rank");
-            if (ec)
-              raise_error(ec, "Connector.wait_for_save(request " + std::to_string(id) +
-                                  "): its saves did not end before the deadline");
+            raise_wait_error(p.with([&](auto& c) { return c.wait_for_save(id, dl); }), "wait_for_save", id,
+                             "neither known nor finishing on this rank",
+                             "its saves did not end before the deadline");
           },
           py::arg("id"), py::arg("deadline"),
-          "Returns once every save of the request queued so far has ended (stored or failed: counters() "
-          "says which); kvtier.TimeoutError when the deadline passes first. Local. vLLM's wait_for_save.\n\n"
+          "Returns once every save of the request queued so far has ended (stored or failed: errors(id) "
+          "says why one failed); kvtier.TimeoutError when the deadline passes first. Local. vLLM's "
+          "wait_for_save.\n\n"
           "    conn.save(7, slots, 0, n); conn.wait_for_save(7, 2.0)")
       .def(
           "limit_load",
