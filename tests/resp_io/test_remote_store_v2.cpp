@@ -4,8 +4,10 @@
 // version-1 store), and a format that cannot frame the value is an invalid argument.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvtier/resp/asio_connection.hpp"
@@ -83,4 +85,143 @@ TEST_CASE("remote_store v2: groups round trip; an altered byte and a v1 value ar
   st[0] = chunk_status::cancelled;
   CHECK(tiny.put(std::span(&keys[0], 1), sa, st, deadline_after(5s)) == kvtier::errc::invalid_argument);
   CHECK(st[0] == chunk_status::cancelled);
+}
+
+// ---- get_by_group: the group-major ranged read (GETRANGE per layer group) ----------------------
+
+namespace {
+constexpr std::size_t group_bytes = 100000;  // 300 kB values: 3 groups
+
+struct ranged {
+  redis_server srv;
+  kvtier::key_namespace ns = v2_ns();
+  value_format f = value_format::v2(group_bytes);
+  remote_store<asio_connection> store{ns, options_for(srv.url()), f};
+  std::vector<chunk_key> keys{{9, 1}, {9, 2}, {9, 3}};
+  std::vector<std::vector<std::byte>> src{pattern(300000, 11), pattern(300000, 12), pattern(100000, 13)};
+  std::vector<std::vector<std::byte>> out;
+  std::vector<std::span<std::byte>> dst;
+  std::vector<chunk_status> st;
+
+  ranged() {
+    for (const auto& s : src) out.emplace_back(s.size());
+    for (auto& o : out) dst.emplace_back(o);
+    st.assign(keys.size(), chunk_status::cancelled);
+  }
+  void put(std::size_t i, const std::vector<std::byte>& value) {
+    std::span<const std::byte> s[] = {value};
+    std::vector<chunk_status> ps(1);
+    REQUIRE_FALSE(store.put(std::span(&keys[i], 1), s, ps, deadline_after(5s)));
+    REQUIRE(ps[0] == chunk_status::stored);
+  }
+  void put_all() {
+    for (std::size_t i = 0; i < keys.size(); ++i) put(i, src[i]);
+  }
+  std::string name(std::size_t i) const { return kvtier::remote_key_text(ns, keys[i]); }
+  // Payload byte `at` of key i as stored (after its header).
+  std::string offset(std::size_t i, std::size_t at) const {
+    return std::to_string(f.header_size(src[i].size()) + at);
+  }
+};
+
+bool group_is(const std::vector<std::byte>& got, const std::vector<std::byte>& want, std::size_t g) {
+  const std::size_t a = g * group_bytes, z = std::min(want.size(), a + group_bytes);
+  return std::equal(got.begin() + a, got.begin() + z, want.begin() + a);
+}
+bool group_is_zero(const std::vector<std::byte>& got, std::size_t g) {
+  const std::size_t a = g * group_bytes, z = std::min(got.size(), a + group_bytes);
+  return std::all_of(got.begin() + a, got.begin() + z, [](std::byte b) { return b == std::byte{0}; });
+}
+}  // namespace
+
+TEST_CASE("remote_store get_by_group: group-major order, every group checked, reported per round",
+          "[integration]") {
+  ranged t;
+  t.put_all();
+  CHECK(t.store.groups_of(300000) == 3);
+  CHECK(t.store.groups_of(100000) == 1);
+  std::vector<std::vector<std::size_t>> rounds;
+  REQUIRE_FALSE(
+      t.store.get_by_group(t.keys, t.dst, t.st, deadline_after(10s), [&](std::span<const std::size_t> l) {
+        rounds.emplace_back(l.begin(), l.end());
+        if (rounds.size() == 1) {  // group 0 of every key is in, no byte of a later group yet
+          for (std::size_t i = 0; i < 3; ++i) CHECK(group_is(t.out[i], t.src[i], 0));
+          CHECK(group_is_zero(t.out[0], 1));
+          CHECK(group_is_zero(t.out[1], 1));
+        }
+      }));
+  CHECK(rounds == std::vector<std::vector<std::size_t>>{{1, 1, 1}, {2, 2, 1}, {3, 3, 1}});
+  CHECK(t.st == std::vector<chunk_status>(3, chunk_status::hit));
+  for (std::size_t i = 0; i < 3; ++i) CHECK(t.out[i] == t.src[i]);
+  CHECK(t.store.stats().hits == 3);
+  CHECK(t.store.stats().bytes_fetched == 700000);
+}
+
+TEST_CASE("remote_store get_by_group: a corrupt group and a missing key fail only their keys",
+          "[integration]") {
+  ranged t;
+  t.put(0, t.src[0]);
+  t.put(1, t.src[1]);  // key 2 is never stored: a miss
+  // One byte of key 1's group 1 altered in the server: groups 0 land, group 1 fails.
+  REQUIRE(t.srv.call({"SETRANGE", t.name(1), t.offset(1, group_bytes + 17), "\x7f"}) ==
+          std::to_string(t.f.header_size(300000) + 300000));
+  std::vector<std::size_t> last;
+  REQUIRE_FALSE(
+      t.store.get_by_group(t.keys, t.dst, t.st, deadline_after(10s),
+                           [&](std::span<const std::size_t> l) { last.assign(l.begin(), l.end()); }));
+  CHECK(t.st == std::vector<chunk_status>{chunk_status::hit, chunk_status::corrupt, chunk_status::miss});
+  CHECK(last == std::vector<std::size_t>{3, 1, 0});
+  CHECK(t.out[0] == t.src[0]);
+  CHECK(group_is(t.out[1], t.src[1], 0));
+  CHECK(group_is_zero(t.out[1], 2));  // never read past the failed group
+  CHECK(t.store.stats().bad_checksum == 1);
+  CHECK(t.store.stats().misses == 1);
+  CHECK_THAT(t.store.last_error(),
+             Catch::Contains(t.name(1)) && Catch::Contains("checksum mismatch in group 1"));
+}
+
+TEST_CASE("remote_store get_by_group: a value replaced between two ranged reads is corrupt, never a hit",
+          "[integration]") {
+  ranged t;
+  t.put_all();
+  const auto other = pattern(300000, 99);    // same length, other bytes: group 1 fails the old header
+  const auto shorter = pattern(150000, 98);  // another length: group 1's range comes back short
+  int round = 0;
+  REQUIRE_FALSE(
+      t.store.get_by_group(t.keys, t.dst, t.st, deadline_after(10s), [&](std::span<const std::size_t>) {
+        if (++round != 1) return;
+        t.put(0, other);
+        t.put(1, shorter);
+      }));
+  CHECK(t.st == std::vector<chunk_status>{chunk_status::corrupt, chunk_status::corrupt, chunk_status::hit});
+  CHECK(t.out[2] == t.src[2]);
+  CHECK(t.store.stats().bad_checksum == 1);
+  CHECK(t.store.stats().wrong_length == 1);
+  CHECK(t.store.stats().hits == 1);
+  // Written fresh, the replaced values read whole again.
+  std::fill(t.st.begin(), t.st.end(), chunk_status::cancelled);
+  REQUIRE_FALSE(t.store.get_by_group(std::span(t.keys).first(1), std::span(t.dst).first(1),
+                                     std::span(t.st).first(1), deadline_after(10s)));
+  CHECK(t.st[0] == chunk_status::hit);
+  CHECK(t.out[0] == other);
+}
+
+TEST_CASE("remote_store get_by_group: a deadline passing mid-stream keeps the groups that landed",
+          "[integration]") {
+  ranged t;
+  t.put_all();
+  const kvtier::deadline dl = deadline_after(1500ms);
+  std::vector<std::vector<std::size_t>> rounds;
+  const std::error_code ec =
+      t.store.get_by_group(t.keys, t.dst, t.st, dl, [&](std::span<const std::size_t> l) {
+        rounds.emplace_back(l.begin(), l.end());
+        for (int k = 0; k < 1000 && !kvtier::expired(dl); ++k) std::this_thread::sleep_for(5ms);  // bounded
+      });
+  CHECK(ec == kvtier::errc::timeout);
+  REQUIRE(rounds.size() >= 1);
+  CHECK(rounds[0] == std::vector<std::size_t>{1, 1, 1});
+  CHECK(rounds.back() == std::vector<std::size_t>{1, 1, 1});  // nothing landed after the deadline
+  CHECK(t.st == std::vector<chunk_status>{chunk_status::timeout, chunk_status::timeout, chunk_status::hit});
+  CHECK(group_is(t.out[0], t.src[0], 0));
+  CHECK(t.out[2] == t.src[2]);
 }

@@ -33,6 +33,12 @@
 // checksum (counted as bad_checksum; the status is corrupt either way). The framing and checks
 // live in store/detail/remote_codec.hpp, shared with cluster_store.
 //
+// get_by_group() reads the same format-2 values group-major (issue 20, loads that stream by layer
+// group): GETRANGE of group 0 of every key (with its header, gated as above), then group 1 of every
+// key, ..., each group checked against the header read with group 0 as it lands, with a callback
+// after each round saying which groups landed; a value overwritten between two ranged reads fails
+// the group that changed (or its length) and is corrupt, never mixed bytes reported as a hit.
+//
 // Pipelined GETs rather than MGET: only a top-level bulk reply can be read into a destination
 // without a second copy (MGET's values are elements of one array reply).
 //
@@ -50,6 +56,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <new>
 #include <span>
 #include <string>
@@ -118,6 +125,88 @@ class remote_store {
         },
         [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const resp::value& r,
             const std::string& name) { return codec_.get_status(r, s, j, keys[i], dst[i], where_, name); });
+  }
+
+  /// Layer groups of a payload of `bytes` bytes as get_by_group reads it (1 in format 1).
+  std::size_t groups_of(std::size_t bytes) const noexcept {
+    return std::max<std::size_t>(1, codec_.format().groups(bytes));
+  }
+
+  /// get(), read group-major: GETRANGE of group 0 of every key (with its header), then group 1
+  /// of every key still good, and so on, each round cut over the pool's connections like a get.
+  /// A key's header is checked (the parser gate) before any payload byte reaches dst[i]; each
+  /// group is checked against that header's checksum as its bytes land, so a value overwritten
+  /// between two ranged reads fails the group that changed (or its length) and is corrupt, never
+  /// a hit with mixed bytes. After each round, on the calling thread, `on_round(groups_landed)`
+  /// (if set) sees per key the leading groups verified in dst[i] so far; they only grow. The final
+  /// status is hit only when every group of the key landed; a key that failed a round is not
+  /// read further. A deadline passing mid-stream leaves the groups that landed reported and the
+  /// rest timeout.
+  ///
+  ///   std::vector<kvtier::chunk_status> st(keys.size());
+  ///   l2.get_by_group(keys, dst, st, dl, [&](std::span<const std::size_t> landed) {
+  ///     for (std::size_t i = 0; i < landed.size(); ++i) publish(i, landed[i]);  // layers below it usable
+  ///   });
+  std::error_code get_by_group(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                               std::span<chunk_status> status, deadline dl,
+                               const std::function<void(std::span<const std::size_t>)>& on_round = {}) {
+    if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
+    const std::size_t n = keys.size();
+    std::vector<value_check> checks(n);
+    std::vector<std::vector<std::byte>> headers(n);
+    std::vector<std::size_t> landed(n, 0), alive(n);
+    std::size_t rounds = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      alive[i] = i;
+      checks[i].expect(codec_.format(), codec_.ns().fingerprint(), keys[i], dst[i].size());
+      headers[i].resize(codec_.format().header_size(dst[i].size()));
+      rounds = std::max(rounds, groups_of(dst[i].size()));
+    }
+    std::error_code first_ec;
+    std::vector<chunk_key> round_keys;
+    std::vector<std::span<std::byte>> round_parts;
+    std::vector<chunk_status> round_status;
+    for (std::size_t g = 0; g < rounds && !alive.empty(); ++g) {
+      round_keys.clear();
+      round_parts.clear();
+      for (std::size_t i : alive) {
+        round_keys.push_back(keys[i]);
+        round_parts.push_back(codec_.format().group(dst[i], g));
+      }
+      round_status.assign(alive.size(), chunk_status::error);
+      std::vector<std::size_t> bytes(alive.size());  // what each range puts in flight (group 0: + header)
+      for (std::size_t k = 0; k < alive.size(); ++k)
+        bytes[k] = round_parts[k].size() + (g == 0 ? headers[alive[k]].size() : 0);
+      const std::error_code ec = run(
+          round_keys, round_status, dl, size_class(std::span<const std::span<std::byte>>(round_parts)), bytes,
+          [&](detail::remote_scratch& s, std::size_t j, std::size_t k, const std::string& name) {
+            const std::size_t i = alive[k];
+            codec_.add_get_range(s, j, checks[i], headers[i], name, dst[i], g);
+          },
+          [&](detail::remote_scratch&, std::size_t, std::size_t k, const resp::value& r,
+              const std::string& name) {
+            const std::size_t i = alive[k];
+            return codec_.range_status(r, checks[i], headers[i], keys[i], dst[i], g,
+                                       g + 1 == groups_of(dst[i].size()), where_, name);
+          });
+      if (ec && !first_ec) first_ec = ec;
+      std::size_t kept = 0;
+      for (std::size_t k = 0; k < alive.size(); ++k) {
+        const std::size_t i = alive[k];
+        if (round_status[k] != chunk_status::hit) {
+          status[i] = round_status[k];
+          continue;
+        }
+        landed[i] = g + 1;
+        if (landed[i] == groups_of(dst[i].size()))
+          status[i] = chunk_status::hit;
+        else
+          alive[kept++] = i;
+      }
+      alive.resize(kept);
+      if (on_round) on_round(landed);
+    }
+    return first_ec;
   }
 
   /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.

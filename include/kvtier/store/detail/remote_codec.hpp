@@ -95,6 +95,71 @@ class remote_codec {
                      resp::destination_gate{&header_gate, &s.checks[j], &payload_landed});
   }
 
+  /// GETRANGE of layer group g of `name` as entry j of `s` (a group-major read, remote_store::
+  /// get_by_group): group 0 brings the header too (into `header`, checked by `check`'s gate before
+  /// a payload byte reaches dst); a later group lands after an empty first part, passed only while
+  /// the header `check` kept is ok, and feeds the same running checksum, so each group is compared
+  /// with the checksum table of the header read with group 0. `check` and `header` are the key's,
+  /// kept across the rounds; dst is the whole payload.
+  void add_get_range(remote_scratch& s, std::size_t j, value_check& check, std::vector<std::byte>& header,
+                     std::string_view name, std::span<std::byte> dst, std::size_t g) const {
+    const std::span<std::byte> part = format_.group(dst, g);
+    const std::size_t hdr = format_.header_size(dst.size());
+    const std::size_t from = g == 0 ? 0 : hdr + static_cast<std::size_t>(part.data() - dst.data());
+    const std::size_t to =
+        hdr + static_cast<std::size_t>(part.data() - dst.data()) + part.size();  // exclusive
+    s.parts[2 * j] = g == 0 ? std::span<std::byte>(header) : std::span<std::byte>();
+    s.parts[2 * j + 1] = part;
+    s.batch.add_into({"GETRANGE", name, std::to_string(from), std::to_string(to - 1)},
+                     std::span<const std::span<std::byte>>(s.parts).subspan(2 * j, 2),
+                     resp::destination_gate{g == 0 ? &header_gate : &header_kept, &check, &payload_landed});
+  }
+
+  /// Verdict on the GETRANGE reply of group g (add_get_range): hit when groups [0, g] of the value
+  /// are in dst and each matched the header's checksum; miss when the key is gone (GETRANGE of an
+  /// absent key is an empty string; a stored value is never empty: it has a header); corrupt when
+  /// the header is refused, the range came back with another length (the value was replaced by one
+  /// of another length, or is shorter) or the group failed its checksum (e.g. the value was
+  /// overwritten between two ranged reads). Counted once per key, like get_status: `last` says g is
+  /// the key's last group (a hit then counts the value's hit and bytes).
+  chunk_status range_status(const resp::value& r, const value_check& c, std::span<const std::byte> header,
+                            const chunk_key& key, std::span<std::byte> dst, std::size_t g, bool last,
+                            std::string_view where, std::string_view name) {
+    if (r.is_null() || (r.kind == resp::type::bulk_string && r.length == 0 && !r.into_destination)) {
+      bump(stats_.misses);
+      return chunk_status::miss;
+    }
+    if (r.kind != resp::type::bulk_string) return key_error("GETRANGE", r, where, name);
+    const std::size_t expected = format_.group(dst, g).size() + (g == 0 ? header.size() : 0);
+    if (!r.into_destination && !r.refused_by_gate) {
+      bump(stats_.wrong_length);
+      return corrupt(where, name, key,
+                     "group " + std::to_string(g) + ": GETRANGE returned " + std::to_string(r.length) +
+                         " bytes, expected " + std::to_string(expected) + " (the value has another length)");
+    }
+    const header_check hc = check_value_header(format_, header, fingerprint_, key, dst.size());
+    if (r.refused_by_gate || hc != header_check::ok) {
+      bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
+      return corrupt(where, name, key, "header: " + std::string(to_string(hc)));
+    }
+    const std::size_t end =
+        static_cast<std::size_t>(format_.group(dst, g).data() - dst.data()) + format_.group(dst, g).size();
+    if (c.seen() != end || c.bad_group() != c.groups()) {
+      bump(stats_.bad_checksum);
+      return corrupt(where, name, key,
+                     c.seen() != end
+                         ? "group " + std::to_string(g) + " incomplete (" + std::to_string(c.seen()) +
+                               " of " + std::to_string(end) + " bytes checked)"
+                         : "checksum mismatch in group " + std::to_string(c.bad_group()) + " of " +
+                               std::to_string(c.groups()) + " (read by range)");
+    }
+    if (last) {
+      bump(stats_.hits);
+      bump(stats_.bytes_fetched, dst.size());
+    }
+    return chunk_status::hit;
+  }
+
   /// SET `name` to header + src as entry j of `s` (written from the caller's memory).
   void add_put(remote_scratch& s, std::size_t j, const chunk_key& key, std::string_view name,
                std::span<const std::byte> src) const {
@@ -253,6 +318,10 @@ class remote_codec {
 
   static bool header_gate(void* context, std::span<const std::byte> header) noexcept {
     return static_cast<value_check*>(context)->header(header) == header_check::ok;
+  }
+  // A later group of a ranged read: its bytes are trusted only under the header read with group 0.
+  static bool header_kept(void* context, std::span<const std::byte>) noexcept {
+    return static_cast<value_check*>(context)->header_verdict() == header_check::ok;
   }
   static void payload_landed(void* context, std::span<const std::byte> piece) noexcept {
     static_cast<value_check*>(context)->payload(piece);
