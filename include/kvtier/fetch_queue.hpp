@@ -579,14 +579,33 @@ class fetch_queue {
           dst.push_back(r.dst[todo[k]]);
       }
       st.assign(keys.size(), chunk_status::error);
+      const auto which = std::span<const std::size_t>(todo).subspan(begin, end - begin);
       std::error_code ec = r.kind == detail_kind::lookup ? store_.exists(keys, st, r.dl)
                            : r.kind == detail_kind::put  ? store_.put(keys, src, st, r.dl)
-                                                         : store_.get(keys, dst, st, r.dl);
+                                                         : get(r, keys, dst, st, which);
       for (std::size_t k = begin; k < end; ++k) status[todo[k]] = st[k - begin];
-      detail::queue_note_landed(r, std::span<const std::size_t>(todo).subspan(begin, end - begin), status);
+      detail::queue_note_landed(r, which, status);
       if (ec && !first_ec) first_ec = ec;
     }
     return first_ec;
+  }
+
+  // A load's (or prefetch's) store call: group-major with stream_groups when the store can,
+  // publishing each round's verified bytes of the keys `which` as they land.
+  std::error_code get(detail::queue_request& r, std::span<const chunk_key> keys,
+                      std::span<const std::span<std::byte>> dst, std::span<chunk_status> st,
+                      std::span<const std::size_t> which) {
+    if constexpr (group_streaming_store<Store>) {
+      if (opt_.stream_groups) {
+        std::vector<std::size_t> bytes(keys.size());
+        const value_format f = store_.format();
+        return store_.get_by_group(keys, dst, st, r.dl, [&](std::span<const std::size_t> groups) {
+          for (std::size_t k = 0; k < bytes.size(); ++k) bytes[k] = f.groups_end(dst[k].size(), groups[k]);
+          detail::queue_note_bytes(r, which, bytes);
+        });
+      }
+    }
+    return store_.get(keys, dst, st, r.dl);
   }
 
   // noexcept: it runs on the failure paths, where a throw would end the process.

@@ -103,13 +103,22 @@ struct fetch_result {
 /// only grows, and it never exceeds the completed result's answer_tokens. Keys land one store
 /// call at a time (fetch_queue_options::max_batch_chunks keys per call), each with all its layer
 /// groups: a store verifies a whole value before it reports a hit, so "layers up to l of chunks
-/// below c" is "chunks below c".
+/// below c" is "chunks below c". With fetch_queue_options::stream_groups over a store that reads
+/// group-major (group_streaming_store, e.g. remote_store), landed_bytes grows group by group
+/// within a call: group 0 of every key of the call, then group 1, ...
+///
+///   auto p = q.progress(h);
+///   bool group_in = p.landed_bytes[i] >= group_end;   // key i's bytes [0, group_end) verified
 struct fetch_progress {
   std::uint64_t answer_tokens = 0;  ///< rank answer over the keys landed so far
   std::size_t answer_chunks = 0;    ///< leading keys landed (those inside answer_tokens)
   std::size_t landed = 0;           ///< keys landed, in any order
   std::vector<bool> landed_keys;    ///< per key
-  bool complete = false;            ///< the request completed: these equal its result
+  /// Per key: its leading payload bytes in the destination, verified (all of them once the key
+  /// landed; with stream_groups, the layer groups verified so far; 0 for lookups and puts).
+  /// Only grows while the request runs; a key that failed keeps the groups that landed before.
+  std::vector<std::size_t> landed_bytes;
+  bool complete = false;  ///< the request completed: these equal its result
 };
 
 /// Points where fetch_queue_options::fault_injector is called (a test seam).
@@ -126,6 +135,10 @@ struct fetch_queue_options {
   std::size_t max_batch_chunks = 0;    ///< split a request into store calls of this many keys (0: one call);
                                        ///< cancellation is noticed between calls
   kvtier::metrics* metrics = nullptr;  ///< optional
+  /// Loads (and prefetches) read group-major when the store can (group_streaming_store, e.g.
+  /// remote_store::get_by_group): progress then reports each key's layer groups as they land
+  /// (fetch_progress::landed_bytes). Ignored for other stores.
+  bool stream_groups = false;
   /// Test seam, empty in production: called at each fetch_queue_fault point, where
   /// the queue allocates or starts a thread; throwing from it (std::bad_alloc,
   /// std::system_error) simulates that failure there. Lets tests prove that such a

@@ -1,7 +1,9 @@
 // remote_store with value format 2 (one checksum per group) against a real redis-server:
 // round trip, a payload byte altered in the server fails (corrupt, bad_checksum, never a hit),
 // a version-1 value read by a version-2 store is refused as other_format (and still read by a
-// version-1 store), and a format that cannot frame the value is an invalid argument.
+// version-1 store), and a format that cannot frame the value is an invalid argument. Then
+// get_by_group, the group-major ranged read (order, a corrupt group, a missing key, a value
+// replaced between two ranged reads, a deadline mid-stream), and fetch_queue's stream_groups on it.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvtier/fetch_queue.hpp"
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/store/remote_store.hpp"
 #include "resp_io/io_test_util.hpp"
@@ -224,4 +227,27 @@ TEST_CASE("remote_store get_by_group: a deadline passing mid-stream keeps the gr
   CHECK(t.st == std::vector<chunk_status>{chunk_status::timeout, chunk_status::timeout, chunk_status::hit});
   CHECK(group_is(t.out[0], t.src[0], 0));
   CHECK(t.out[2] == t.src[2]);
+}
+
+TEST_CASE("fetch_queue stream_groups over remote_store: the group-major read, progress in bytes",
+          "[integration]") {
+  ranged t;
+  t.put_all();
+  // Key 1's group 2 altered in the server: its groups 0 and 1 land, then it is corrupt.
+  REQUIRE(t.srv.call({"SETRANGE", t.name(1), t.offset(1, 2 * group_bytes + 5), "\x7f"}) ==
+          std::to_string(t.f.header_size(300000) + 300000));
+  static_assert(kvtier::group_streaming_store<remote_store<asio_connection>>);
+  kvtier::fetch_queue q(t.store, {.workers = 1, .stream_groups = true});
+  const auto layout = kvtier::chunk_layout::contiguous(0, 3, 256);
+  auto h = q.submit(1, t.keys, t.dst, layout, deadline_after(10s));
+  const auto r = q.wait(h, deadline_after(20s));
+  REQUIRE(r);
+  CHECK(r->status == std::vector<chunk_status>{chunk_status::hit, chunk_status::corrupt, chunk_status::hit});
+  CHECK(r->answer_chunks == 1);
+  const kvtier::fetch_progress p = q.progress(h);
+  CHECK(p.landed_bytes == std::vector<std::size_t>{300000, 2 * group_bytes, 100000});
+  CHECK(t.out[0] == t.src[0]);
+  CHECK(t.out[2] == t.src[2]);
+  CHECK(group_is(t.out[1], t.src[1], 1));
+  CHECK(t.store.stats().bad_checksum == 1);
 }

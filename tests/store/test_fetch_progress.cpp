@@ -3,13 +3,17 @@
 // and which keys landed, never more than what landed, and end equal to the completed result;
 // a key that comes back corrupt, failed or timed out in the middle of a load never counts as
 // landed; then pipelined_broadcast on W in-process ranks is driven by it until every rank holds
-// the whole prefix, bytes verified.
+// the whole prefix, bytes verified. With stream_groups over a store that reads group-major,
+// progress reports each key's layer groups as they land (landed_bytes), a corrupt group keeps
+// the groups before it, and without it the queue makes one whole get per call.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -357,4 +361,156 @@ TEST_CASE("pipelined_broadcast runs from fetch-queue progress; every rank ends w
   }
   CHECK(first_stage[0] == 0);  // the first stage ran before anything landed: it really ran in stages
   CHECK(steps[0] > 1);
+}
+
+// ---- stream_groups: progress per (key, layer group) --------------------------------------------
+
+namespace {
+
+constexpr std::size_t group_bytes = 16;  // 64-byte values: 4 groups
+
+// A store that reads group-major (group_streaming_store): one round (group g of every key) per
+// permit, then on_round; key `bad` fails its group `bad_group` (corrupt: wrong bytes landed).
+// The test waits until round r has been reported: what the queue did with it is over by then.
+class group_gated_store {
+ public:
+  std::size_t bad = SIZE_MAX, bad_group = SIZE_MAX;
+  std::size_t whole_gets = 0;  // get() calls: the whole-value path
+
+  void allow(std::size_t n) {
+    {
+      std::lock_guard lock(mu_);
+      permits_ += n;
+    }
+    cv_.notify_all();
+  }
+  bool wait_rounds(std::size_t n, deadline dl) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_until(lock, dl, [&] { return rounds_ >= n; });
+  }
+  value_format format() const { return value_format::v2(group_bytes); }
+  std::error_code exists(std::span<const chunk_key>, std::span<chunk_status> s, deadline) {
+    for (auto& x : s) x = chunk_status::hit;
+    return {};
+  }
+  std::error_code put(std::span<const chunk_key>, std::span<const std::span<const std::byte>>,
+                      std::span<chunk_status> s, deadline) {
+    for (auto& x : s) x = chunk_status::stored;
+    return {};
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> s, deadline) {
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      const auto v = value_of(k[i].lo);
+      std::memcpy(d[i].data(), v.data(), v.size());
+      s[i] = chunk_status::hit;
+    }
+    std::lock_guard lock(mu_);
+    ++whole_gets;
+    return {};
+  }
+  std::error_code get_by_group(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                               std::span<chunk_status> s, deadline dl,
+                               const std::function<void(std::span<const std::size_t>)>& on_round) {
+    const value_format f = format();
+    std::vector<std::size_t> landed(k.size(), 0);
+    for (std::size_t g = 0; g < f.groups(chunk_bytes); ++g) {
+      {
+        std::unique_lock lock(mu_);
+        if (!cv_.wait_until(lock, dl, [&] { return permits_ > 0; })) {
+          for (std::size_t i = 0; i < k.size(); ++i)
+            if (landed[i] == g) s[i] = chunk_status::timeout;
+          return make_error_code(errc::timeout);
+        }
+        --permits_;
+      }
+      for (std::size_t i = 0; i < k.size(); ++i) {
+        if (landed[i] != g) continue;  // failed in an earlier round: not read further
+        const auto v = value_of(k[i].lo);
+        const auto part = f.group(d[i], g);
+        std::memcpy(part.data(), v.data() + g * group_bytes, part.size());
+        if (k[i].lo == bad && g == bad_group) {
+          std::memset(part.data(), 0xEE, part.size());
+          s[i] = chunk_status::corrupt;
+          continue;
+        }
+        landed[i] = g + 1;
+        s[i] = landed[i] == f.groups(chunk_bytes) ? chunk_status::hit : chunk_status::error;
+      }
+      on_round(landed);
+      {
+        std::lock_guard lock(mu_);
+        ++rounds_;
+      }
+      cv_.notify_all();
+    }
+    return {};
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t permits_ = 0, rounds_ = 0;
+};
+static_assert(group_streaming_store<group_gated_store>);
+
+}  // namespace
+
+TEST_CASE("fetch_queue stream_groups: progress reports each key's layer groups as they land", "[unit]") {
+  for (bool corrupt : {false, true}) {
+    INFO("key 1's group 2 corrupt: " << corrupt);
+    group_gated_store store;
+    if (corrupt) store.bad = 1, store.bad_group = 2;
+    fetch_queue q(store, {.workers = 1, .stream_groups = true});
+    std::vector<chunk_key> keys;
+    std::vector<std::vector<std::byte>> out(3, std::vector<std::byte>(chunk_bytes));
+    std::vector<std::span<std::byte>> dst;
+    for (std::size_t c = 0; c < 3; ++c) keys.push_back({7, c}), dst.emplace_back(out[c]);
+    auto h = q.submit(1, keys, dst, chunk_layout::contiguous(0, 3, chunk_tokens), deadline_after(30s));
+    for (std::size_t g = 1; g <= 4; ++g) {
+      store.allow(1);
+      REQUIRE(store.wait_rounds(g, deadline_after(10s)));
+      if (g == 4) break;  // the request may complete now: checked below
+      const fetch_progress p = q.progress(h);
+      const std::size_t key1 = corrupt && g > 2 ? 2 * group_bytes : g * group_bytes;
+      CHECK(p.landed_bytes == std::vector<std::size_t>{g * group_bytes, key1, g * group_bytes});
+      CHECK(p.landed == 0);  // no key has every group yet
+      CHECK(p.answer_chunks == 0);
+      CHECK_FALSE(p.complete);
+      for (std::size_t c = 0; c < 3; ++c)  // the groups reported are in place, later ones untouched
+        CHECK(std::memcmp(out[c].data(), value_of(c).data(), p.landed_bytes[c]) == 0);
+      CHECK(std::all_of(out[0].begin() + g * group_bytes, out[0].end(),
+                        [](std::byte b) { return b == std::byte{0}; }));
+    }
+    const auto r = q.wait(h, deadline_after(10s));
+    REQUIRE(r);
+    const fetch_progress p = q.progress(h);
+    CHECK(p.complete);
+    if (!corrupt) {
+      CHECK(r->answer_chunks == 3);
+      CHECK(p.landed_bytes == std::vector<std::size_t>(3, chunk_bytes));
+      for (std::size_t c = 0; c < 3; ++c) CHECK(out[c] == value_of(c));
+    } else {
+      CHECK(r->status ==
+            std::vector<chunk_status>{chunk_status::hit, chunk_status::corrupt, chunk_status::hit});
+      CHECK(r->answer_chunks == 1);
+      CHECK(p.landed_bytes == std::vector<std::size_t>{chunk_bytes, 2 * group_bytes, chunk_bytes});
+      CHECK_FALSE(p.landed_keys[1]);
+    }
+    CHECK(store.whole_gets == 0);
+  }
+}
+
+TEST_CASE("fetch_queue without stream_groups: one whole get per call, keys land whole", "[unit]") {
+  group_gated_store store;
+  fetch_queue q(store, {.workers = 1});
+  std::vector<chunk_key> keys{{7, 0}, {7, 1}};
+  std::vector<std::vector<std::byte>> out(2, std::vector<std::byte>(chunk_bytes));
+  std::vector<std::span<std::byte>> dst{out[0], out[1]};
+  auto h = q.submit(1, keys, dst, chunk_layout::contiguous(0, 2, chunk_tokens), deadline_after(30s));
+  const auto r = q.wait(h, deadline_after(10s));
+  REQUIRE(r);
+  CHECK(r->answer_chunks == 2);
+  CHECK(q.progress(h).landed_bytes == std::vector<std::size_t>(2, chunk_bytes));
+  CHECK(store.whole_gets == 1);
 }

@@ -8,6 +8,7 @@
 //  - the queue's mutex guards `where` and the prefetch fields below it.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -53,6 +54,7 @@ struct queue_request {
   std::function<void(const fetch_result&)> callback;
   fetch_result result;               // immutable once completed
   std::vector<chunk_status> landed;  // while running: hit for each key landed so far (sized on first use)
+  std::vector<std::size_t> landed_bytes;  // while running: leading bytes verified per key (stream_groups)
   std::atomic<bool> completed{false};
 
   // --- guarded by the queue's mutex ---
@@ -84,6 +86,25 @@ inline void queue_note_landed(queue_request& r, std::span<const std::size_t> whi
   r.cv.notify_all();
 }
 
+/// Publishes the leading bytes verified so far of the keys `which` (a group-major store call's
+/// round, fetch_queue_options::stream_groups), and wakes wait_progress().
+inline void queue_note_bytes(queue_request& r, std::span<const std::size_t> which,
+                             std::span<const std::size_t> bytes) {
+  {
+    std::lock_guard lock(r.mu);
+    if (r.landed_bytes.size() != r.keys.size()) r.landed_bytes.assign(r.keys.size(), 0);
+    for (std::size_t k = 0; k < which.size(); ++k)
+      r.landed_bytes[which[k]] = std::max(r.landed_bytes[which[k]], bytes[k]);
+  }
+  r.cv.notify_all();
+}
+
+/// Payload bytes of key i of a request (its destination; 0 for a lookup or a put).
+inline std::size_t queue_key_bytes(const queue_request& r, std::size_t i) noexcept {
+  return (r.kind == queue_kind::load || r.kind == queue_kind::prefetch) && i < r.dst.size() ? r.dst[i].size()
+                                                                                            : 0;
+}
+
 /// Leading keys landed (`landed` marks each landed key hit).
 inline std::size_t queue_leading_landed(const std::vector<chunk_status>& landed) noexcept {
   std::size_t n = 0;
@@ -96,16 +117,21 @@ inline fetch_progress queue_progress_locked(const queue_request& r) {
   fetch_progress p;
   const bool done = r.completed.load(std::memory_order_acquire);
   p.landed_keys.assign(r.keys.size(), false);
+  p.landed_bytes.assign(r.keys.size(), 0);
+  for (std::size_t i = 0; i < r.landed_bytes.size() && i < r.keys.size(); ++i)
+    p.landed_bytes[i] = r.landed_bytes[i];
   if (done) {
     for (std::size_t i = 0; i < r.result.status.size() && i < r.keys.size(); ++i)
-      if (queue_key_landed(r.kind, r.result.status[i])) p.landed_keys[i] = true, ++p.landed;
+      if (queue_key_landed(r.kind, r.result.status[i]))
+        p.landed_keys[i] = true, ++p.landed, p.landed_bytes[i] = queue_key_bytes(r, i);
     p.complete = true;
     p.answer_tokens = r.result.answer_tokens;
     p.answer_chunks = r.result.answer_chunks;
     return p;
   }
   for (std::size_t i = 0; i < r.landed.size() && i < r.keys.size(); ++i)
-    if (r.landed[i] == chunk_status::hit) p.landed_keys[i] = true, ++p.landed;
+    if (r.landed[i] == chunk_status::hit)
+      p.landed_keys[i] = true, ++p.landed, p.landed_bytes[i] = queue_key_bytes(r, i);
   p.answer_chunks = queue_leading_landed(r.landed);
   if (r.kind != queue_kind::put && r.layout.starts.size() == r.keys.size()) {
     p.answer_tokens = r.landed.empty()

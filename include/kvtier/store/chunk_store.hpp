@@ -34,6 +34,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <system_error>
 
@@ -41,6 +42,7 @@
 #include "kvtier/chunker.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
+#include "kvtier/store/value_header.hpp"
 
 namespace kvtier {
 
@@ -53,6 +55,19 @@ concept chunk_store = requires(S& s, std::span<const chunk_key> keys,
   { s.exists(keys, status, dl) } -> std::same_as<std::error_code>;
   { s.get(keys, dst, status, dl) } -> std::same_as<std::error_code>;
   { s.put(keys, src, status, dl) } -> std::same_as<std::error_code>;
+};
+
+/// A store that can also read a batch group-major (remote_store::get_by_group): layer group 0
+/// of every key, then group 1, ..., calling back after each round with the leading groups of
+/// each key verified so far; format() says how many payload bytes that is
+/// (value_format::groups_end). fetch_queue_options::stream_groups uses it for loads.
+template <class S>
+concept group_streaming_store = chunk_store<S> &&
+    requires(S& s, std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+             std::span<chunk_status> status, deadline dl,
+             const std::function<void(std::span<const std::size_t>)>& on_round) {
+  { s.get_by_group(keys, dst, status, dl, on_round) } -> std::same_as<std::error_code>;
+  { s.format() } -> std::convertible_to<value_format>;
 };
 
 }  // namespace kvtier

@@ -204,6 +204,13 @@ struct value_format {
     const std::uint64_t g = group_size(payload.size()), at = i * g;
     return payload.subspan(at, std::min<std::uint64_t>(g, payload.size() - at));
   }
+  /// Payload bytes covered by the first k groups of a payload of `length` bytes (all of it once
+  /// k reaches groups(length); version 1: all of it from k = 1). What "groups [0, k) landed" means
+  /// in bytes, e.g. for remote_store::get_by_group's per-round report.
+  constexpr std::size_t groups_end(std::size_t length, std::size_t k) const noexcept {
+    if (version == 1 || k >= groups(length)) return k == 0 ? 0 : length;
+    return static_cast<std::size_t>(k * group_size(length));
+  }
   /// True when this is a format a reader can use: version 1, or 2 with an encodable group count.
   constexpr bool valid_for(std::size_t length) const noexcept {
     return (version == 1 && group_bytes == 0) || (version == 2 && header_size(length) != 0);
