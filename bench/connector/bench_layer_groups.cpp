@@ -12,21 +12,28 @@
 //              chunk first): the header rides with group 0 (two destination parts);
 //   per-group  one key per group ("<chunk>:<g>", format 1: header + that group), GET per key,
 //              group-major.
+//   store GET / store GETRANGE  the library's own paths, through a remote_store (its pool and
+//              batch spread, every chunk in one call): remote_store::get (whole values) against
+//              remote_store::get_by_group (group-major GETRANGE, group 0 of every chunk reported
+//              by its per-round callback). Their set columns repeat whole's (the same values).
 // Every layout moves one chunk's bytes per pipelined batch on one kvtier asio_connection (the
 // fetch queue's granularity). Per layout: GB/s, redis-server CPU-s/GB (INFO cpu before and
 // after), client CPU-s/GB (getrusage), and ms until group 0 of every chunk is in (when a layer-by-
 // layer engine can start). Writes too: one SET per chunk against G SETs. Rounds interleave the
 // layouts (the order rotates), medians over --reps, ratios against whole GET and getrange against
 // per-group. The last stdout line is one JSON object.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
 #include "kvtier/resp/asio_connection.hpp"
+#include "kvtier/store/remote_store.hpp"
 #include "kvtier/store/value_header.hpp"
 #include "support/machine.hpp"
 #include "support/redis_server.hpp"
@@ -55,8 +62,9 @@ struct shape {
   std::size_t bytes, groups, chunks;
 };
 
-enum layout : int { whole, getrange, per_group, n_layouts };
-const char* const layout_names[n_layouts] = {"whole GET", "GETRANGE", "per-group keys"};
+enum layout : int { whole, getrange, per_group, store_get, store_ranges, n_layouts };
+const char* const layout_names[n_layouts] = {"whole GET", "GETRANGE", "per-group keys", "store GET",
+                                             "store GETRANGE"};
 
 struct cell {
   std::vector<double> gbps, server, client, first_group_ms;
@@ -69,7 +77,9 @@ class bench {
         s_(s),
         group_(s.bytes / s.groups),
         f2_(value_format::v2(group_)),
-        conn_(resp::connection_options{.server = resp::parse_url(srv.url()).value}) {
+        conn_(resp::connection_options{.server = resp::parse_url(srv.url()).value}),
+        store_(key_namespace{.model = "bench-layer-groups", .kv_format = "raw", .chunk_tokens = 256},
+               resp::connection_options{.server = resp::parse_url(srv.url()).value}, f2_) {
     if (s.bytes % s.groups || s.chunks % s.groups)
       fail(std::string(s.name) + ": groups must divide bytes and chunks");
     for (std::size_t c = 0; c < s.chunks; ++c) {
@@ -84,6 +94,11 @@ class bench {
     hdr1_.assign(s.chunks * s.groups, value_header_bytes{});
     write(whole);
     write(per_group);
+    std::vector<std::span<const std::byte>> src(source_.begin(), source_.end());
+    std::vector<chunk_status> st(s.chunks);
+    if (store_.put(keys_, src, st, deadline_after(std::chrono::seconds(60))) ||
+        std::count(st.begin(), st.end(), chunk_status::stored) != static_cast<std::ptrdiff_t>(s.chunks))
+      fail("remote_store put: " + store_.last_error());
   }
 
   // SET every chunk in `l`'s layout (getrange shares whole's values). Returns bytes written.
@@ -115,6 +130,20 @@ class bench {
     resp::batch b;
     const double t0 = now_s();
     double first_group = 0;
+    if (l == store_get || l == store_ranges) {
+      std::vector<std::span<std::byte>> dst(dst_.begin(), dst_.end());
+      std::vector<chunk_status> st(s_.chunks);
+      const deadline dl = deadline_after(std::chrono::seconds(60));
+      const std::error_code ec =
+          l == store_get ? store_.get(keys_, dst, st, dl)
+                         : store_.get_by_group(keys_, dst, st, dl, [&](std::span<const std::size_t>) {
+                             if (first_group == 0) first_group = now_s() - t0;  // round 0: group 0 of all
+                           });
+      if (ec || std::count(st.begin(), st.end(), chunk_status::hit) != static_cast<std::ptrdiff_t>(s_.chunks))
+        fail(std::string(layout_names[l]) + ": " + (ec ? ec.message() : "a chunk missed") + " (" +
+             store_.last_error() + ")");
+      return l == store_get ? now_s() - t0 : first_group;
+    }
     if (l == whole) {
       for (std::size_t c = 0; c < s_.chunks; ++c) {
         b.clear();
@@ -200,6 +229,7 @@ class bench {
   std::size_t group_;
   value_format f2_;
   resp::asio_connection conn_;
+  remote_store<resp::asio_connection> store_;
   std::vector<chunk_key> keys_;
   std::vector<std::string> names_;
   std::vector<std::vector<std::byte>> source_, dst_, hdr2_;
@@ -257,7 +287,7 @@ int main(int argc, char** argv) {
           read[l].server.push_back((s1 - s0) / gb);
           read[l].client.push_back((c1 - c0) / gb);
           read[l].first_group_ms.push_back(first / passes * 1e3);
-          if (l == getrange) continue;  // getrange writes what whole writes
+          if (l == getrange || l >= store_get) continue;  // they read what whole writes
           const double w0 = server_cpu_s(srv), wt0 = now_s();
           for (int p = 0; p < passes; ++p) b.write(l);
           const double wt1 = now_s(), w1 = server_cpu_s(srv);
@@ -272,11 +302,11 @@ int main(int argc, char** argv) {
             "\",\"chunk_bytes\":" + std::to_string(s.bytes) + ",\"groups\":" + std::to_string(s.groups) +
             ",\"chunks\":" + std::to_string(s.chunks);
     for (int l = 0; l < n_layouts; ++l) {
-      const int w = l == getrange ? whole : l;
+      const int w = l == getrange || l >= store_get ? whole : l;
       std::printf("%-9s %-15s %8.2f %12.3f %12.3f %14.1f | %8.2f %10.3f\n", s.name, layout_names[l],
                   median(read[l].gbps), median(read[l].server), median(read[l].client),
                   median(read[l].first_group_ms), median(set[w].gbps), median(set[w].server));
-      static const char* const ids[] = {"whole", "getrange", "per_group"};
+      static const char* const ids[] = {"whole", "getrange", "per_group", "store_get", "store_ranges"};
       char buf[256];
       std::snprintf(buf, sizeof buf,
                     ",\"%s\":{\"gbps\":%.3f,\"server_cpu_s_per_gb\":%.4f,\"client_cpu_s_per_gb\":%.4f,"
@@ -294,6 +324,9 @@ int main(int argc, char** argv) {
         "%-9s ratios: GB/s getrange/whole %.2fx, per-group/whole %.2fx, getrange/per-group %.2fx; "
         "server CPU/GB getrange/whole %.2fx, per-group/whole %.2fx, getrange/per-group %.2fx\n",
         s.name, gr / gw, gp / gw, gr / gp, sr / sw, sp / sw, sr / sp);
+    std::printf("%-9s store: GB/s GETRANGE/GET %.2fx, group 0 in GETRANGE/GET %.2fx\n", s.name,
+                median(read[store_ranges].gbps) / median(read[store_get].gbps),
+                median(read[store_ranges].first_group_ms) / median(read[store_get].first_group_ms));
   }
   std::printf("%s],\"load_average\":%.2f}\n", json.c_str(), load_average());
 }
