@@ -117,7 +117,8 @@ class connector {
         geo_(cache_, chunk_.chunk_tokens(), opt_.layers_per_group),
         queue_(store, {.workers = opt_.fetch_workers,
                        .max_batch_chunks = opt_.fetch_batch_chunks,
-                       .metrics = opt_.metrics}),
+                       .metrics = opt_.metrics,
+                       .stream_groups = streamed_}),
         estimator_(opt_.prior),
         mover_(data_, own_, geo_, shared_, separate_data(), opt_.data_writes_after_failure,
                counters_.quarantined_blocks),
@@ -265,6 +266,7 @@ class connector {
     r.load_started = clock::now();
     r.load_dl = r.load_started + opt_.load_deadline.after(end_token - first_token);
     r.group_landed.assign(geo_.groups, 0);
+    r.enqueued_group.assign(geo_.groups, 0);
     counters_.loads.add();
     std::error_code ec;
     if (slots.size() < end_token || !slots_fit(slots.first(end_token))) {
@@ -496,6 +498,7 @@ class connector {
       fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i], plan_fingerprint));
       contribute(*waiting[i], msg.entry(i));
     }
+    if (streamed_) fp = detail::step_fp_mix(fp, 0x53545245414d4544ull);  // "STREAMED": units, not chunks
     msg.seal(detail::step_fp_mix(fp, words.size()));
     std::error_code ec = comm::all_reduce(ctrl_, std::span<const std::uint64_t>(msg.v), std::span(msg.v),
                                           comm::reduce_op::min, dl);
@@ -557,6 +560,7 @@ class connector {
   void contribute(detail::connector_request& r, std::span<std::uint64_t> e) {
     if (r.lookup_agreed) {
       if (!r.fetch_explained && !r.local_failure && r.fetch.valid()) explain_fetch(r);
+      if (streamed_) return detail::streamed_contribution(r, queue_, shared_, geo_).encode(e);
       return detail::load_contribution(r, queue_, shared_, chunk_.chunk_tokens()).encode(e);
     }
     detail::lookup_contribution(r, queue_, end_of(r), [&](const fetch_result* res) {
@@ -594,6 +598,7 @@ class connector {
 
   void settle_load(const req_ptr& r, std::error_code ec, std::span<const std::uint64_t> e,
                    std::vector<detail::move_item>& batch) {
+    if (streamed_) return settle_streamed_load(r, ec, e, batch);
     const detail::load_words agreed = detail::load_words::decode(e);
     const detail::load_decision d = detail::decide_load(bool(ec), agreed, r->n, r->enqueued, r->target);
     if (ec)
@@ -603,13 +608,37 @@ class connector {
       batch.push_back({r, r->enqueued, d.move_end});
       std::lock_guard lock(shared_.mu);
       r->enqueued = d.move_end;
+      std::fill(r->enqueued_group.begin(), r->enqueued_group.end(), d.move_end);
     }
     r->target = d.target;
-    if (!d.loaded_chunks) return;
-    if (d.sample && opt_.wall_clock_samples)  // the slowest rank's time: the same sample on every rank
-      estimator_.record_bytes(*d.loaded_chunks * geo_.chunk_bytes,
-                              static_cast<double>(agreed.elapsed_us) * 1e-6);
-    detail::end_load(*r, *d.loaded_chunks, chunk_.chunk_tokens(), counters_, shared_);
+    if (d.loaded_chunks) conclude_load(*r, *d.loaded_chunks, d.sample, agreed.elapsed_us);
+  }
+
+  // stream_groups: the agreed units move group by group (detail::decide_streamed_load).
+  void settle_streamed_load(const req_ptr& r, std::error_code ec, std::span<const std::uint64_t> e,
+                            std::vector<detail::move_item>& batch) {
+    const detail::load_words agreed = detail::load_words::decode(e);
+    const detail::streamed_decision d =
+        detail::decide_streamed_load(bool(ec), agreed, r->n, r->enqueued_group, r->target);
+    if (ec)
+      note_error(
+          *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, ctrl_));
+    for (std::uint32_t g = 0; g < geo_.groups; ++g)
+      if (d.group_move_end[g] > r->enqueued_group[g])
+        batch.push_back({r, r->enqueued_group[g], d.group_move_end[g], g});
+    {
+      std::lock_guard lock(shared_.mu);
+      r->enqueued_group = d.group_move_end;
+    }
+    r->target = d.target;
+    if (d.loaded_chunks) conclude_load(*r, *d.loaded_chunks, d.sample, agreed.elapsed_us);
+  }
+
+  void conclude_load(detail::connector_request& r, std::size_t chunks, bool sample,
+                     std::uint64_t elapsed_us) {
+    if (sample && opt_.wall_clock_samples)  // the slowest rank's time: the same sample on every rank
+      estimator_.record_bytes(chunks * geo_.chunk_bytes, static_cast<double>(elapsed_us) * 1e-6);
+    detail::end_load(r, chunks, chunk_.chunk_tokens(), counters_, shared_);
   }
 
   chunker<> chunk_;
@@ -619,6 +648,7 @@ class connector {
   Data& data_;
   kv_cache_view cache_;
   connector_options opt_;
+  const bool streamed_ = group_streaming_store<Store> && opt_.stream_groups;  // loads stream by group
   detail::connector_geometry geo_;
   fetch_queue<Store> queue_;
   load_estimator estimator_;

@@ -57,6 +57,12 @@ struct connector_options {
   std::size_t max_bytes_in_flight = std::size_t{1} << 30;  ///< staging of running loads
   std::size_t fetch_workers = 2;
   std::size_t fetch_batch_chunks = 1;  ///< keys per store call (progress granularity; 0: one call)
+  /// Loads stream by layer group: the owners read group-major (a group_streaming_store such as
+  /// remote_store with value_format::v2 groups; ignored for other stores) and each step agrees,
+  /// and the mover moves, the layer groups every owner has verified, before later groups are
+  /// fetched. Every rank must set it alike (it is folded into the step's fingerprint). Best with
+  /// fetch_batch_chunks = 0 (one group-major call for all of a rank's chunks).
+  bool stream_groups = false;
   kvtier::metrics* metrics = nullptr;  ///< shared with the fetch queue (optional)
   /// The data communicator may still write a receive buffer after a call to it failed (MPI
   /// created with mpi_options::stage = false, which then skips its own two staging copies):

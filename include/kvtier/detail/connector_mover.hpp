@@ -35,10 +35,14 @@
 
 namespace kvtier::detail {
 
-/// Chunks [begin, end) (relative to the load's first chunk) of one load, agreed in one step.
+/// Chunks [begin, end) (relative to the load's first chunk) of one load, agreed in one step:
+/// every layer group of them, or (connector_options::stream_groups) layer group `group` only.
 struct move_item {
+  static constexpr std::uint32_t all_groups = ~std::uint32_t{0};
   connector_request_ptr r;
   std::size_t begin = 0, end = 0;
+  std::uint32_t group = all_groups;
+  bool moves(std::uint32_t g) const noexcept { return group == all_groups || group == g; }
 };
 
 /// One layer group of a batch, broadcast and waiting for its scatter.
@@ -73,7 +77,8 @@ class connector_mover {
         quarantined_(quarantined) {
     if (!threaded) return;
     scatterer_.start([this](landed_group& job) {
-      for (const move_item& m : *job.batch) scatter_group(*m.r, m.begin, m.end, job.g);
+      for (const move_item& m : *job.batch)
+        if (m.moves(job.g)) scatter_group(*m.r, m.begin, m.end, job.g);
     });
     worker_.start([this](std::vector<move_item>& batch) { run(batch); });
   }
@@ -99,9 +104,12 @@ class connector_mover {
     deadline dl = deadline::min();
     for (const move_item& m : *batch) dl = std::max(dl, m.r->load_dl);
     for (std::uint32_t g = 0; g < geo_.groups; ++g) {
+      // A group no item moves issues nothing (the batch is agreed: the same on every rank).
+      if (std::none_of(batch->begin(), batch->end(), [g](const move_item& m) { return m.moves(g); }))
+        continue;
       std::error_code ec = data_.group_start();
       for (const move_item& m : *batch)
-        for (std::size_t i = m.begin; i < m.end; ++i) {
+        for (std::size_t i = m.begin; i < m.end && m.moves(g); ++i) {
           const auto owner = static_cast<rank_t>(own_.owner(m.r->first_chunk + i));
           const std::span<std::byte> s = geo_.staged_group(*m.r, i, g);
           const std::error_code b = data_.broadcast(
@@ -126,7 +134,8 @@ class connector_mover {
       if (threaded_)
         scatterer_.submit({batch, g});
       else
-        for (const move_item& m : *batch) scatter_group(*m.r, m.begin, m.end, g);
+        for (const move_item& m : *batch)
+          if (m.moves(g)) scatter_group(*m.r, m.begin, m.end, g);
     }
   }
 

@@ -62,6 +62,7 @@ struct connector_request {
   clock::time_point load_started{};
   std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
   std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
+  std::vector<std::size_t> enqueued_group;  // per layer group: chunks given to the mover (mover mutex)
   std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
@@ -108,6 +109,11 @@ struct connector_geometry {
   layer_range group_layers(std::uint32_t g) const noexcept {
     return {g * per_group, std::min(cache.layout.num_layers, (g + 1) * per_group)};
   }
+  /// Bytes of a chunk value up to the end of layer group g (layer-major: groups are contiguous).
+  std::size_t group_end(std::uint32_t g) const noexcept {
+    return static_cast<std::size_t>(chunk_layer_offset(
+        cache.layout, chunk_tokens, std::min(cache.layout.num_layers, (g + 1) * per_group)));
+  }
   /// Chunk i of a load's staging block, and layer group g of it.
   std::span<std::byte> staged(const connector_request& r, std::size_t i) const noexcept {
     return {r.staging.get() + i * chunk_bytes, chunk_bytes};
@@ -151,7 +157,7 @@ struct connector_shared {
     std::unique_lock lock(mu);
     return wait_until(landed, lock, dl, [&] {
       return std::all_of(active_loads.begin(), active_loads.end(), [&](const connector_request_ptr& r) {
-        return r->move_failed || r->group_landed[g] >= r->enqueued;
+        return r->move_failed || r->group_landed[g] >= r->enqueued_group[g];
       });
     });
   }

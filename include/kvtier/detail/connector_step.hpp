@@ -153,6 +153,53 @@ load_words load_contribution(connector_request& r, const Queue& queue, connector
               std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - r.load_started).count())};
 }
 
+/// connector_options::stream_groups: the fetch lands layer group by layer group, and the load's
+/// `fetched` word counts units instead of chunks, in group-major order: unit g * n + i is layer
+/// group g of chunk i. This rank reports the first unit that it owns, inside its reach, and has
+/// not verified (units of chunks other ranks own, or at or past its reach, count as done), so
+/// the min over ranks U is a prefix of units every owner has, for the chunks below the agreed
+/// reach R. `reachable` stays in chunks: the first owned chunk whose fetch ended short (n while
+/// it runs). Without the reach a rank whose chunk i failed in group g would hold U at g * n + i
+/// for good; with it, U passes such chunks once the fetch ended, and nothing at or past R moves.
+inline std::size_t first_missing_unit(const connector_request& r, const fetch_progress& p,
+                                      const connector_geometry& geo, std::size_t reach) noexcept {
+  std::size_t first = geo.groups * r.n;
+  for (std::size_t k = 0; k < r.fetch_chunks.size(); ++k) {
+    const std::size_t i = r.fetch_chunks[k] - r.first_chunk;
+    if (i >= reach) continue;
+    const std::size_t bytes = k < p.landed_bytes.size() ? p.landed_bytes[k] : 0;
+    std::uint32_t g = 0;
+    while (g < geo.groups && bytes >= geo.group_end(g)) ++g;
+    if (g < geo.groups) first = std::min(first, g * r.n + i);
+  }
+  return first;
+}
+
+/// load_contribution for stream_groups: [first missing unit, reach in chunks, landed, ok, time].
+template <class Queue>
+load_words streamed_contribution(connector_request& r, const Queue& queue, connector_shared& shared,
+                                 const connector_geometry& geo) {
+  std::size_t units = geo.groups * r.n, reach = r.n;
+  if (r.local_failure) {
+    units = reach = 0;
+  } else if (r.fetch.valid()) {
+    const fetch_progress p = queue.progress(r.fetch);
+    if (p.complete || expired(r.load_dl))  // what did not land by now never will
+      for (std::size_t k = 0; k < r.fetch_chunks.size() && k < p.landed_keys.size(); ++k)
+        if (!p.landed_keys[k]) reach = std::min(reach, r.fetch_chunks[k] - r.first_chunk);
+    reach = std::min(reach, r.cap);
+    units = first_missing_unit(r, p, geo, reach);
+  }
+  reach = std::min(reach, r.cap);
+  std::lock_guard lock(shared.mu);
+  return {.fetched = units,
+          .reachable = reach,
+          .landed = r.local_failure ? 0 : r.landed_locked(),
+          .ok = !(r.move_failed || r.local_failure),
+          .elapsed_us = static_cast<std::uint64_t>(
+              std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - r.load_started).count())};
+}
+
 /// Ends a load with its agreed prefix of `chunks`: the pages past it are never written again
 /// (the scatter gate), the counters count it, and it stops being a running load.
 inline void end_load(connector_request& r, std::size_t chunks, std::size_t chunk_tokens,
@@ -216,6 +263,39 @@ inline load_decision decide_load(bool agreement_failed, const load_words& a, std
   }
   d.move_end = std::max(enqueued, a.fetched);
   if (a.fetched == n || a.reachable <= a.fetched) d.target = a.fetched;
+  if (d.target != std::numeric_limits<std::size_t>::max() && a.landed >= d.target) {
+    d.loaded_chunks = d.target;
+    d.sample = d.target > 0;
+  }
+  return d;
+}
+
+/// decide_load for stream_groups (a.fetched in units, see first_missing_unit): per layer group,
+/// the chunks [enqueued_group[g], group_move_end[g]) to move now (never at or past the agreed
+/// reach); the load's target once every unit below the reach is fetched (or the reach is 0);
+/// its outcome once that many chunks are in every rank's pages.
+struct streamed_decision {
+  std::vector<std::size_t> group_move_end;
+  std::size_t target = std::numeric_limits<std::size_t>::max();
+  std::optional<std::size_t> loaded_chunks;
+  bool sample = false;
+};
+inline streamed_decision decide_streamed_load(bool agreement_failed, const load_words& a, std::size_t n,
+                                              std::span<const std::size_t> enqueued_group,
+                                              std::size_t target) {
+  streamed_decision d{{enqueued_group.begin(), enqueued_group.end()}, target, std::nullopt, false};
+  if (agreement_failed || !a.ok) {
+    d.loaded_chunks = agreement_failed ? 0 : a.landed;
+    return d;
+  }
+  const std::size_t groups = enqueued_group.size(), units = a.fetched, reach = std::min(a.reachable, n);
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::size_t covered = units > g * n ? std::min(n, units - g * n) : 0;
+    d.group_move_end[g] = std::max(enqueued_group[g], std::min(reach, covered));
+  }
+  const std::size_t last = (groups - 1) * n;  // chunk i is whole once unit last + i is fetched
+  const std::size_t whole = std::min(reach, units > last ? units - last : 0);
+  if (whole == n || reach <= whole) d.target = whole;
   if (d.target != std::numeric_limits<std::size_t>::max() && a.landed >= d.target) {
     d.loaded_chunks = d.target;
     d.sample = d.target > 0;
