@@ -184,9 +184,13 @@ load_words streamed_contribution(connector_request& r, const Queue& queue, conne
     units = reach = 0;
   } else if (r.fetch.valid()) {
     const fetch_progress p = queue.progress(r.fetch);
-    if (p.complete || expired(r.load_dl))  // what did not land by now never will
+    // What did not land by now never will. A key whose every group is verified has landed,
+    // though its store call (still running at the deadline) has not reported it yet.
+    const std::size_t whole = geo.group_end(geo.groups - 1);
+    if (p.complete || expired(r.load_dl))
       for (std::size_t k = 0; k < r.fetch_chunks.size() && k < p.landed_keys.size(); ++k)
-        if (!p.landed_keys[k]) reach = std::min(reach, r.fetch_chunks[k] - r.first_chunk);
+        if (!p.landed_keys[k] && !(k < p.landed_bytes.size() && p.landed_bytes[k] >= whole))
+          reach = std::min(reach, r.fetch_chunks[k] - r.first_chunk);
     reach = std::min(reach, r.cap);
     units = first_missing_unit(r, p, geo, reach);
   }
