@@ -8,6 +8,9 @@
 //   by hand   lookup + all-reduce, fetch, wait, chunk_broadcast (grouped), kv_scatter into pages;
 //   connector begin_lookup .. step .. load .. step until load_result (moves overlapped with the
 //             fetch: each step agrees the fetched prefix and the mover broadcasts and scatters it).
+//   streamed  the same with connector_options::stream_groups (redis only: remote_store reads
+//             group-major with GETRANGE, each step agrees and moves the layer groups fetched so
+//             far; fetch_batch_chunks = 0), a connector of its own on its own data world.
 // Stores: memory_store, and (when redis-server is installed) one redis-server per rank (value
 // format 2, a checksum per layer group). The warm-up round checks the pages byte for byte.
 // Ranks as processes: bench_connector_mpi.
@@ -30,6 +33,7 @@
 #include "kvtier/resp/asio_connection.hpp"
 #include "support/redis_server.hpp"
 #endif
+#include "support/machine.hpp"
 #include "support/stats.hpp"
 
 using namespace kvtier;
@@ -41,7 +45,7 @@ using kvtier_bench::load_rig;
 constexpr rank_t W = 2;
 
 struct figures {
-  std::vector<double> fetch, hand, conn;
+  std::vector<double> fetch, hand, conn, streamed;
 };
 
 void barrier(comm::inproc_communicator& c) {
@@ -57,10 +61,11 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
   const auto& keys = rig.keys;
   const auto& own = rig.own;
   std::atomic<std::size_t> wrong{0};
-  comm::inproc_world ctrl_world(W), data_world(W);
+  comm::inproc_world ctrl_world(W), data_world(W), stream_world(W);
+  constexpr bool streams = group_streaming_store<Store>;
   comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
     const rank_t r = c.rank();
-    comm::inproc_communicator d = data_world.communicator_for(r);
+    comm::inproc_communicator d = data_world.communicator_for(r), ds = stream_world.communicator_for(r);
     Store& store = *stores[r];
     rig.put_owned(store, r);
     host_kv_cache cache(load_rig::layout());
@@ -73,6 +78,10 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
     fetch_queue<Store> queue(store, {.workers = 2, .max_batch_chunks = 1});
     rank_view view(store, own, r, rig.ns);
     connector conn(rig.chunk, own, store, c, d, cache.view(), load_rig::connector_options());
+    connector_options stream_opt = load_rig::connector_options();
+    stream_opt.stream_groups = true;
+    stream_opt.fetch_batch_chunks = 0;
+    connector conn_s(rig.chunk, own, store, c, ds, cache.view(), stream_opt);
     const auto dl = [] { return deadline_after(std::chrono::seconds(30)); };
 
     auto fetch_owned = [&](request_id id) {
@@ -101,6 +110,7 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
       return b.agreed_tokens;
     };
     auto by_connector = [&](request_id id) { return kvtier_bench::connector_load(conn, id, prompt, slots); };
+    auto streamed = [&](request_id id) { return kvtier_bench::connector_load(conn_s, id, prompt, slots); };
     auto time = [&](auto&& f, request_id id, std::vector<double>& out) {
       barrier(c);
       const auto t0 = clk::now();
@@ -112,13 +122,18 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
                      (unsigned long long)got);
     };
     for (int i = 0; i < reps + 1; ++i) {  // the first round warms up (checking bytes) and is dropped
-      std::vector<double> f, h, k;
-      time(fetch_owned, 1000 + 3 * i, f);
+      std::vector<double> f, h, k, s;
+      time(fetch_owned, 1000 + 4 * i, f);
       if (i == 0) load_rig::clear(cache.view(), slots);
-      time(by_hand, 1001 + 3 * i, h);
+      time(by_hand, 1001 + 4 * i, h);
       if (i == 0) wrong += rig.wrong_chunks(cache.view(), slots), load_rig::clear(cache.view(), slots);
-      time(by_connector, 1002 + 3 * i, k);
-      if (i == 0) wrong += rig.wrong_chunks(cache.view(), slots);
+      time(by_connector, 1002 + 4 * i, k);
+      if (i == 0) wrong += rig.wrong_chunks(cache.view(), slots), load_rig::clear(cache.view(), slots);
+      if constexpr (streams) {
+        time(streamed, 1003 + 4 * i, s);
+        if (i == 0) wrong += rig.wrong_chunks(cache.view(), slots);
+        if (r == 0 && i > 0) fig.streamed.push_back(s[0]);
+      }
       if (r == 0 && i > 0) fig.fetch.push_back(f[0]), fig.hand.push_back(h[0]), fig.conn.push_back(k[0]);
     }
   });
@@ -128,14 +143,19 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
       "%-12s fetch alone %7.1f ms | by hand %7.1f ms | connector %7.1f ms | connector / by hand %.2fx | "
       "connector / fetch %.2fx (wrong chunks %zu)\n",
       label, f * 1e3, h * 1e3, k * 1e3, k / h, k / f, wrong.load());
+  if (!fig.streamed.empty()) {
+    const double s = kvtier_bench::median(fig.streamed);
+    std::printf("%-12s streamed connector %7.1f ms | streamed / connector %.2fx | streamed / fetch %.2fx\n",
+                label, s * 1e3, s / k, s / f);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
-  std::printf("bench_connector: %zu chunks x %.2f MiB, W = %u threads, %d reps (medians)\n", load_rig::C,
-              load_rig::chunk_bytes() / 1048576.0, W, reps);
+  std::printf("bench_connector: %zu chunks x %.2f MiB, W = %u threads, %d reps (medians), load %.2f\n",
+              load_rig::C, load_rig::chunk_bytes() / 1048576.0, W, reps, kvtier_bench::load_average());
   figures mem;
   {
     std::vector<std::unique_ptr<memory_store>> stores;
@@ -160,7 +180,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\":\"connector\",\"chunks\":%zu,\"chunk_bytes\":%zu,\"ranks\":%u,\"reps\":%d,"
       "\"memory\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f},"
-      "\"redis\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f}}\n",
+      "\"redis\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f,\"streamed_ms\":%.2f},"
+      "\"load_average\":%.2f}\n",
       load_rig::C, load_rig::chunk_bytes(), W, reps, m(mem.fetch), m(mem.hand), m(mem.conn), m(red.fetch),
-      m(red.hand), m(red.conn));
+      m(red.hand), m(red.conn), m(red.streamed), kvtier_bench::load_average());
 }
