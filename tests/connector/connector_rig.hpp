@@ -3,12 +3,15 @@
 // rank. Steps loop until an agreed condition holds, so every rank runs the same steps.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -231,6 +234,34 @@ std::vector<rank_load_report> run_load(const load_scenario& s, StoreFor store_fo
   });
   return reports;
 }
+
+/// A point where a test's fake (a store, a communicator) waits until the test lets it go:
+/// arrive(dl) marks the point reached and waits for release(), `dl` or 20 s, whichever is first
+/// (true: released); the test waits for the arrival with wait_reached().
+class hold_point {
+ public:
+  bool arrive(deadline dl) {
+    std::unique_lock lock(mu_);
+    reached_ = true;
+    cv_.notify_all();
+    return cv_.wait_until(lock, std::min(dl, clock::now() + std::chrono::seconds(20)),
+                          [&] { return released_; });
+  }
+  bool wait_reached(std::chrono::seconds limit) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return reached_; });
+  }
+  void release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reached_ = false, released_ = false;
+};
 
 /// The plain memory store of run_load (each rank's own).
 struct plain_store_for {

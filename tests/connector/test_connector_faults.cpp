@@ -194,9 +194,7 @@ struct held_group {
   comm::inproc_communicator inner;
   int held = -1, failed = -1;
   int ends = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool reached = false, released = false;
+  hold_point hold;
 
   static constexpr bool rounds_fail_together = true;
   rank_t rank() const { return inner.rank(); }
@@ -219,25 +217,11 @@ struct held_group {
       const std::error_code ec = inner.group_end(dl);
       return ec ? ec : make_error_code(errc::backend_error);
     }
-    if (ends++ == held) {
-      std::unique_lock lock(mu);
-      reached = true;
-      cv.notify_all();
-      cv.wait_until(lock, clock::now() + std::chrono::seconds(20), [&] { return released; });
-    }
+    if (ends++ == held) hold.arrive(dl);
     return inner.group_end(dl);
   }
   std::error_code local_copy(std::span<std::byte> d, std::span<const std::byte> s, deadline dl) {
     return inner.local_copy(d, s, dl);
-  }
-  bool wait_reached(std::chrono::seconds limit) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, limit, [&] { return reached; });
-  }
-  void release() {
-    std::lock_guard lock(mu);
-    released = true;
-    cv.notify_all();
   }
 };
 
@@ -275,7 +259,7 @@ TEST_CASE("connector layer by layer: a layer below a late layer group is ready b
     LOCKED_REQUIRE_FALSE(fetched);
     const auto agreed = conn.step(deadline_after(std::chrono::seconds(10)));  // outside the lock
     LOCKED_REQUIRE_FALSE(agreed);
-    const bool reached = data.wait_reached(std::chrono::seconds(10));  // outside the lock: it waits
+    const bool reached = data.hold.wait_reached(std::chrono::seconds(10));  // outside the lock: it waits
     LOCKED_REQUIRE(reached);
     for (std::uint32_t l = 0; l < late_group; ++l) {
       const auto got2 = conn.wait_for_layer(
@@ -287,7 +271,7 @@ TEST_CASE("connector layer by layer: a layer below a late layer group is ready b
                       errc::timeout;  // outside the lock: it may wait for a peer
     LOCKED_CHECK(got3);
     LOCKED_CHECK_FALSE(conn.load_result(2).has_value());
-    data.release();
+    data.hold.release();
     const auto got4 = step_until(
         conn, [&] { return conn.load_result(2).has_value(); });  // outside the lock: it may wait for a peer
     LOCKED_REQUIRE(got4);

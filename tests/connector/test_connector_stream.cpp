@@ -8,12 +8,10 @@
 // and 0 wrong bytes.
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -39,9 +37,7 @@ const std::size_t group_bytes = layer_group_bytes(rig_layout(), rig_chunk_tokens
 struct streaming_store {
   memory_store& inner;
   std::size_t bad_round = SIZE_MAX, bad_key = 0, hold_round = SIZE_MAX, hold_key = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool reached = false, released = false;
+  hold_point hold;
 
   value_format format() const { return value_format::v2(group_bytes); }
   std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> s, deadline dl) {
@@ -76,7 +72,7 @@ struct streaming_store {
           continue;
         }
         if (g == hold_round && i == hold_key) on_round(landed);  // what landed before it waits
-        if (g == hold_round && i == hold_key && !wait_release(dl)) {
+        if (g == hold_round && i == hold_key && !hold.arrive(dl)) {
           for (std::size_t j = 0; j < n; ++j)
             if (!dead[j] && landed[j] < rounds) st[j] = chunk_status::timeout;
           on_round(landed);
@@ -95,25 +91,6 @@ struct streaming_store {
       on_round(landed);
     }
     return {};
-  }
-
-  bool wait_reached(std::chrono::seconds limit) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, limit, [&] { return reached; });
-  }
-  void release() {
-    std::lock_guard lock(mu);
-    released = true;
-    cv.notify_all();
-  }
-
- private:
-  bool wait_release(deadline dl) {
-    std::unique_lock lock(mu);
-    reached = true;
-    cv.notify_all();
-    return cv.wait_until(lock, std::min(dl, clock::now() + std::chrono::seconds(20)),
-                         [&] { return released; });
   }
 };
 static_assert(group_streaming_store<streaming_store>);
@@ -154,7 +131,7 @@ TEST_CASE("connector stream_groups: layers below a group the stores hold back la
     LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
     // Every rank's fetch has verified groups [0, late) of its chunks and waits before group
     // `late`; then exactly one step on every rank agrees those groups of all 6 chunks.
-    const bool reached = store.wait_reached(std::chrono::seconds(10));
+    const bool reached = store.hold.wait_reached(std::chrono::seconds(10));
     LOCKED_REQUIRE(reached);
     const auto agreed = conn.step(deadline_after(std::chrono::seconds(10)));  // outside the lock
     LOCKED_REQUIRE_FALSE(agreed);
@@ -166,7 +143,7 @@ TEST_CASE("connector stream_groups: layers below a group the stores hold back la
     }
     LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T, late + 1) > 0);  // layer `late` is not fetched yet
     LOCKED_CHECK_FALSE(conn.load_result(2).has_value());
-    store.release();
+    store.hold.release();
     const auto done = step_until(conn, [&] { return conn.load_result(2).has_value(); });  // outside the lock
     LOCKED_REQUIRE(done);
     LOCKED_CHECK(conn.load_result(2)->complete());

@@ -80,11 +80,24 @@ std::vector<std::byte> value_of(std::size_t c) {
   return v;
 }
 
+// exists() finds every key and put() stores every key (keeping nothing): the fakes below script get().
+struct answers_every_key {
+  std::error_code exists(std::span<const chunk_key>, std::span<chunk_status> s, deadline) {
+    for (auto& x : s) x = chunk_status::hit;
+    return {};
+  }
+  std::error_code put(std::span<const chunk_key>, std::span<const std::span<const std::byte>>,
+                      std::span<chunk_status> s, deadline) {
+    for (auto& x : s) x = chunk_status::stored;
+    return {};
+  }
+};
+
 // A store with a scripted outcome per key (key.lo is its index): a hit copies the value; corrupt
 // writes wrong bytes into the destination (as a failed checksum leaves it) and reports corrupt;
 // error and timeout fail the call. One key per permit, and the test can wait until the store is
 // blocked on key i: every earlier store call (and what the queue did with it) is over by then.
-class scripted_outcome_store {
+class scripted_outcome_store : public answers_every_key {
  public:
   explicit scripted_outcome_store(std::vector<chunk_status> outcome) : outcome_(std::move(outcome)) {}
   void allow(std::size_t n) {
@@ -98,15 +111,6 @@ class scripted_outcome_store {
   bool wait_blocked_on(std::uint64_t i, deadline dl) {
     std::unique_lock lock(mu_);
     return cv_.wait_until(lock, dl, [&] { return blocked_on_ == i; });
-  }
-  std::error_code exists(std::span<const chunk_key>, std::span<chunk_status> s, deadline) {
-    for (auto& x : s) x = chunk_status::hit;
-    return {};
-  }
-  std::error_code put(std::span<const chunk_key>, std::span<const std::span<const std::byte>>,
-                      std::span<chunk_status> s, deadline) {
-    for (auto& x : s) x = chunk_status::stored;
-    return {};
   }
   std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
                       std::span<chunk_status> s, deadline dl) {
@@ -372,7 +376,7 @@ constexpr std::size_t group_bytes = 16;  // 64-byte values: 4 groups
 // A store that reads group-major (group_streaming_store): one round (group g of every key) per
 // permit, then on_round; key `bad` fails its group `bad_group` (corrupt: wrong bytes landed).
 // The test waits until round r has been reported: what the queue did with it is over by then.
-class group_gated_store {
+class group_gated_store : public answers_every_key {
  public:
   std::size_t bad = SIZE_MAX, bad_group = SIZE_MAX;
   std::size_t whole_gets = 0;  // get() calls: the whole-value path
@@ -389,15 +393,6 @@ class group_gated_store {
     return cv_.wait_until(lock, dl, [&] { return rounds_ >= n; });
   }
   value_format format() const { return value_format::v2(group_bytes); }
-  std::error_code exists(std::span<const chunk_key>, std::span<chunk_status> s, deadline) {
-    for (auto& x : s) x = chunk_status::hit;
-    return {};
-  }
-  std::error_code put(std::span<const chunk_key>, std::span<const std::span<const std::byte>>,
-                      std::span<chunk_status> s, deadline) {
-    for (auto& x : s) x = chunk_status::stored;
-    return {};
-  }
   std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
                       std::span<chunk_status> s, deadline) {
     for (std::size_t i = 0; i < k.size(); ++i) {
