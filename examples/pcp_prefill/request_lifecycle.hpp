@@ -121,7 +121,7 @@ class request_lifecycle {
     };
     for (std::size_t steps = 0; !agreed(); ++steps) {  // bounded: each lookup by its deadline
       if (steps == max_steps) throw std::runtime_error("connector: lookups not agreed after max_steps steps");
-      if (auto ec = env.conn->step(coll_dl())) note_error(env, ec, "lookup agreement");
+      (void)env.conn->step(coll_dl());           // a failed agreement: in errors(), counted below
       if (!agreed()) std::this_thread::yield();  // an engine computes its batch here
     }
     for (std::size_t i : ids) note_reasons(env, i, kvtier::request_error::stage::lookup);  // this rank's own
@@ -219,7 +219,7 @@ class request_lifecycle {
     // every rank and scatter them into the pages; a failed agreement loads nothing anywhere.
     for (std::size_t steps = 0; !env.conn->load_result(i); ++steps) {
       if (steps == max_steps) throw std::runtime_error("connector: load not agreed after max_steps steps");
-      if (auto ec = env.conn->step(coll_dl())) note_error(env, ec, "load agreement");
+      (void)env.conn->step(coll_dl());  // a failed agreement: in errors(), counted below
       if (!env.conn->load_result(i)) std::this_thread::yield();
     }
     const std::uint64_t agreed = env.conn->load_result(i)->loaded_end_token;
@@ -303,7 +303,7 @@ class request_lifecycle {
     for (const auto& b : batch)
       if (env.ctl[b.first].layer_pending) pending.push_back(b);
     if (pending.empty()) return start + dur;
-    if (auto ec = env.conn->step(coll_dl())) note_error(env, ec, "load agreement");
+    (void)env.conn->step(coll_dl());  // a failed agreement: in errors(), counted by finish_load
     const std::uint32_t n_layers = layers();
     double t = start;
     for (std::uint32_t l = 0; l < n_layers; ++l) {

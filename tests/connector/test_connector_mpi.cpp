@@ -52,6 +52,10 @@ std::vector<std::uint64_t> gather(std::uint64_t v) {
 
 struct mpi_outcome {
   std::uint64_t cached = 0, loaded_end = 0, errors = 0, wrong = 0, calls = 0;
+  // This rank's own reasons for the load (errors(id)): how many, and the chunk of the first
+  // one that names a corrupt value (none_named when none does).
+  std::uint64_t load_reasons = 0, corrupt_chunk = none_named;
+  static constexpr std::uint64_t none_named = ~std::uint64_t{0};
 };
 
 // One rank's lifecycle; `flip_on` (a rank) flips the last byte of its first owned chunk's value.
@@ -91,6 +95,12 @@ mpi_outcome run_rank(redis_server& srv, int flip_on) {
     out.loaded_end = o->loaded_end_token;
     out.errors = conn.load_errors(2).size();
     out.wrong = wrong_bytes(cache, seq, o->load_first_token, o->loaded_end_token);
+    for (const request_error& e : conn.errors(2)) {
+      if (e.what != request_error::stage::load) continue;
+      ++out.load_reasons;
+      if (e.ec == errc::corrupt_value && out.corrupt_chunk == mpi_outcome::none_named)
+        out.corrupt_chunk = e.chunk;
+    }
   }
   conn.finish(2);
   out.calls = calls_hash(ctrl.calls());
@@ -114,6 +124,7 @@ TEST_CASE("connector over MPI: a saved prompt loads into every rank's pages byte
   CHECK(o.cached == 6 * T);
   CHECK(o.loaded_end == 6 * T);
   CHECK(o.errors == 0);
+  CHECK(o.load_reasons == 0);
 }
 
 TEST_CASE("connector over MPI: a flipped byte on one rank's server is recomputed from its chunk everywhere",
@@ -124,6 +135,14 @@ TEST_CASE("connector over MPI: a flipped byte on one rank's server is recomputed
   CHECK(o.cached == 6 * T);
   CHECK(o.loaded_end == 1 * T);  // rank 1 owns chunk 1
   CHECK(o.errors == 5);
+  // Only the rank whose server held the flipped byte has a reason, and it names the chunk.
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (r == 1) {
+    CHECK(o.corrupt_chunk == 1);
+  } else {
+    CHECK(o.load_reasons == 0);
+  }
 }
 
 int main(int argc, char** argv) {

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <chrono>
-#include <concepts>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -19,6 +18,7 @@
 #include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/detail/connector_state.hpp"
+#include "kvtier/detail/store_common.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_types.hpp"
 
@@ -59,18 +59,6 @@ inline std::pair<std::error_code, std::string> key_failure(chunk_status s, std::
     default:
       return {make_error_code(errc::backend_error), "store error"};
   }
-}
-
-/// The store's last failure in its own words when it keeps them (remote_store, cluster_store,
-/// tiered_store over one of those), else empty.
-template <class Store>
-std::string store_words(Store& s) {
-  if constexpr (requires {
-                  { s.last_error() } -> std::convertible_to<std::string>;
-                })
-    return std::string(s.last_error());
-  else
-    return {};
 }
 
 /// A store call's failure as request r's reason: its first key at index k of `chunks` (the

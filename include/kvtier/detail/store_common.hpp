@@ -3,8 +3,10 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <system_error>
 
 #include "kvtier/chunk_status.hpp"
@@ -35,5 +37,17 @@ struct store_hit_view {
   std::span<const chunk_status> status;
   bool operator[](std::size_t k) const noexcept { return status[k] == chunk_status::hit; }
 };
+
+/// A store's last failure in its own words when it keeps them (remote_store, cluster_store,
+/// tiered_store over one of those: a member last_error()), else empty.
+template <class Store>
+std::string store_words(const Store& s) {
+  if constexpr (requires {
+                  { s.last_error() } -> std::convertible_to<std::string>;
+                })
+    return std::string(s.last_error());
+  else
+    return {};
+}
 
 }  // namespace kvtier::detail

@@ -14,7 +14,6 @@
 // The tiers are held by reference and must outlive the tiered_store.
 #pragma once
 
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -116,16 +115,8 @@ class tiered_store {
   /// The last failure in words of the tier that keeps them (remote_store, cluster_store): L2's
   /// when it has one, else L1's; empty when neither tier keeps words or nothing failed.
   std::string last_error() const {
-    std::string e;
-    if constexpr (requires(L2 & s) {
-                    { s.last_error() } -> std::convertible_to<std::string>;
-                  })
-      e = std::string(l2_.last_error());
-    if constexpr (requires(L1 & s) {
-                    { s.last_error() } -> std::convertible_to<std::string>;
-                  })
-      if (e.empty()) e = std::string(l1_.last_error());
-    return e;
+    std::string e = detail::store_words(l2_);
+    return e.empty() ? detail::store_words(l1_) : e;
   }
 
  private:
