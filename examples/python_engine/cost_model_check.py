@@ -270,7 +270,7 @@ def main():
                 cases.append(Case(key, model, comm, store, ns, h, seed=n * 31 + chunk * 7 + w))
         # the set-up's objects (the model, the cases, torch's own) live until the end: frozen out of
         # the collector, so the collection before each timed request walks only what the rounds
-        # allocated (a full one took 100-160 ms per rank here and left the caches cold)
+        # allocated (a full one took 85-165 ms per rank here, and differed between the ranks)
         gc.collect()
         gc.freeze()
         # rank 1 holds only the W = 2 cases; both ranks walk the configurations in the same order
