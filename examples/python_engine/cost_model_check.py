@@ -37,7 +37,9 @@ predicted and printed against their medians, with p25-p75. Noise handling: one d
 round, then --reps rounds; in each round every case's hit and recompute run, each timed hit after
 an untimed one of the same case (Case.warm, --warm case), the cases in an order shuffled per round
 from a seed both ranks share (a drift of the machine's load then hits every case alike); the
-garbage collector off while timing; 1 torch/OpenMP/BLAS thread per process; the load average
+set-up's objects frozen out of the garbage collector (gc.freeze), the collector off while timing;
+at W = 2 each timed request starting at a barrier of both ranks (align: rank 0's timer must not
+count rank 1's late arrival); 1 torch/OpenMP/BLAS thread per process; the load average
 sampled each round; per recompute the process CPU time beside the wall-clock (how much of the wall
 the process ran: the rest it waited for one of the 2 shared cores).
 
@@ -107,6 +109,17 @@ def idle_barrier(comm):
     raise RuntimeError("idle_barrier: the other rank never arrived")
 
 
+def align(comm):
+    """Every rank of comm starts the next timed request together. A W = 2 request begins with a
+    collective (the lookup's agreement), so without this rank 0's timer would also count how much
+    later rank 1 arrived from whatever it did before (a full collection before each timed hit
+    differed between the ranks by up to 100 ms; with the set-up frozen out of the collector the
+    ranks arrive within a few ms). MPI_Barrier, not idle_barrier: a sleep right before the timed
+    request hands the core, and its cache, to another process."""
+    if comm.Get_size() > 1:
+        comm.Barrier()
+
+
 def probe(store, comm, value_bytes, rounds, batch=16):
     """kvtier-probe's measurement through the bound store, on every rank of comm at once: GET
     ladders, a batch's time the slowest rank's, then the probe's fit over the bytes of all ranks."""
@@ -163,11 +176,13 @@ class Case:
         self.load.run(self.tokens, steps=1, keep_kv=False, save=False, max_load=self.cap)
 
     def measure(self, keep=True):
-        gc.collect()
+        gc.collect()  # only what the rounds allocated: the set-up's objects are frozen (main)
         gc.disable()
         try:
+            align(self.comm)
             r = self.load.run(self.tokens, steps=1, keep_kv=False, save=False, max_load=self.cap)
             if self.full:
+                align(self.comm)
                 c0 = time.process_time()
                 rec = self.recompute.run(self.tokens, steps=1, keep_kv=False).timings["prefill_s"]
                 cpu = time.process_time() - c0
@@ -253,6 +268,11 @@ def main():
             for h in (fit_hits(n, chunk) if (n, w, chunk) in FIT else (None,)):
                 key = (n, w, chunk) if h is None else (n, w, chunk, h)
                 cases.append(Case(key, model, comm, store, ns, h, seed=n * 31 + chunk * 7 + w))
+        # the set-up's objects (the model, the cases, torch's own) live until the end: frozen out of
+        # the collector, so the collection before each timed request walks only what the rounds
+        # allocated (a full one took 85-165 ms per rank here, and differed between the ranks)
+        gc.collect()
+        gc.freeze()
         # rank 1 holds only the W = 2 cases; both ranks walk the configurations in the same order
         # (shuffled per round from the shared seed)
         order = random.Random(a.seed)
@@ -356,7 +376,8 @@ def report(a, measured, probes, s, loads_seen):
                          verdict_pred=verdict_p, verdict_meas=verdict_m, fit=not is_held))
     H = held["n"]
     ld = sorted(loads_seen)
-    summary = (f"warm-up hits: {a.warm}; held-out: {held['both']}/{H} within +-25% on both (hit {held['hit']}/{H}, recompute "
+    summary = (f"warm-up hits: {a.warm}; timed requests start at a barrier, set-up frozen out of the gc; "
+               f"held-out: {held['both']}/{H} within +-25% on both (hit {held['hit']}/{H}, recompute "
                f"{held['rec']}/{H}); verdict right {held['verdict']}/{H}; measured verdicts among them: "
                f"{sorted('load' if v else 'recompute' for v in held['seen'])}; {a.reps} rounds after a warm-up; "
                f"load average (1 min) {ld[0]:.1f}..{ld[-1]:.1f}, median {statistics.median(ld):.1f} on "
@@ -366,6 +387,7 @@ def report(a, measured, probes, s, loads_seen):
     print("\n" + "\n".join(md) + "\n")
     print(summary)
     line = json.dumps(dict(bench="python_engine_cost_model", s_bytes_per_token=s, reps=a.reps, warm=a.warm,
+                           start="barrier", gc="set-up frozen",  # the method since run 12 (align, main)
                            R_per_n={str(w): {n: n / recompute_s(w, n) for n in (48, 64, 128, 256, 384, 512, 640, 768)}
                                     for w in (1, 2)},
                            load_path={str(w): dict(T0_s=p.fixed_s, per_chunk_s=p.per_chunk_s,

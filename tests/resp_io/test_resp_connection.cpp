@@ -147,6 +147,35 @@ TEMPLATE_TEST_CASE("connection: payloads of odd lengths arrive whole, also throu
   }
 }
 
+TEMPLATE_TEST_CASE("connection: a batch that takes far more reads than one turn of the receive loop",
+                   "[integration]", asio_connection, uring_connection) {
+  // A 32-byte parser buffer makes every read short: 300 replies and a 1 MiB value take hundreds
+  // of reads, more than the Asio transport's receive loop does inline before it hands the loop
+  // back to its io_context (max_reads_inline), so that hand-over is exercised too.
+  redis_server srv;
+  auto opt = options_for(srv.url());
+  opt.limits.buffer_bytes = kvtier::resp::parser::min_buffer_bytes;
+  TestType conn(opt);
+  const auto big = pattern(1 << 20, 7);
+  const std::span<const std::byte> big_part(big);
+  batch b;
+  b.add_with_payload({"SET", "big"}, std::span(&big_part, 1));
+  for (int i = 0; i < 300; ++i) b.add({"SET", "k" + std::to_string(i), "value-" + std::to_string(i)});
+  REQUIRE_FALSE(conn.execute(b, deadline_after(10s)));
+  std::vector<std::byte> dst(big.size());
+  b.clear();
+  for (int i = 0; i < 300; ++i) b.add({"GET", "k" + std::to_string(i)});
+  b.add_into({"GET", "big"}, std::span<std::byte>(dst));
+  b.add({"PING"});
+  REQUIRE_FALSE(conn.execute(b, deadline_after(10s)));
+  REQUIRE(b.completed() == 302);
+  for (int i = 0; i < 300; ++i) REQUIRE(b.reply(i).str == "value-" + std::to_string(i));
+  REQUIRE(b.reply(300).into_destination);
+  REQUIRE(dst == big);
+  REQUIRE(b.reply(301).str == "PONG");
+  REQUIRE(conn.stats().connects == 1);
+}
+
 TEMPLATE_TEST_CASE("connection: a server that never answers times out at the deadline", "[integration]",
                    asio_connection, uring_connection) {
   black_hole_server hole;

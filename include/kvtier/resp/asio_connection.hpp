@@ -16,6 +16,8 @@
 // asio_connection refuses a TLS endpoint with errc::invalid_argument and says so in last_error().
 #pragma once
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/connect.hpp>
@@ -23,6 +25,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -318,6 +322,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
 
   void start_read() {
     if (error_ || replies_done()) return;
+    if (!tls_active()) return read_plain();
     const std::span<std::byte> into = read_span();
     wake_at(read_span_is_payload() ? into.size() : 1);
     ++pending_;
@@ -329,6 +334,49 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
                           if (std::error_code pe = on_read(n)) return fail(pe);
                           start_read();
                         });
+    });
+  }
+
+  // A plain socket's receive loop: read what the kernel holds now with non-blocking recv()s,
+  // straight from here (no reactor round trip, no handler dispatch per read), and ask the
+  // reactor only to wait when nothing is there. So a reply whose bytes are already queued (the
+  // CRLF after a payload, the next reply of a pipelined batch) costs one recv(), and the wake
+  // mark (SO_RCVLOWAT) changes only before a wait, not before every read. Bounded per call: a
+  // socket that keeps delivering hands the loop back to the io_context after max_reads_inline.
+  void read_plain() {
+    for (std::size_t round = 0; round < max_reads_inline; ++round) {
+      if (error_ || replies_done()) return;
+      const std::span<std::byte> into = read_span();
+      const ssize_t n = ::recv(fd(), into.data(), into.size(), MSG_DONTWAIT);
+      if (n > 0) {
+        if (std::error_code pe = on_read(static_cast<std::size_t>(n))) return fail(pe);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+        return fail(make_error_code(errc::connection_lost));  // eof, reset
+      // Nothing queued: wait until the span's bytes (a payload) or any byte (else) are in. The
+      // descriptor stays registered with the reactor (edge-triggered), and this wait is queued
+      // before the io_context polls again, so bytes that land from now on wake it.
+      wake_at(read_span_is_payload() ? into.size() : 1);
+      ++pending_;
+      auto resume = [this](const asio_ec& e) {
+        --pending_;
+        if (e) return fail(make_error_code(errc::connection_lost));  // aborted at the deadline
+        read_plain();
+      };
+      if (is_unix())
+        unix_.async_wait(local::socket::wait_read, resume);
+      else
+        tcp_.async_wait(tcp::socket::wait_read, resume);
+      return;
+    }
+    // Still delivering after max_reads_inline reads: continue from the io_context (the write's
+    // handler and the deadline get their turn; no wait, the bytes may be queued already).
+    ++pending_;
+    boost::asio::post(ctx_, [this] {
+      --pending_;
+      read_plain();
     });
   }
 
@@ -346,6 +394,7 @@ class basic_asio_connection : public connection_base<basic_asio_connection<Tls>>
   static constexpr std::size_t max_wake_mark = 1u << 20;
   static constexpr std::size_t max_write_buffers = 64;  // Asio gathers at most 64 per call
   static constexpr int max_poll_rounds = 64;            // handlers per idle TLS read (records)
+  static constexpr std::size_t max_reads_inline = 64;   // plain reads per turn of the io_context
 
   boost::asio::io_context ctx_{1};
   tcp::socket tcp_{ctx_};
