@@ -103,14 +103,12 @@ class remote_codec {
   /// kept across the rounds; dst is the whole payload.
   void add_get_range(remote_scratch& s, std::size_t j, value_check& check, std::vector<std::byte>& header,
                      std::string_view name, std::span<std::byte> dst, std::size_t g) const {
-    const std::span<std::byte> part = format_.group(dst, g);
     const std::size_t hdr = format_.header_size(dst.size());
-    const std::size_t from = g == 0 ? 0 : hdr + static_cast<std::size_t>(part.data() - dst.data());
-    const std::size_t to =
-        hdr + static_cast<std::size_t>(part.data() - dst.data()) + part.size();  // exclusive
+    const std::size_t from = g == 0 ? 0 : hdr + format_.groups_end(dst.size(), g);
+    const std::size_t last = hdr + format_.groups_end(dst.size(), g + 1) - 1;  // GETRANGE's end is inclusive
     s.parts[2 * j] = g == 0 ? std::span<std::byte>(header) : std::span<std::byte>();
-    s.parts[2 * j + 1] = part;
-    s.batch.add_into({"GETRANGE", name, std::to_string(from), std::to_string(to - 1)},
+    s.parts[2 * j + 1] = format_.group(dst, g);
+    s.batch.add_into({"GETRANGE", name, std::to_string(from), std::to_string(last)},
                      std::span<const std::span<std::byte>>(s.parts).subspan(2 * j, 2),
                      resp::destination_gate{g == 0 ? &header_gate : &header_kept, &check, &payload_landed});
   }
@@ -142,8 +140,7 @@ class remote_codec {
       bump(hc == header_check::wrong_length ? stats_.wrong_length : stats_.bad_header);
       return corrupt(where, name, key, "header: " + std::string(to_string(hc)));
     }
-    const std::size_t end =
-        static_cast<std::size_t>(format_.group(dst, g).data() - dst.data()) + format_.group(dst, g).size();
+    const std::size_t end = format_.groups_end(dst.size(), g + 1);
     if (c.seen() != end || c.bad_group() != c.groups()) {
       bump(stats_.bad_checksum);
       return corrupt(where, name, key,
