@@ -14,7 +14,7 @@
 //     cache.reserve(seq, tokens.size());
 //     if (plan->tokens_to_load()) conn.load(id, slots_of(seq));   // owners fetch, bytes move
 //   }
-//   conn.step(dl);  conn.wait_for_layer(l, dl);     // layer l of every loading chunk is in pages
+//   conn.wait_for_layer(l, dl);                     // layer l of every loading chunk is in pages
 //   if (auto out = conn.load_result(id)) compute_from(out->loaded_end_token);  // agreed on all ranks
 //   conn.save(id, slots_of(seq), 0, tokens.size()); // owners write their chunks, off the step
 //   conn.wait_for_save(id, dl);                     // or: free once finished() lists its saves
@@ -35,8 +35,11 @@
 //
 // Layer by layer. With a data communicator distinct from the control one, the mover's threads
 // run the broadcasts and, overlapped with the next group's broadcast, the scatters while the
-// engine computes; wait_for_layer(l, dl) returns once layer l of every chunk agreed so far is
-// in this rank's pages. With one communicator the moves run inside step().
+// engine computes; wait_for_layer(l, dl) returns once layer l of every chunk of every running
+// load is in this rank's pages (or the load's agreed reach ended short of it), running the
+// step's agreement itself while group(l) is not yet agreed: with stream_groups (loads fetched
+// layer group by layer group) the engine computes layer 0 while later groups still fetch.
+// With one communicator the moves run inside step().
 //
 // Staging. A load's chunk values land in one staging block the connector owns; it lives until
 // nothing can write it any more: a load cut short by its deadline leaves its block in
@@ -51,7 +54,8 @@
 //
 // Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors, errors
 // and drain_events never block (load and finish may wait for one scatter of one layer group to
-// end); step, wait_for_layer, wait_local and wait_for_save take a deadline.
+// end); step, wait_for_layer, wait_local and wait_for_save take a deadline (step, and
+// wait_for_layer while a group is not yet agreed, are collectives: every rank calls them).
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
 // they decide in detail/connector_step.hpp; the moves in detail/connector_mover.hpp; the saves
@@ -518,14 +522,55 @@ class connector {
 
   // ---- worker side -------------------------------------------------------------------------
 
-  /// Returns once layer `layer` of every chunk agreed so far for every running load is in this
-  /// rank's pages (or its load ended), or errc::timeout when dl passes first.
+  /// Returns once layer `layer` of every chunk of every running load is in this rank's pages,
+  /// or that load's agreed reach ended below it (its outcome, load_result, then says how far
+  /// the pages hold; vLLM's wait_for_layer_load, with get_block_ids_with_load_errors after the
+  /// forward), or errc::timeout when dl passes first. A collective when a running load has not
+  /// yet agreed layer group(layer) of all its chunks: this rank waits for its own part of that
+  /// group (until a quarter of dl's time is left), then runs the step's agreement (step(dl),
+  /// with one word that says whether that wait ran out; one rank's running out ends the wait on
+  /// every rank with errc::timeout, the load going on), until the group is agreed. Which loads need it follows only
+  /// from agreed values, so call it for the same layers in the same order on every rank, from
+  /// the thread that calls step(). Otherwise local: no collective.
+  ///
+  ///   conn.load(id, slots);                       // stream_groups: group 0 lands first
+  ///   for (std::uint32_t l = 0; l < layers; ++l) {
+  ///     conn.wait_for_layer(l, dl);               // layer l of every chunk of the load
+  ///     compute_layer(l);
+  ///   }
+  ///   while (!conn.load_result(id)) conn.step(dl);  // cut short? recompute from its end
   std::error_code wait_for_layer(std::uint32_t layer, deadline dl) {
-    const std::size_t g = std::min<std::size_t>(layer / geo_.per_group, geo_.groups - 1);
+    const auto g = static_cast<std::uint32_t>(std::min<std::size_t>(layer / geo_.per_group, geo_.groups - 1));
+    if (std::error_code ec = agree_group(g, dl)) return ec;
     return shared_.wait_group_landed(g, dl) ? std::error_code{} : make_error_code(errc::timeout);
   }
 
  private:
+  // Layer group g of every chunk of load r is agreed (or the load's outcome is): everything
+  // below its agreed reach has been handed to the mover. Read from agreed values only.
+  bool group_agreed(const detail::connector_request& r, std::uint32_t g) const noexcept {
+    const std::size_t moved = streamed_ ? r.enqueued_group[g] : r.enqueued;
+    return r.done || moved >= std::min(r.n, r.agreed_reach);
+  }
+
+  // wait_for_layer: steps until group g of every running load is agreed (see there).
+  std::error_code agree_group(std::uint32_t g, deadline dl) {
+    // This rank's own waits end a quarter of the call's time before dl, which the step keeps.
+    const deadline own_part = local_io_deadline(dl, time_left(dl) / 4);
+    for (;;) {
+      std::vector<req_ptr> pending;
+      for (request_id id : order_)
+        if (const req_ptr& r = requests_.at(id); r->loading && !group_agreed(*r, g)) pending.push_back(r);
+      if (pending.empty()) return {};
+      const std::size_t bytes = streamed_ ? geo_.group_end(g) : geo_.chunk_bytes;
+      for (const req_ptr& r : pending)
+        if (!r->local_failure && r->fetch.valid()) (void)queue_.wait_landed_bytes(r->fetch, bytes, std::min(own_part, r->load_dl));
+      std::uint64_t go = expired(own_part) ? 0 : 1;  // min over ranks: 0 once any rank's time is up
+      if (std::error_code ec = step(dl, std::span(&go, 1))) return ec;
+      if (go == 0) return make_error_code(errc::timeout);
+    }
+  }
+
   req_ptr known(request_id id) const {
     const auto it = requests_.find(id);
     return it == requests_.end() ? nullptr : it->second;
@@ -601,6 +646,7 @@ class connector {
     if (streamed_) return settle_streamed_load(r, ec, e, batch);
     const detail::load_words agreed = detail::load_words::decode(e);
     const detail::load_decision d = detail::decide_load(bool(ec), agreed, r->n, r->enqueued, r->target);
+    if (!ec) r->agreed_reach = std::min(r->agreed_reach, agreed.reachable);
     if (ec)
       note_error(
           *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, ctrl_));
@@ -620,6 +666,7 @@ class connector {
     const detail::load_words agreed = detail::load_words::decode(e);
     const detail::streamed_decision d =
         detail::decide_streamed_load(bool(ec), agreed, r->n, r->enqueued_group, r->target);
+    if (!ec) r->agreed_reach = std::min(r->agreed_reach, agreed.reachable);
     if (ec)
       note_error(
           *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, ctrl_));

@@ -231,6 +231,28 @@ class fetch_queue {
     return detail::queue_progress_locked(r);
   }
 
+  /// Blocks until every key of the request has at least its first `bytes` payload bytes in its
+  /// destination and verified (a landed key counts whole; a key shorter than `bytes` counts
+  /// once it landed), the request has completed, or `dl` passes; returns the progress then.
+  /// With stream_groups, `bytes` = the end of layer group g waits for group g of every key:
+  ///
+  ///   auto p = q.wait_landed_bytes(h, group_end(g), kvtier::deadline_after(20ms));
+  fetch_progress wait_landed_bytes(const fetch_handle& h, std::size_t bytes, deadline dl) const {
+    if (!h.valid()) return {};
+    auto& r = *access::get(h);
+    std::unique_lock lock(r.mu);
+    detail::wait_until(r.cv, lock, dl, [&] {
+      if (r.completed.load(std::memory_order_acquire)) return true;
+      for (std::size_t i = 0; i < r.keys.size(); ++i) {
+        const bool landed = i < r.landed.size() && r.landed[i] == chunk_status::hit;
+        const std::size_t need = std::min(bytes, detail::queue_key_bytes(r, i));
+        if (!landed && !(need > 0 && i < r.landed_bytes.size() && r.landed_bytes[i] >= need)) return false;
+      }
+      return true;
+    });
+    return detail::queue_progress_locked(r);
+  }
+
   /// Runs `cb(result)` once the request completes: at once, in this thread, if
   /// it already has (a completion is never lost to a late registration), else in
   /// the completing thread (a worker, or the thread calling cancel/close). One

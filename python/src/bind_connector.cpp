@@ -473,14 +473,15 @@ void bind_connector(py::module_& m) {
             if (layer >= p.pages->view.layout.num_layers)
               raise_invalid("layer " + std::to_string(layer) + " is outside the cache's " +
                             std::to_string(p.pages->view.layout.num_layers) + " layers");
-            const std::error_code ec = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); }, false);
+            const std::error_code ec = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); });
             if (ec)
               raise_error(ec, "Connector.wait_for_layer(" + std::to_string(layer) + "): the deadline passed");
           },
           py::arg("layer"), py::arg("deadline"),
-          "Returns once layer `layer` of every chunk agreed so far is in this rank's pages; "
-          "kvtier.TimeoutError "
-          "when the deadline passes first. May be called from another thread than step().\n\n"
+          "Returns once layer `layer` of every chunk of every running load is in this rank's pages (or "
+          "the load's agreed reach ended short of it: load_result says how far); kvtier.TimeoutError "
+          "when the deadline passes first. While a running load has not agreed that layer's group it "
+          "runs the step's agreement itself: call it for the same layers on every rank, like step().\n\n"
           "    conn.wait_for_layer(0, 1.0)")
       .def(
           "load_result",

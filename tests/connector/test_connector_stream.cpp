@@ -103,6 +103,22 @@ connector_options stream_options() {
   return opt;
 }
 
+// Request 1 computes and saves `prompt`; request 2 looks it up (all 6 chunks cached) and starts
+// its load into zeroed pages (pages may be reused) of `seq`.
+template <class Conn>
+void start_second_load(Conn& conn, host_kv_cache& cache, host_kv_cache::sequence& seq,
+                       const std::vector<token_id>& prompt) {
+  const auto saved = compute_and_save(conn, cache, 1, prompt);  // outside the lock: it may wait for a peer
+  LOCKED_REQUIRE(saved);
+  const auto plan = lookup_agreed(conn, 2, prompt);
+  LOCKED_REQUIRE(plan);
+  LOCKED_REQUIRE(plan->tokens_to_load() == 6 * T);
+  LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+  const std::vector<std::byte> zero(cache.layout().bytes_per_token());
+  for (std::uint64_t p = 0; p < prompt.size(); ++p) cache.scatter(seq, p, 1, zero);
+  LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
+}
+
 }  // namespace
 
 TEST_CASE("connector stream_groups: layers below a group the stores hold back land before it is fetched",
@@ -119,16 +135,8 @@ TEST_CASE("connector stream_groups: layers below a group the stores hold back la
     host_kv_cache cache(rig_layout());
     connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, c, data, cache.view(),
                    stream_options());
-    const auto saved = compute_and_save(conn, cache, 1, prompt);  // outside the lock: it may wait for a peer
-    LOCKED_REQUIRE(saved);
-    const auto plan = lookup_agreed(conn, 2, prompt);
-    LOCKED_REQUIRE(plan);
-    LOCKED_REQUIRE(plan->tokens_to_load() == 6 * T);
     host_kv_cache::sequence seq;
-    LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
-    const std::vector<std::byte> zero(cache.layout().bytes_per_token());
-    for (std::uint64_t p = 0; p < prompt.size(); ++p) cache.scatter(seq, p, 1, zero);  // pages may be reused
-    LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
+    start_second_load(conn, cache, seq, prompt);
     // Every rank's fetch has verified groups [0, late) of its chunks and waits before group
     // `late`; then exactly one step on every rank agrees those groups of all 6 chunks.
     const bool reached = store.hold.wait_reached(std::chrono::seconds(10));
@@ -155,6 +163,56 @@ TEST_CASE("connector stream_groups: layers below a group the stores hold back la
     LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);
     conn.finish(2);
   });
+}
+
+TEST_CASE("connector stream_groups: wait_for_layer agrees the groups itself, with no step() after load()",
+          "[connector]") {
+  // The engine's forward: load(), then wait_for_layer(l) before each layer. While the stores
+  // hold group `late` back, the layers below it are agreed, moved and right in the pages
+  // (every rank), a wait for `late` times out on every rank with the load going on, and once
+  // released every layer lands and the outcome is the whole load. The ranks' recorded control
+  // calls are the same.
+  constexpr rank_t W = 2;
+  constexpr std::uint32_t late = 2;
+  using rec = comm::recording<comm::inproc_communicator&>;
+  comm::inproc_world ctrl_world(W), data_world(W);
+  const std::vector<token_id> prompt = rig_prompt(6 * T + 7);
+  std::vector<std::vector<comm::collective_call>> calls(W);
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
+    comm::inproc_communicator data = data_world.communicator_for(c.rank());
+    rec ctrl(c);
+    memory_store mem(64 << 20);
+    streaming_store store{mem};
+    store.hold_round = late;
+    host_kv_cache cache(rig_layout());
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, ctrl, data, cache.view(),
+                   stream_options());
+    host_kv_cache::sequence seq;
+    start_second_load(conn, cache, seq, prompt);
+    for (std::uint32_t l = 0; l < late; ++l) {
+      const auto got = conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10)));  // a collective
+      LOCKED_CHECK_FALSE(got);
+      LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T, l + 1) == 0);  // layers up to l of all 6 chunks
+    }
+    LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T, late + 1) > 0);
+    const auto held = conn.wait_for_layer(late, deadline_after(std::chrono::milliseconds(400)));
+    LOCKED_CHECK(held == errc::timeout);  // on every rank: the agreed word said so
+    LOCKED_CHECK_FALSE(conn.load_result(2).has_value());
+    store.hold.release();
+    for (std::uint32_t l = 0; l < rig_layers; ++l) {
+      const auto got = conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10)));
+      LOCKED_CHECK_FALSE(got);
+    }
+    LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);  // before the outcome: every layer is in
+    const auto done = step_until(conn, [&] { return conn.load_result(2).has_value(); });  // outside the lock
+    LOCKED_REQUIRE(done);
+    LOCKED_CHECK(conn.load_result(2)->complete());
+    LOCKED_CHECK(conn.counters().agreement_failures.value() == 0);
+    conn.finish(2);
+    calls[c.rank()] = ctrl.calls();
+  });
+  CHECK(calls[0] == calls[1]);
+  CHECK(calls[0].size() > 4);
 }
 
 TEST_CASE("connector stream_groups faults: a corrupt group or a deadline mid-stream at one rank",

@@ -64,6 +64,7 @@ struct connector_request {
   std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
   std::vector<std::size_t> enqueued_group;  // per layer group: chunks given to the mover (mover mutex)
   std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
+  std::size_t agreed_reach = std::numeric_limits<std::size_t>::max();  // the most every rank can still reach
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
   bool reported = false;                                         // listed once by finished()
