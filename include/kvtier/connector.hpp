@@ -17,6 +17,7 @@
 //   conn.wait_for_layer(l, dl);                     // layer l of every loading chunk is in pages
 //   if (auto out = conn.load_result(id)) compute_from(out->loaded_end_token);  // agreed on all ranks
 //   conn.save(id, slots_of(seq), 0, tokens.size()); // owners write their chunks, off the step
+//                                                   // (or by layer: begin_save + save_layer(id, l))
 //   conn.wait_for_save(id, dl);                     // or: free once finished() lists its saves
 //   for (const auto& e : conn.errors(id)) log(e.message);  // this rank's own reasons, if any
 //
@@ -52,8 +53,8 @@
 // failed save) is errors(id), and finished().save_errors after finish(): local, never agreed,
 // and no collective carries it.
 //
-// Blocking: begin_lookup, lookup, load, save, finish, finished, load_result, load_errors, errors
-// and drain_events never block (load and finish may wait for one scatter of one layer group to
+// Blocking: begin_lookup, lookup, load, save, begin_save, save_layer, finish, finished,
+// load_result, load_errors, errors and drain_events never block (load and finish may wait for one scatter of one layer group to
 // end); step, wait_for_layer, wait_local and wait_for_save take a deadline (step, and
 // wait_for_layer while a group is not yet agreed, are collectives: every rank calls them).
 //
@@ -366,18 +367,34 @@ class connector {
   /// lists the request's saves. errc::invalid_argument for an unknown id or short slots.
   std::error_code save(request_id id, std::span<const std::int64_t> slots, std::uint64_t first_token,
                        std::uint64_t end_token) {
-    const auto it = requests_.find(id);
-    if (it == requests_.end() || end_token > slots.size() || !slots_fit(slots.first(end_token)))
-      return make_error_code(errc::invalid_argument);
-    const std::size_t T = chunk_.chunk_tokens();
-    detail::save_job job{it->second, {}, {}};
-    for (std::size_t c = (first_token + T - 1) / T; c < end_token / T && c < it->second->keys.size(); ++c)
-      if (static_cast<rank_t>(own_.owner(c)) == rank() && admitted(it->second->keys[c]))
-        job.chunks.push_back(c);
-    if (job.chunks.empty()) return {};
-    job.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
-    saver_.submit(std::move(job));
+    std::optional<detail::save_job> job = owned_save(id, slots, first_token, end_token);
+    if (!job) return make_error_code(errc::invalid_argument);
+    if (!job->chunks.empty()) saver_.submit(std::move(*job));
     return {};
+  }
+
+  /// save() layer by layer (vLLM's save_kv_layer): the same chunks, gathered from the pages one
+  /// layer group at a time on the saver thread as the forward reports each layer final with
+  /// save_layer(), so the gathers overlap the rest of the forward; put once the last group is
+  /// gathered. Never blocks. finish() before every layer was reported ends the save failed
+  /// (nothing stored; errors(id) names the group). errc::invalid_argument as save(), or while a
+  /// save by layer of the request is still being reported.
+  ///
+  ///   conn.begin_save(id, slots, 0, tokens.size());
+  ///   for (std::uint32_t l = 0; l < layers; ++l) compute_layer(l), conn.save_layer(id, l);
+  ///   conn.wait_for_save(id, dl);
+  std::error_code begin_save(request_id id, std::span<const std::int64_t> slots, std::uint64_t first_token,
+                             std::uint64_t end_token) {
+    std::optional<detail::save_job> job = owned_save(id, slots, first_token, end_token);
+    return job ? saver_.begin_by_layer(std::move(*job)) : make_error_code(errc::invalid_argument);
+  }
+
+  /// Layer `layer` of the pages of the request's save by layer (begin_save) is final: once every
+  /// layer of its group is, the saver gathers that group. Never blocks. errc::invalid_argument
+  /// for no save by layer begun, a layer out of range, or one reported already.
+  std::error_code save_layer(request_id id, std::uint32_t layer) {
+    const req_ptr r = known(id);
+    return r ? saver_.report_layer(r, layer) : make_error_code(errc::invalid_argument);
   }
 
   /// save() of a request this connector never looked up (an engine that computed a prompt
@@ -442,6 +459,7 @@ class connector {
       quarantine_.hold(r->fetch, r->staging);
       counters_.quarantined_blocks.add();
     }
+    saver_.abandon_by_layer(r);  // a save by layer whose layers were not all reported: it fails
     requests_.erase(it);
     if (const auto o = std::find(order_.begin(), order_.end(), id); o != order_.end()) order_.erase(o);
     {
@@ -595,6 +613,20 @@ class connector {
   bool reserve_staging(detail::connector_request& r) {
     r.staging = staging_->take(r.n * geo_.chunk_bytes, opt_.max_bytes_in_flight);
     return r.staging != nullptr;
+  }
+
+  // The chunks of [first_token, end_token) this rank owns and admits, to save from `slots`;
+  // empty for an unknown id or slots that do not fit.
+  std::optional<detail::save_job> owned_save(request_id id, std::span<const std::int64_t> slots,
+                                             std::uint64_t first_token, std::uint64_t end_token) const {
+    const req_ptr r = known(id);
+    if (!r || end_token > slots.size() || !slots_fit(slots.first(end_token))) return std::nullopt;
+    const std::size_t T = chunk_.chunk_tokens();
+    detail::save_job job{.r = r};
+    for (std::size_t c = (first_token + T - 1) / T; c < end_token / T && c < r->keys.size(); ++c)
+      if (static_cast<rank_t>(own_.owner(c)) == rank() && admitted(r->keys[c])) job.chunks.push_back(c);
+    if (!job.chunks.empty()) job.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
+    return job;
   }
 
   bool admitted(const chunk_key& k) const {

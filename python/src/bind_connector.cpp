@@ -526,6 +526,37 @@ void bind_connector(py::module_& m) {
           "wait_for_save). tokens: the prompt of a request never looked up, keyed here.\n\n"
           "    conn.save(7, slots, 0, len(tokens))")
       .def(
+          "begin_save",
+          [](py_connector& p, kvtier::request_id id, py::handle slots, std::uint64_t first_token,
+             std::uint64_t end_token) {
+            const auto s =
+                ints_of(slots, "slots", static_cast<std::int64_t>(p.pages->view.layout.num_slots()));
+            if (end_token > s.size())
+              raise_invalid("Connector.begin_save(request " + std::to_string(id) + "): " +
+                            std::to_string(s.size()) + " slots, end_token is " + std::to_string(end_token));
+            const std::error_code ec = p.with([&](auto& c) { return c.begin_save(id, s, first_token, end_token); });
+            if (ec)
+              raise_error(ec, "Connector.begin_save: request " + std::to_string(id) +
+                                  " is unknown or its save by layer is still being reported");
+          },
+          py::arg("id"), py::arg("slots"), py::arg("first_token"), py::arg("end_token"),
+          "save() layer by layer (vLLM's save_kv_layer): the same chunks, each layer group gathered from "
+          "the pages on the saver thread once save_layer() reported its layers final, put after the last. "
+          "finish() before every layer was reported stores nothing (a save error names the group).\n\n"
+          "    conn.begin_save(7, slots, 0, len(tokens))\n"
+          "    for l in range(layers): compute(l); conn.save_layer(7, l)")
+      .def(
+          "save_layer",
+          [](py_connector& p, kvtier::request_id id, std::uint32_t layer) {
+            const std::error_code ec = p.with([&](auto& c) { return c.save_layer(id, layer); });
+            if (ec)
+              raise_error(ec, "Connector.save_layer(" + std::to_string(id) + ", " + std::to_string(layer) +
+                                  "): no save by layer begun, a layer outside the cache's " +
+                                  std::to_string(p.pages->view.layout.num_layers) + ", or reported already");
+          },
+          py::arg("id"), py::arg("layer"),
+          "Layer `layer` of the pages of the request's save by layer (begin_save) is final. Never blocks.")
+      .def(
           "errors",
           [](py_connector& p, kvtier::request_id id) {
             return p.with([&](auto& c) { return c.errors(id); });

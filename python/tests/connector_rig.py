@@ -75,8 +75,19 @@ def agree_after_wait_local(conn, id, layers=LAYERS):
     return conn.load_result(id) is not None
 
 
-def run_rank(comm, store, data=None, tamper=None, ownership="mod", after_load=None):
-    """Cold request 1 computes and saves; request 2 (same prompt) loads it into other blocks."""
+def compute_and_save_by_layer(conn, pages, blocks, id):
+    """The forward of request `id` layer after layer, each layer's rows written just before
+    save_layer reports it final (begin_save first): the save gathers each layer once reported."""
+    conn.begin_save(id, slots_of(blocks, PROMPT), 0, PROMPT)
+    for layer in range(LAYERS):
+        for p in range(PROMPT):
+            pages[layer][blocks[p // BLOCK_SIZE], p % BLOCK_SIZE].view(torch.uint8).copy_(model_bytes(p, layer))
+        conn.save_layer(id, layer)
+
+
+def run_rank(comm, store, data=None, tamper=None, ownership="mod", after_load=None, by_layer=False):
+    """Cold request 1 computes and saves (by request, or with by_layer layer by layer); request 2
+    (same prompt) loads it into other blocks."""
     world = comm.size
     pages = make_pages()
     view = kvtier.KvCacheView.per_layer(layout(), pages)
@@ -91,8 +102,11 @@ def run_rank(comm, store, data=None, tamper=None, ownership="mod", after_load=No
         conn.begin_lookup(1, tokens)
         assert step_until(conn, lambda: conn.lookup(1) is not None)
         res["cold_cached"] = conn.lookup(1).cached_tokens
-        compute_into(pages, cold, 0, PROMPT)
-        conn.save(1, slots_of(cold, PROMPT), 0, PROMPT)
+        if by_layer:
+            compute_and_save_by_layer(conn, pages, cold, 1)
+        else:
+            compute_into(pages, cold, 0, PROMPT)
+            conn.save(1, slots_of(cold, PROMPT), 0, PROMPT)
         saved = conn.finish(1)
         for _ in range(2000):  # the saver thread puts this rank's chunks
             if saved or 1 in conn.finished().saves:

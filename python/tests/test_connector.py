@@ -3,6 +3,7 @@ the lifecycle byte for byte, with the moves inside step() and on a data communic
 thread; and every bad input as a clear kvtier exception."""
 import math
 import threading
+import time
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from connector_rig import (BLOCK_SIZE, BLOCKS, LATENT, LAYERS, PROMPT, agree_aft
                            make_pages, namespace, run_rank, slots_of, step_until, wrong_bytes)
 
 
-def run_world(w, separate_data, tamper_rank=None, ownership="mod", after_load=None):
+def run_world(w, separate_data, tamper_rank=None, ownership="mod", after_load=None, by_layer=False):
     world = kvtier.InprocWorld(w)
     data_world = kvtier.InprocWorld(w) if separate_data else None
     stores = [kvtier.MemoryStore(64 << 20) for _ in range(w)]
@@ -26,7 +27,7 @@ def run_world(w, separate_data, tamper_rank=None, ownership="mod", after_load=No
                     stores[r].close()
             results[r] = run_rank(world.communicator(r), stores[r],
                                   data=data_world.communicator(r) if data_world else None, tamper=tamper,
-                                  ownership=ownership, after_load=after_load)
+                                  ownership=ownership, after_load=after_load, by_layer=by_layer)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append((r, repr(e)))
 
@@ -56,6 +57,41 @@ def test_lifecycle_two_threads_byte_for_byte(separate_data):
         assert c["lookups"] == 2 and c["loads"] == 1 and c["tokens_loaded"] == PROMPT
         assert c["chunks_saved"] == 2 and c["save_failures"] == 0
         assert f'kvtier_connector_tokens_loaded_total{{rank="{r}"}} {PROMPT}' in x["prometheus"]
+
+
+def test_save_by_layer_then_load_byte_for_byte():
+    res = run_world(2, True, by_layer=True)  # begin_save + save_layer per layer of the forward
+    for r, x in enumerate(res):
+        assert x["events"] == [("stored", r, 2)]
+        assert x["loaded"] == (0, PROMPT, PROMPT) and x["wrong_loaded"] == 0, x
+        assert x["counters"]["save_failures"] == 0
+
+
+def test_save_layer_errors_name_the_call():
+    def body(conn, r):
+        conn.begin_lookup(5, list(range(PROMPT)))
+        assert step_until(conn, lambda: conn.lookup(5) is not None)
+        with pytest.raises(kvtier.InvalidArgument, match="no save by layer begun"):
+            conn.save_layer(5, 0)
+        conn.begin_save(5, list(range(PROMPT)), 0, PROMPT)
+        with pytest.raises(kvtier.InvalidArgument, match="still being reported"):
+            conn.begin_save(5, list(range(PROMPT)), 0, PROMPT)
+        conn.save_layer(5, 0)
+        with pytest.raises(kvtier.InvalidArgument, match="reported already"):
+            conn.save_layer(5, 0)
+        with pytest.raises(kvtier.InvalidArgument, match="outside the cache's 3"):
+            conn.save_layer(5, LAYERS)
+        conn.finish(5)  # layers 1, 2 never reported: nothing stored, a save error
+        for _ in range(2000):
+            f = conn.finished()
+            if f.save_errors:
+                return [e.message for e in f.save_errors]
+            time.sleep(0.005)
+        return []
+    out, errors = in_two_threads(body)
+    assert not errors, errors
+    for msgs in out:
+        assert len(msgs) == 1 and "was reported saved" in msgs[0], msgs
 
 
 def rendezvous_owner(chunk, world, seed):

@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -95,6 +98,89 @@ TEST_CASE("connector: saves emit stored events, finish waits for saves, metrics 
     std::string text;
     write_prometheus(text, conn.counters(), "kvtier_connector", "rank=\"0\"");
     LOCKED_CHECK(text.find("kvtier_connector_chunks_saved_total{rank=\"0\"} 3") != std::string::npos);
+  });
+}
+
+TEST_CASE("connector: a save by layer gathers each layer group once the forward reported it final",
+          "[connector]") {
+  // The forward writes layer l of the pages just before save_layer(l), over pages that held
+  // garbage: a group gathered before all its layers were reported would store garbage, which the
+  // load of the prompt then finds (checksums are of what was stored). Groups of 2 layers. A
+  // finish() before the last layer stores nothing and says which group was missing.
+  constexpr rank_t W = 2;
+  comm::inproc_world world(W);
+  const std::vector<token_id> prompt = rig_prompt(prompt_tokens, 5);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    memory_store store(16 << 20);
+    host_kv_cache cache(rig_layout());
+    connector_options opt = rig_options();
+    opt.layers_per_group = 2;
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, c, cache.view(), opt);
+    const kv_layout& lay = cache.layout();
+    const auto forward = [&](request_id id, std::uint32_t layers) {  // layers [0, layers), each reported
+      host_kv_cache::sequence seq;
+      LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+      const std::vector<std::byte> garbage(lay.bytes_per_token(), std::byte{0xAB});
+      for (std::uint64_t p = 0; p < prompt.size(); ++p) cache.scatter(seq, p, 1, garbage);
+      const auto slots = slots_of(cache, seq, prompt.size());
+      LOCKED_REQUIRE_FALSE(conn.begin_save(id, slots, 0, prompt.size()));
+      LOCKED_CHECK(conn.begin_save(id, slots, 0, prompt.size()) == errc::invalid_argument);  // one open
+      std::vector<std::byte> row(lay.layer_bytes_per_token());
+      for (std::uint32_t l = 0; l < layers; ++l) {
+        for (std::uint64_t p = 0; p < prompt.size(); ++p) {
+          for (std::size_t b = 0; b < row.size(); ++b) row[b] = model_byte(p, l, b);
+          LOCKED_REQUIRE_FALSE(kv_scatter(cache.view(), std::span(slots).subspan(p, 1), row, {l, l + 1}));
+        }
+        LOCKED_REQUIRE_FALSE(conn.save_layer(id, l));
+        LOCKED_CHECK(conn.save_layer(id, l) == errc::invalid_argument);  // reported already
+      }
+      return seq;
+    };
+    const auto plan1 = lookup_agreed(conn, 1, prompt);
+    LOCKED_REQUIRE(plan1);
+    LOCKED_CHECK(plan1->cached_tokens == 0);
+    LOCKED_CHECK(conn.save_layer(1, 0) == errc::invalid_argument);  // no save by layer begun
+    host_kv_cache::sequence seq1 = forward(1, lay.num_layers);
+    LOCKED_CHECK(conn.save_layer(1, lay.num_layers) == errc::invalid_argument);  // out of range
+    LOCKED_REQUIRE_FALSE(conn.wait_for_save(1, deadline_after(std::chrono::seconds(30))));
+    LOCKED_CHECK(conn.errors(1).empty());
+    LOCKED_CHECK(conn.counters().chunks_saved.value() == prompt_chunks / W);
+    LOCKED_CHECK(conn.finish(1).free_pages_now);
+    cache.release(seq1);
+    // Request 2: the same prompt, found whole; it loads and its pages are the model's.
+    const auto plan2 = lookup_agreed(conn, 2, prompt);
+    LOCKED_REQUIRE(plan2);
+    LOCKED_REQUIRE(plan2->cached_tokens == prompt_chunks * rig_chunk_tokens);
+    host_kv_cache::sequence seq2;
+    LOCKED_REQUIRE(cache.reserve(seq2, prompt.size()));
+    LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq2, prompt.size())));
+    const auto loaded = step_until(conn, [&] { return conn.load_result(2).has_value(); });  // outside the lock
+    LOCKED_REQUIRE(loaded);
+    LOCKED_CHECK(conn.load_result(2)->complete());
+    LOCKED_CHECK(wrong_bytes(cache, seq2, 0, prompt_chunks * rig_chunk_tokens) == 0);
+    conn.finish(2);
+    cache.release(seq2);
+    // Request 3 (another prompt's keys): finished after 3 of 4 layers (group 1 of 2 not complete):
+    // nothing stored, one failure, and finished() lists it once the saver let go of its pages.
+    const std::vector<token_id> other = rig_prompt(prompt_tokens, 6);
+    const auto plan3 = lookup_agreed(conn, 3, other);
+    LOCKED_REQUIRE(plan3);
+    const std::uint64_t saved_before = conn.counters().chunks_saved.value();
+    host_kv_cache::sequence seq3 = forward(3, 3);
+    bool listed = conn.finish(3).free_pages_now;  // or once finished() lists it
+    std::vector<request_error> why;
+    for (int i = 0; i < 20000 && !(listed && !why.empty()); ++i) {
+      finished_requests f = conn.finished();
+      why.insert(why.end(), f.save_errors.begin(), f.save_errors.end());
+      for (request_id s : f.saves) listed = listed || s == 3;
+      if (!listed || why.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    LOCKED_CHECK(listed);
+    LOCKED_REQUIRE(why.size() == 1);
+    LOCKED_CHECK(why[0].message.find("layer group 1 of 2") != std::string::npos);
+    LOCKED_CHECK(conn.counters().chunks_saved.value() == saved_before);
+    LOCKED_CHECK(conn.counters().save_failures.value() == 1);
+    cache.release(seq3);
   });
 }
 

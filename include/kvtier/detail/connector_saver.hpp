@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -30,11 +32,31 @@
 
 namespace kvtier::detail {
 
-/// Chunks (prompt indexes) of one request to save from the pages at `slots`.
+/// A save layer by layer (connector::begin_save / save_layer): its chunks are gathered from the
+/// pages one layer group at a time, as the forward reports the group's layers final, into the
+/// save's own buffer; the job that gathers the last group puts them all.
+struct layer_save {
+  std::vector<std::size_t> chunks;  // prompt indexes
+  std::vector<std::int64_t> slots;
+  std::vector<std::byte> values;       // chunks.size() values, filled group by group (saver thread)
+  std::vector<bool> failed;            // per chunk: a gather failed (saver thread)
+  std::optional<request_error> why;    // its first failure (saver thread)
+  std::uint32_t gathered = 0;          // groups gathered (saver thread)
+  std::vector<std::uint32_t> layers_left;  // per group: layers not yet reported (engine thread)
+  std::vector<bool> layer_seen;            // per layer: reported (engine thread)
+  std::uint32_t groups_submitted = 0;      // (engine thread)
+};
+
+/// Chunks (prompt indexes) of one request to save from the pages at `slots`; or, with
+/// `by_layer`, layer group `group` of that save to gather (the last one puts), or with `abandon`
+/// the end of a save whose remaining groups were never reported (it fails, nothing is put).
 struct save_job {
   connector_request_ptr r;
   std::vector<std::size_t> chunks;
   std::vector<std::int64_t> slots;
+  std::shared_ptr<layer_save> by_layer;
+  std::uint32_t group = 0;
+  bool abandon = false;
 };
 
 template <chunk_store Store>
@@ -51,13 +73,54 @@ class connector_saver {
     worker_.start([this](save_job& job) { run(job); });
   }
 
-  /// Queues a save; the request counts it pending (under shared.mu) until it ended.
+  /// Queues a save; the request counts it pending (under shared.mu) until it ended. A save by
+  /// layer counts once, from open() until its last group's job or its abandon job ended.
   void submit(save_job job) {
-    {
+    if (!job.by_layer) {
       std::lock_guard lock(shared_.mu);
       ++job.r->saves_pending;
     }
     worker_.submit(std::move(job));
+  }
+
+  /// connector::begin_save of `job` (its chunks and slots): opens r's save by layer; pending
+  /// once if it has chunks. errc::invalid_argument while one is still being reported.
+  std::error_code begin_by_layer(save_job job) {
+    const connector_request_ptr& r = job.r;
+    if (r->by_layer && r->by_layer->groups_submitted < geo_.groups) return make_error_code(errc::invalid_argument);
+    auto ls = std::make_shared<layer_save>();
+    ls->chunks = std::move(job.chunks);
+    ls->slots = std::move(job.slots);
+    for (std::uint32_t g = 0; g < geo_.groups; ++g)
+      ls->layers_left.push_back(geo_.group_layers(g).last - geo_.group_layers(g).first);
+    ls->layer_seen.assign(geo_.cache.layout.num_layers, false);
+    if (!ls->chunks.empty()) {
+      std::lock_guard lock(shared_.mu);
+      ++r->saves_pending;
+    }
+    r->by_layer = std::move(ls);
+    return {};
+  }
+
+  /// connector::save_layer: counts layer `layer` of r's save by layer down; its group's gather
+  /// is queued once every layer of the group was reported. errc::invalid_argument for no save by
+  /// layer, a layer out of range, or one reported already.
+  std::error_code report_layer(const connector_request_ptr& r, std::uint32_t layer) {
+    if (!r->by_layer || layer >= geo_.cache.layout.num_layers || r->by_layer->layer_seen[layer])
+      return make_error_code(errc::invalid_argument);
+    layer_save& ls = *r->by_layer;
+    ls.layer_seen[layer] = true;
+    const std::uint32_t g = layer / geo_.per_group;
+    if (--ls.layers_left[g] > 0) return {};
+    ++ls.groups_submitted;
+    if (!ls.chunks.empty()) submit({.r = r, .by_layer = r->by_layer, .group = g});
+    return {};
+  }
+
+  /// connector::finish: r's save by layer with groups never reported ends failed (nothing put).
+  void abandon_by_layer(const connector_request_ptr& r) {
+    if (const auto& ls = r->by_layer; ls && !ls->chunks.empty() && ls->groups_submitted < geo_.groups)
+      submit({.r = r, .by_layer = ls, .abandon = true});
   }
 
   /// Runs the saves already submitted, then joins the thread (idempotent).
@@ -116,22 +179,57 @@ class connector_saver {
 
  private:
   void run(save_job& job) {
-    const std::size_t bytes = geo_.chunk_bytes;
-    std::vector<std::byte> values(job.chunks.size() * bytes);
+    if (job.by_layer) return run_layer(job);
+    std::vector<std::byte> values(job.chunks.size() * geo_.chunk_bytes);
+    std::vector<bool> failed(job.chunks.size(), false);
+    std::optional<request_error> why;  // the first failure of this save, in words
+    for (std::size_t k = 0; k < job.chunks.size(); ++k)
+      gather(job, job.chunks[k], job.slots, values, k, {}, failed, why);
+    put(job, job.chunks, values, failed, std::move(why));
+  }
+
+  // One layer group of a save by layer; the last one puts (an abandon job: the save fails).
+  void run_layer(save_job& job) {
+    layer_save& ls = *job.by_layer;
+    if (job.abandon) {
+      if (!ls.why)
+        ls.why = explain(job, ls.chunks.front(), make_error_code(errc::invalid_argument),
+                         "finished before layer group " + std::to_string(ls.gathered) + " of " +
+                             std::to_string(geo_.groups) + " was reported saved (save_layer): nothing stored",
+                         false);
+      counters_.save_failures.add();
+      return end_save(job, {}, false, std::move(ls.why));
+    }
+    if (ls.values.empty()) ls.values.resize(ls.chunks.size() * geo_.chunk_bytes), ls.failed.assign(ls.chunks.size(), false);
+    for (std::size_t k = 0; k < ls.chunks.size(); ++k)
+      if (!ls.failed[k]) gather(job, ls.chunks[k], ls.slots, ls.values, k, geo_.group_layers(job.group), ls.failed, ls.why);
+    if (++ls.gathered == geo_.groups) put(job, ls.chunks, ls.values, ls.failed, std::move(ls.why));
+  }
+
+  // Gathers layers `layers` of prompt chunk c into value k of `values`; a failure marks it.
+  void gather(const save_job& job, std::size_t c, std::span<const std::int64_t> slots, std::span<std::byte> values,
+              std::size_t k, layer_range layers, std::vector<bool>& failed, std::optional<request_error>& why) {
+    const std::span<std::byte> v = values.subspan(k * geo_.chunk_bytes, geo_.chunk_bytes);
+    const std::span<std::byte> part = layers.last == UINT32_MAX
+                                          ? v
+                                          : chunk_layers(geo_.cache.layout, geo_.chunk_tokens, v, layers);
+    if (const std::error_code ec = kv_gather(geo_.cache, geo_.chunk_slots(slots, c), part, layers)) {
+      failed[k] = true;
+      if (!why) why = explain(job, c, ec, "gather from the pages: " + ec.message(), false);
+    }
+  }
+
+  // Puts the gathered chunks (those not failed) with the save deadline, and ends the save.
+  void put(const save_job& job, std::span<const std::size_t> chunks, std::span<const std::byte> values,
+           const std::vector<bool>& failed, std::optional<request_error> why) {
     std::vector<chunk_key> keys;
     std::vector<std::size_t> chunk_of;  // the prompt chunk of each key
     std::vector<std::span<const std::byte>> src;
-    std::optional<request_error> why;  // the first failure of this save, in words
-    for (std::size_t k = 0; k < job.chunks.size(); ++k) {
-      const std::size_t c = job.chunks[k];
-      std::span<std::byte> v(values.data() + k * bytes, bytes);
-      if (const std::error_code ec = kv_gather(geo_.cache, geo_.chunk_slots(job.slots, c), v)) {
-        if (!why) why = explain(job, c, ec, "gather from the pages: " + ec.message(), false);
-        continue;
-      }
-      keys.push_back(job.r->keys[c]);
-      chunk_of.push_back(c);
-      src.push_back(v);
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
+      if (failed[k]) continue;
+      keys.push_back(job.r->keys[chunks[k]]);
+      chunk_of.push_back(chunks[k]);
+      src.push_back(values.subspan(k * geo_.chunk_bytes, geo_.chunk_bytes));
     }
     std::vector<chunk_status> st(keys.size(), chunk_status::error);
     const std::error_code ec = store_.put(keys, src, st, deadline_after(save_timeout_));
@@ -145,13 +243,18 @@ class connector_saver {
       }
     }
     counters_.chunks_saved.add(stored.size());
-    const bool failed = ec || stored.size() != job.chunks.size();
-    if (failed && !why) why = explain(job, job.chunks.front(), ec, ec.message(), true);
-    if (failed) counters_.save_failures.add();
+    const bool bad = ec || stored.size() != chunks.size();
+    if (bad && !why) why = explain(job, chunks.front(), ec, ec.message(), true);
+    if (bad) counters_.save_failures.add();
+    end_save(job, std::move(stored), bad, std::move(why));
+  }
+
+  // A save ended: its stored keys (an event), its failure, one pending save less.
+  void end_save(const save_job& job, std::vector<chunk_key> stored, bool failed, std::optional<request_error> why) {
     std::lock_guard lock(shared_.mu);
     for (const chunk_key& k : stored) shared_.remember_stored_locked(k);
     if (!stored.empty()) shared_.events.push_back({kv_event::kind::stored, rank_, std::move(stored)});
-    job.r->save_failed = job.r->save_failed || failed;
+    job.r->save_failed = job.r->save_failed || failed || job.abandon;
     if (why) note_error_locked(*job.r, std::move(*why));
     --job.r->saves_pending;
     shared_.saved.notify_all();

@@ -32,6 +32,8 @@
 
 namespace kvtier::detail {
 
+struct layer_save;  // detail/connector_saver.hpp
+
 /// One request as this rank's connector sees it. Fields marked "mover" are written by the
 /// mover and saver threads under the connector's mutex; the rest belong to the engine thread.
 struct connector_request {
@@ -73,6 +75,7 @@ struct connector_request {
   std::vector<std::size_t> group_landed;  // per layer group: chunks scattered, in order
   bool move_failed = false;
   std::size_t saves_pending = 0;
+  std::shared_ptr<layer_save> by_layer;  // the save by layer (begin_save) being reported, if any
   bool save_failed = false;
   std::vector<request_error> errors;  // this rank's first reason per stage (see note_error_locked)
 
