@@ -206,6 +206,7 @@ class connector {
     r->prompt_tokens = prompt_tokens;
     r->keys = chunk_.keys(keyed_tokens, m);
     r->owned = owned_chunks(own_, rank(), r->keys.size());
+    r->lookup_started = clock::now();
     r->lookup_dl = deadline_after(opt_.lookup_timeout);
     if (!r->owned.empty()) {
       std::vector<chunk_key> keys;
@@ -522,8 +523,10 @@ class connector {
     }
     if (streamed_) fp = detail::step_fp_mix(fp, 0x53545245414d4544ull);  // "STREAMED": units, not chunks
     msg.seal(detail::step_fp_mix(fp, words.size()));
+    const clock::time_point agreeing = clock::now();
     std::error_code ec = comm::all_reduce(ctrl_, std::span<const std::uint64_t>(msg.v), std::span(msg.v),
                                           comm::reduce_op::min, dl);
+    counters_.step_latency.observe(clock::now() - agreeing);
     if (!ec && !msg.consistent(waiting.size())) ec = make_error_code(errc::collective_mismatch);
     if (ec) counters_.agreement_failures.add();
     msg.agreed_words(ec, words);
@@ -559,8 +562,11 @@ class connector {
   ///   while (!conn.load_result(id)) conn.step(dl);  // cut short? recompute from its end
   std::error_code wait_for_layer(std::uint32_t layer, deadline dl) {
     const auto g = static_cast<std::uint32_t>(std::min<std::size_t>(layer / geo_.per_group, geo_.groups - 1));
-    if (std::error_code ec = agree_group(g, dl)) return ec;
-    return shared_.wait_group_landed(g, dl) ? std::error_code{} : make_error_code(errc::timeout);
+    const clock::time_point called = clock::now();
+    std::error_code ec = agree_group(g, dl);
+    if (!ec && !shared_.wait_group_landed(g, dl)) ec = make_error_code(errc::timeout);
+    counters_.layer_wait.observe(clock::now() - called);
+    return ec;
   }
 
  private:
@@ -664,6 +670,7 @@ class connector {
     const detail::lookup_words agreed = detail::lookup_words::decode(e);
     if (!ec && !agreed.ready) return;  // some rank's answer is not in yet
     r.lookup_agreed = true;
+    counters_.lookup_latency.observe(clock::now() - r.lookup_started);
     if (ec) note_error(r, detail::agreement_failure(r, request_error::stage::lookup, rank(), 0, ec, ctrl_));
     const std::uint64_t hit = ec ? 0 : std::min(agreed.answer_tokens, end_of(r));
     const detail::planned_range p =

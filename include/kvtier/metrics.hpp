@@ -165,6 +165,24 @@ inline void store_prom_header(std::string& out, std::string_view prefix, std::st
   out += type;
   out += '\n';
 }
+
+/// One histogram: its header, cumulative buckets, +Inf, _sum and _count.
+inline void store_prom_histogram(std::string& out, std::string_view prefix, std::string_view name,
+                                 std::string_view help, std::string_view labels, const histogram& h) {
+  store_prom_header(out, prefix, name, "histogram", help);
+  const std::string bucket = std::string(name) + "_bucket";
+  std::uint64_t cumulative = 0;
+  char le[48];
+  for (std::size_t i = 0; i < histogram::bucket_count; ++i) {
+    cumulative += h.bucket(i);
+    std::snprintf(le, sizeof le, "le=\"%.6g\"", histogram::upper_bound_seconds(i));
+    store_prom_line(out, prefix, bucket, labels, le, static_cast<double>(cumulative));
+  }
+  cumulative += h.bucket(histogram::bucket_count);
+  store_prom_line(out, prefix, bucket, labels, "le=\"+Inf\"", static_cast<double>(cumulative));
+  store_prom_line(out, prefix, std::string(name) + "_sum", labels, {}, h.sum_seconds());
+  store_prom_line(out, prefix, std::string(name) + "_count", labels, {}, static_cast<double>(h.count()));
+}
 }  // namespace detail
 
 /// Appends `m` to `out` in the Prometheus text exposition format (version 0.0.4).
@@ -184,19 +202,7 @@ inline void write_prometheus(std::string& out, const metrics& m, std::string_vie
     store_prom_line(out, prefix, name, labels, "tier=\"l2\"", static_cast<double>((m.l2.*member).value()));
   };
   auto hist = [&](std::string_view name, std::string_view help, const histogram& h) {
-    store_prom_header(out, prefix, name, "histogram", help);
-    const std::string bucket = std::string(name) + "_bucket";
-    std::uint64_t cumulative = 0;
-    char le[48];
-    for (std::size_t i = 0; i < histogram::bucket_count; ++i) {
-      cumulative += h.bucket(i);
-      std::snprintf(le, sizeof le, "le=\"%.6g\"", histogram::upper_bound_seconds(i));
-      store_prom_line(out, prefix, bucket, labels, le, static_cast<double>(cumulative));
-    }
-    cumulative += h.bucket(histogram::bucket_count);
-    store_prom_line(out, prefix, bucket, labels, "le=\"+Inf\"", static_cast<double>(cumulative));
-    store_prom_line(out, prefix, std::string(name) + "_sum", labels, {}, h.sum_seconds());
-    store_prom_line(out, prefix, std::string(name) + "_count", labels, {}, static_cast<double>(h.count()));
+    detail::store_prom_histogram(out, prefix, name, help, labels, h);
   };
 
   tiers("tier_hits_total", "Keys found, per tier.", &tier_metrics::hits);

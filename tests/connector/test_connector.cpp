@@ -98,6 +98,14 @@ TEST_CASE("connector: saves emit stored events, finish waits for saves, metrics 
     std::string text;
     write_prometheus(text, conn.counters(), "kvtier_connector", "rank=\"0\"");
     LOCKED_CHECK(text.find("kvtier_connector_chunks_saved_total{rank=\"0\"} 3") != std::string::npos);
+    // Latency histograms: one lookup agreed, one save ended, the lookup's steps each observed.
+    LOCKED_CHECK(text.find("# TYPE kvtier_connector_lookup_seconds histogram") != std::string::npos);
+    LOCKED_CHECK(text.find("kvtier_connector_lookup_seconds_count{rank=\"0\"} 1\n") != std::string::npos);
+    LOCKED_CHECK(text.find("kvtier_connector_save_seconds_count{rank=\"0\"} 1\n") != std::string::npos);
+    LOCKED_CHECK(text.find("kvtier_connector_load_seconds_count{rank=\"0\"} 0\n") != std::string::npos);
+    LOCKED_CHECK(conn.counters().step_latency.count() >= 1);
+    LOCKED_CHECK(text.find("kvtier_connector_save_seconds_bucket{rank=\"0\",le=\"+Inf\"} 1\n") !=
+                 std::string::npos);
   });
 }
 
@@ -157,6 +165,7 @@ TEST_CASE("connector: a save by layer gathers each layer group once the forward 
     const auto loaded = step_until(conn, [&] { return conn.load_result(2).has_value(); });  // outside the lock
     LOCKED_REQUIRE(loaded);
     LOCKED_CHECK(conn.load_result(2)->complete());
+    LOCKED_CHECK(conn.counters().load_latency.count() == 1);
     LOCKED_CHECK(wrong_bytes(cache, seq2, 0, prompt_chunks * rig_chunk_tokens) == 0);
     conn.finish(2);
     cache.release(seq2);

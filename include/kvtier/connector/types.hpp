@@ -144,9 +144,15 @@ struct kv_event {
 struct connector_counters {
   counter lookups, loads, loads_cut_short, tokens_loaded, tokens_to_recompute, agreement_failures,
       local_load_failures, chunks_saved, save_failures, quarantined_blocks;
+  histogram lookup_latency;  ///< begin_lookup to the agreed plan
+  histogram load_latency;    ///< load() to the agreed outcome
+  histogram layer_wait;      ///< each wait_for_layer call
+  histogram step_latency;    ///< each step's agreement (its one all-reduce)
+  histogram save_latency;    ///< save() or begin_save() to the put's end (stored or failed)
 };
 
-/// Appends the connector's counters in the Prometheus text format, as write_prometheus does.
+/// Appends the connector's counters and latency histograms in the Prometheus text format, as
+/// write_prometheus does.
 inline void write_prometheus(std::string& out, const connector_counters& c,
                              std::string_view prefix = "kvtier_connector", std::string_view labels = {}) {
   const std::pair<const char*, const counter*> all[] = {{"lookups_total", &c.lookups},
@@ -163,6 +169,13 @@ inline void write_prometheus(std::string& out, const connector_counters& c,
     detail::store_prom_header(out, prefix, name, "counter", "kvtier connector lifecycle count.");
     detail::store_prom_line(out, prefix, name, labels, {}, static_cast<double>(ctr->value()));
   }
+  const std::pair<const char*, const histogram*> hists[] = {{"lookup_seconds", &c.lookup_latency},
+                                                            {"load_seconds", &c.load_latency},
+                                                            {"layer_wait_seconds", &c.layer_wait},
+                                                            {"step_seconds", &c.step_latency},
+                                                            {"save_seconds", &c.save_latency}};
+  for (const auto& [name, h] : hists)
+    detail::store_prom_histogram(out, prefix, name, "kvtier connector lifecycle latency.", labels, *h);
 }
 
 }  // namespace kvtier

@@ -45,6 +45,7 @@ struct layer_save {
   std::vector<std::uint32_t> layers_left;  // per group: layers not yet reported (engine thread)
   std::vector<bool> layer_seen;            // per layer: reported (engine thread)
   std::uint32_t groups_submitted = 0;      // (engine thread)
+  clock::time_point begun = clock::now();
 };
 
 /// Chunks (prompt indexes) of one request to save from the pages at `slots`; or, with
@@ -57,6 +58,7 @@ struct save_job {
   std::shared_ptr<layer_save> by_layer;
   std::uint32_t group = 0;
   bool abandon = false;
+  clock::time_point submitted = clock::now();
 };
 
 template <chunk_store Store>
@@ -256,6 +258,7 @@ class connector_saver {
     if (!stored.empty()) shared_.events.push_back({kv_event::kind::stored, rank_, std::move(stored)});
     job.r->save_failed = job.r->save_failed || failed || job.abandon;
     if (why) note_error_locked(*job.r, std::move(*why));
+    counters_.save_latency.observe(clock::now() - (job.by_layer ? job.by_layer->begun : job.submitted));
     --job.r->saves_pending;
     shared_.saved.notify_all();
   }

@@ -44,6 +44,7 @@ struct connector_request {
   // Lookup.
   fetch_handle lookup;  // empty when this rank owns none of the chunks
   deadline lookup_dl{};
+  clock::time_point lookup_started{};
   std::vector<std::size_t> owned;  // this rank's owned chunks, ascending
   bool lookup_agreed = false;
   std::uint64_t agreed_cached_tokens = 0;  // min over ranks, before the policy

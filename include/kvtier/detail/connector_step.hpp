@@ -213,6 +213,7 @@ inline void end_load(connector_request& r, std::size_t chunks, std::size_t chunk
     if (chunks < r.n) r.abandoned = true;
   }
   r.done = true;
+  counters.load_latency.observe(clock::now() - r.load_started);
   r.loaded_end_token = r.range_first_token + static_cast<std::uint64_t>(chunks) * chunk_tokens;
   counters.tokens_loaded.add(r.loaded_end_token - r.range_first_token);
   if (chunks < r.n) {
