@@ -131,4 +131,46 @@ std::uint64_t connector_load(Connector& conn, kvtier::request_id id, std::span<c
   return got;
 }
 
+/// When an engine's forward over a loading request got each layer: load(), then per layer
+/// wait_for_layer(l) and `compute` of that layer (a sleep: the engine's GPU, not this host's
+/// cores), then steps until the outcome. Seconds from load(): layer 0 ready, the last layer
+/// ready, the forward's end, the outcome agreed; and the agreed loaded end token.
+struct forward_times {
+  double first_layer = 0, last_layer = 0, forward_end = 0, outcome = 0;
+  std::uint64_t loaded = 0;
+};
+template <class Connector>
+forward_times connector_forward(Connector& conn, kvtier::request_id id, std::span<const kvtier::token_id> prompt,
+                                std::span<const std::int64_t> slots, std::uint32_t layers,
+                                std::chrono::microseconds compute) {
+  using clk = std::chrono::steady_clock;
+  const auto dl = [] { return kvtier::deadline_after(std::chrono::seconds(30)); };
+  const auto give_up = clk::now() + std::chrono::seconds(120);  // bounded, as connector_load
+  forward_times out;
+  conn.begin_lookup(id, prompt);
+  while (!conn.lookup(id) && clk::now() < give_up) {
+    conn.step(dl());
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (!conn.lookup(id) || !conn.lookup(id)->tokens_to_load()) {
+    conn.finish(id);
+    return out;
+  }
+  const auto t0 = clk::now();
+  const auto since = [&] { return std::chrono::duration<double>(clk::now() - t0).count(); };
+  conn.load(id, slots);
+  for (std::uint32_t l = 0; l < layers; ++l) {
+    conn.wait_for_layer(l, dl());  // agrees group(l) itself while it is not yet agreed
+    out.last_layer = since();
+    if (l == 0) out.first_layer = out.last_layer;
+    std::this_thread::sleep_for(compute);
+  }
+  out.forward_end = since();
+  while (!conn.load_result(id) && clk::now() < give_up) conn.step(dl());
+  out.outcome = since();
+  if (conn.load_result(id)) out.loaded = conn.load_result(id)->loaded_end_token;
+  conn.finish(id);
+  return out;
+}
+
 }  // namespace kvtier_bench
