@@ -14,7 +14,8 @@
 //   forward   an engine's forward over the loading request (kvtier_bench::connector_forward):
 //             load(), then per layer wait_for_layer(l) (which agrees group(l) itself) and a
 //             modeled compute of 0 or 10 ms per layer (a sleep: the GPU's time, not the host's
-//             cores; 10 ms x 8 layers is about half the load here), then steps until the outcome.
+//             cores; 10 ms is about one group's share of the ~50 ms load, 4 groups of 2 layers),
+//             then steps until the outcome (forward_rows.hpp, shared with bench_connector_mpi).
 //             Whole-chunk and streamed; times from load() to layer 0 ready, the last layer
 //             ready, the forward's end and the agreed outcome, and streamed / whole.
 // Stores: memory_store, and (when redis-server is installed) one redis-server per rank (value
@@ -33,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "connector/forward_rows.hpp"
 #include "connector/load_rig.hpp"
 #include "kvtier/kvtier.hpp"
 #if KVTIER_BENCH_HAS_REDIS
@@ -50,19 +52,10 @@ namespace {
 using kvtier_bench::load_rig;
 constexpr rank_t W = 2;
 
-// The engine's forward (kvtier_bench::connector_forward) at these modeled computes per layer.
-constexpr std::chrono::microseconds computes[] = {std::chrono::microseconds(0), std::chrono::milliseconds(10)};
-
 struct figures {
   std::vector<double> fetch, hand, conn, streamed;
-  std::vector<kvtier_bench::forward_times> forward[2][2];  // [whole, streamed][compute]
+  kvtier_bench::forward_samples forward;
 };
-
-double median_of(const std::vector<kvtier_bench::forward_times>& v, double kvtier_bench::forward_times::*m) {
-  std::vector<double> x;
-  for (const auto& f : v) x.push_back(f.*m);
-  return kvtier_bench::median(x);
-}
 
 void barrier(comm::inproc_communicator& c) {
   std::uint64_t v = 0;
@@ -151,20 +144,10 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
         if (r == 0 && i > 0) fig.streamed.push_back(s[0]);
       }
       if (r == 0 && i > 0) fig.fetch.push_back(f[0]), fig.hand.push_back(h[0]), fig.conn.push_back(k[0]);
-      for (int mode = 0; mode < (streams ? 2 : 1); ++mode) {
-        for (std::size_t ci = 0; ci < std::size(computes); ++ci) {
-          if (i == 0) load_rig::clear(cache.view(), slots);
-          barrier(c);
-          const request_id id = 100000 + 8 * i + 4 * mode + ci;
-          const kvtier_bench::forward_times ft =
-              mode ? kvtier_bench::connector_forward(conn_s, id, prompt, slots, load_rig::layers, computes[ci])
-                   : kvtier_bench::connector_forward(conn, id, prompt, slots, load_rig::layers, computes[ci]);
-          if (ft.loaded != C * T) std::fprintf(stderr, "rank %u: forward %llu loaded %llu tokens\n", r,
-                                               (unsigned long long)id, (unsigned long long)ft.loaded);
-          if (i == 0) wrong += rig.wrong_chunks(cache.view(), slots);
-          if (r == 0 && i > 0) fig.forward[mode][ci].push_back(ft);
-        }
-      }
+      const auto n = kvtier_bench::forward_round(conn, conn_s, 100000 + 8 * i, rig, cache.view(), slots, streams,
+                                                 i == 0, [&] { barrier(c); }, r == 0 && i > 0 ? &fig.forward : nullptr);
+      wrong += n.wrong;
+      if (n.short_loads) std::fprintf(stderr, "rank %u: %zu forwards loaded short\n", r, n.short_loads);
     }
   });
   const double f = kvtier_bench::median(fig.fetch), h = kvtier_bench::median(fig.hand),
@@ -178,26 +161,7 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
     std::printf("%-12s streamed connector %7.1f ms | streamed / connector %.2fx | streamed / fetch %.2fx\n",
                 label, s * 1e3, s / k, s / f);
   }
-  using ft = kvtier_bench::forward_times;
-  for (std::size_t ci = 0; ci < std::size(computes); ++ci) {
-    for (int mode = 0; mode < 2 && !fig.forward[mode][ci].empty(); ++mode) {
-      const auto& v = fig.forward[mode][ci];
-      std::printf("%-12s forward, %2lld ms/layer, %-8s: layer 0 ready %7.1f ms | last layer %7.1f | end %7.1f | "
-                  "outcome %7.1f\n",
-                  label, static_cast<long long>(computes[ci].count() / 1000), mode ? "streamed" : "whole",
-                  median_of(v, &ft::first_layer) * 1e3, median_of(v, &ft::last_layer) * 1e3,
-                  median_of(v, &ft::forward_end) * 1e3, median_of(v, &ft::outcome) * 1e3);
-    }
-    if (!fig.forward[1][ci].empty()) {
-      const auto& w = fig.forward[0][ci];
-      const auto& st = fig.forward[1][ci];
-      std::printf("%-12s forward, %2lld ms/layer, streamed / whole: layer 0 %.2fx | last layer %.2fx | end %.2fx\n",
-                  label, static_cast<long long>(computes[ci].count() / 1000),
-                  median_of(st, &ft::first_layer) / median_of(w, &ft::first_layer),
-                  median_of(st, &ft::last_layer) / median_of(w, &ft::last_layer),
-                  median_of(st, &ft::forward_end) / median_of(w, &ft::forward_end));
-    }
-  }
+  kvtier_bench::print_forward(label, fig.forward);
 }
 
 }  // namespace
@@ -228,7 +192,9 @@ int main(int argc, char** argv) {
 #endif
   const auto m = [](const std::vector<double>& v) { return kvtier_bench::median(v) * 1e3; };
   using ft = kvtier_bench::forward_times;
-  const auto fm = [](const std::vector<ft>& v, double ft::*f) { return v.empty() ? 0.0 : median_of(v, f) * 1e3; };
+  const auto fm = [&](int mode, std::size_t ci, double ft::*f) {
+    return kvtier_bench::forward_median(red.forward.v[mode][ci], f) * 1e3;
+  };
   std::printf(
       "{\"bench\":\"connector\",\"chunks\":%zu,\"chunk_bytes\":%zu,\"ranks\":%u,\"reps\":%d,"
       "\"memory\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f},"
@@ -237,9 +203,9 @@ int main(int argc, char** argv) {
       "\"first_layer_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]}},"
       "\"load_average\":%.2f}\n",
       load_rig::C, load_rig::chunk_bytes(), W, reps, m(mem.fetch), m(mem.hand), m(mem.conn), m(red.fetch),
-      m(red.hand), m(red.conn), m(red.streamed), fm(red.forward[0][0], &ft::forward_end),
-      fm(red.forward[0][1], &ft::forward_end), fm(red.forward[1][0], &ft::forward_end),
-      fm(red.forward[1][1], &ft::forward_end), fm(red.forward[0][0], &ft::first_layer),
-      fm(red.forward[0][1], &ft::first_layer), fm(red.forward[1][0], &ft::first_layer),
-      fm(red.forward[1][1], &ft::first_layer), kvtier_bench::load_average());
+      m(red.hand), m(red.conn), m(red.streamed), fm(0, 0, &ft::forward_end),
+      fm(0, 1, &ft::forward_end), fm(1, 0, &ft::forward_end),
+      fm(1, 1, &ft::forward_end), fm(0, 0, &ft::first_layer),
+      fm(0, 1, &ft::first_layer), fm(1, 0, &ft::first_layer),
+      fm(1, 1, &ft::first_layer), kvtier_bench::load_average());
 }

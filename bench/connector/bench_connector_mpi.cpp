@@ -16,8 +16,11 @@
 // thread (MPI_THREAD_MULTIPLE). For each connector: the time this rank's own fetch ended (max over
 // ranks) and what came after it; for every variant the CPU seconds of all ranks and their servers
 // (getrusage + INFO cpu), a figure the machine's other load does not move much. Every variant's pages are
-// checked byte for byte in the warm-up round. Prints medians, connector / fetch alone, the machine's load
-// average, one JSON line.
+// checked byte for byte in the warm-up round. Then per round an engine's forward (forward_rows.hpp, as
+// bench_connector's: load(), wait_for_layer(l) and a modeled 0 or 10 ms compute per layer, steps until
+// the outcome; rank 0's times) through conn direct and through a streamed one (stream_groups,
+// fetch_batch_chunks = 0, its own direct data communicator). Prints medians, connector / fetch alone,
+// streamed / whole, the machine's load average, one JSON line.
 #include <mpi.h>
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "connector/forward_rows.hpp"
 #include "connector/load_rig.hpp"
 #include "kvtier/comm/mpi.hpp"
 #include "kvtier/resp/asio_connection.hpp"
@@ -79,6 +83,7 @@ struct samples {
   std::vector<double> total[n_variants], cpu[n_variants];    // cpu: CPU-s, every rank and server
   std::vector<double> hand_fetch, hand_bcast, hand_scatter;  // by hand's phases (rank 0)
   std::vector<double> fetched[n_variants];                   // connectors: own fetch ended (max)
+  kvtier_bench::forward_samples forward;                     // rank 0's forwards
 };
 
 // Everything MPI lives in here, so it is gone before MPI_Finalize.
@@ -97,7 +102,7 @@ int run(int reps) {
   rig.put_owned(store, r);
 
   comm::mpi_communicator ctrl = make_comm(true), hand_data = make_comm(true), data_staged = make_comm(true),
-                         data_direct = make_comm(false);
+                         data_direct = make_comm(false), data_streamed = make_comm(false);
   host_kv_cache cache(load_rig::layout());
   host_kv_cache::sequence seq;
   cache.reserve(seq, rig.prompt.size());
@@ -112,6 +117,10 @@ int run(int reps) {
   connector_options direct_opt = load_rig::connector_options();
   direct_opt.data_writes_after_failure = true;  // MPI stage = false may write after a failed call
   connector conn_direct(rig.chunk, rig.own, store, ctrl, data_direct, cache.view(), direct_opt);
+  connector_options streamed_opt = direct_opt;
+  streamed_opt.stream_groups = true;
+  streamed_opt.fetch_batch_chunks = 0;
+  connector conn_streamed(rig.chunk, rig.own, store, ctrl, data_streamed, cache.view(), streamed_opt);
   const auto dl = [] { return deadline_after(std::chrono::seconds(30)); };
 
   samples s;
@@ -176,6 +185,10 @@ int run(int reps) {
         s.hand_scatter.push_back(seconds_since(t_bcast, t_end));
       }
     }
+    const auto n = kvtier_bench::forward_round(conn_direct, conn_streamed, 100000 + 8 * round, rig, cache.view(),
+                                               slots, true, round == 0, [] { MPI_Barrier(MPI_COMM_WORLD); },
+                                               r == 0 && round > 0 ? &s.forward : nullptr);
+    wrong += n.wrong, short_loads += n.short_loads;
   }
   std::size_t all_wrong = 0, all_short = 0;
   MPI_Allreduce(&wrong, &all_wrong, 1, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
@@ -200,16 +213,26 @@ int run(int reps) {
           "  %s  %7.1f ms, CPU %6.1f ms  (own fetches ended at %.1f, then %.1f)  / fetch %.2fx, CPU %.2fx\n",
           names[v], ms(s.total[v]), ms(s.cpu[v]), ms(s.fetched[v]), ms(s.total[v]) - ms(s.fetched[v]),
           ms(s.total[v]) / f, ms(s.cpu[v]) / fc);
+    kvtier_bench::print_forward("  direct", s.forward);
     std::printf("  wrong chunks in pages (warm-up check): %zu; loads cut short: %zu\n", all_wrong, all_short);
+    using ft = kvtier_bench::forward_times;
+    const auto fm = [&](int mode, std::size_t ci, double ft::*m) {
+      return kvtier_bench::forward_median(s.forward.v[mode][ci], m) * 1e3;
+    };
     std::printf(
         "{\"bench\":\"connector_mpi\",\"chunks\":%zu,\"chunk_bytes\":%zu,\"ranks\":%u,\"reps\":%d,"
         "\"load_average\":%.2f,\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"hand_fetch_ms\":%.2f,"
         "\"hand_broadcast_ms\":%.2f,\"hand_scatter_ms\":%.2f,\"staged_ms\":%.2f,\"direct_ms\":%.2f,"
         "\"staged_over_fetch\":%.3f,\"direct_over_fetch\":%.3f,\"cpu_ms\":{\"fetch\":%.1f,\"hand\":%.1f,"
-        "\"staged\":%.1f,\"direct\":%.1f},\"wrong_chunks\":%zu,\"short_loads\":%zu}\n",
+        "\"staged\":%.1f,\"direct\":%.1f},\"forward_end_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]},"
+        "\"first_layer_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]},\"wrong_chunks\":%zu,"
+        "\"short_loads\":%zu}\n",
         C, bytes, W, reps, load, f, ms(s.total[hand]), ms(s.hand_fetch), ms(s.hand_bcast), ms(s.hand_scatter),
         ms(s.total[staged]), ms(s.total[direct]), ms(s.total[staged]) / f, ms(s.total[direct]) / f, fc,
-        ms(s.cpu[hand]), ms(s.cpu[staged]), ms(s.cpu[direct]), all_wrong, all_short);
+        ms(s.cpu[hand]), ms(s.cpu[staged]), ms(s.cpu[direct]), fm(0, 0, &ft::forward_end),
+        fm(0, 1, &ft::forward_end), fm(1, 0, &ft::forward_end), fm(1, 1, &ft::forward_end),
+        fm(0, 0, &ft::first_layer), fm(0, 1, &ft::first_layer), fm(1, 0, &ft::first_layer),
+        fm(1, 1, &ft::first_layer), all_wrong, all_short);
   }
   return all_wrong || all_short ? 1 : 0;
 }
