@@ -337,10 +337,6 @@ inline options parse_replay(int argc, char** argv, std::uint32_t mpi_world = 0) 
   if (o.eng.granularity != pcp::load_granularity::chunk && o.eng.mode != pcp::load_mode::async)
     throw usage_error(std::string("--load-granularity ") + pcp::to_string(o.eng.granularity) +
                       " needs --mode async, got --mode " + pcp::to_string(o.eng.mode));
-  if (o.eng.granularity == pcp::load_granularity::layer_streamed && o.l2 != "embedded" && o.l2 != "none")
-    throw usage_error(
-        "--load-granularity layer-streamed is modeled (group-major ranged reads are not in remote_store): "
-        "it needs --l2 embedded");
   if (o.prior_from_model && o.l2 != "embedded")
     throw usage_error("--estimator-prior model needs --l2 embedded");
   if (o.sustained_gbps > 0) {  // the instance rate beside T0, from the rate it sustained per hit

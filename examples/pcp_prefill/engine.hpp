@@ -261,7 +261,10 @@ class engine {
                        .save_timeout = io_budget,                // the write-back's deadline (store_computed)
                        .layers_per_group = layered() ? 1u : 0u,  // layer by layer: one group per layer
                        .fetch_workers = opt_.fetch_workers,
-                       .fetch_batch_chunks = 0});
+                       .fetch_batch_chunks = 0,
+                       // layer-streamed on a group-streaming store (remote_store): group-major
+                       // ranged reads, each layer group agreed as it lands (wait_for_layer)
+                       .stream_groups = opt_.granularity == load_granularity::layer_streamed});
     env.conn = conn ? &*conn : nullptr;
     try {
       loop(env);

@@ -297,12 +297,18 @@ int run_replay(World& w, const options& o) {
     return replay(w, o, prime_set, prepared, l1s, l2s);
   }
 #if defined(PCP_HAVE_RESP)
+  // Layer-streamed: values in format 2, one checksum group per layer (the connector's groups), so
+  // a load reads them group-major and layer 0 is computed while later layers still fetch.
+  const auto l2_format = [](const options& o) {
+    if (o.eng.granularity != pcp::load_granularity::layer_streamed) return kvtier::value_format::v1();
+    return kvtier::value_format::v2(kvtier::layer_group_bytes(o.tm.kv_layout_for(1), o.tm.chunk_tokens, 1));
+  };
   if (o.l2.rfind("resp", 0) != 0 && o.l2.rfind("rediss://", 0) != 0)
     throw usage_error("--l2 '" + kvtier::resp::redact_url(o.l2) +
                       "': expected embedded, none, or a resp:// / resp+unix:// / resp+cluster:// URL (or "
                       "rediss:// / resp+tls:// / resp+cluster+tls://)");
   auto pools = pcp::make_resp_l2s(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 3,  // per server
-                                  o.tls, [&](std::uint32_t r) { return w.hosts(r); });
+                                  o.tls, [&](std::uint32_t r) { return w.hosts(r); }, l2_format(o));
   std::vector<pcp::resp_l2*> l2s;
   for (auto& p : pools) l2s.push_back(p.get());
   const int rc = replay(w, o, prime_set, prepared, l1s, l2s);

@@ -54,6 +54,8 @@
 #include "kvtier/lookup.hpp"
 #include "kvtier/ownership.hpp"
 #include "model_stores.hpp"
+#include "rank_agree.hpp"
+#include "rank_pages.hpp"
 #include "rank_state.hpp"
 #include "timing_model.hpp"
 
@@ -81,9 +83,8 @@ class request_lifecycle {
                          std::chrono::duration<double>(opt_.load_timeout_s));
   }
 
-  /// The deadline of the collectives that agree on outcomes: generous, so a late peer
-  /// becomes "recompute" rather than a rank that gave up the agreement.
-  static kvtier::deadline coll_dl() { return kvtier::clock::now() + std::chrono::seconds(300); }
+  /// The deadline of the collectives that agree on outcomes (rank_agree.hpp).
+  static kvtier::deadline coll_dl() { return agree_deadline(); }
 
   /// Issues the lookups of requests `ids` at the current modeled time and sets
   /// their modeled end (their real I/O has finished when this returns).
@@ -239,14 +240,14 @@ class request_lifecycle {
     if (i == opt_.corrupt_paged_request && env.comm->rank() == opt_.corrupt_paged_rank &&
         chunks(agreed) > c0) {
       auto v = std::span<std::byte>(env.paged_scratch);
-      from_pages(env, i, c0, v);
+      from_pages(env, tm_, i, c0, v);
       v[v.size() / 2] ^= std::byte{0x01};
-      to_pages(env, i, c0, v);
+      to_pages(env, tm_, i, c0, v);
     }
     std::uint64_t first_bad = agreed;
     std::uint64_t bad = 0;
     for (std::size_t k = c0; k < chunks(agreed); ++k) {
-      from_pages(env, i, k, env.paged_scratch);
+      from_pages(env, tm_, i, k, env.paged_scratch);
       if (!verify_payload(env.paged_scratch, chunk_tokens_of(i, k), k * tm_.chunk_tokens, env.scratch)) {
         ++bad;
         first_bad = std::min<std::uint64_t>(first_bad, k * tm_.chunk_tokens);
@@ -292,9 +293,11 @@ class request_lifecycle {
   /// Layer by layer: computes a batch that starts at `start` and takes `dur` (modeled), layer
   /// after layer, and returns its end. Layer l starts once layer l of the batch's loading
   /// requests is in the pages (modeled: their layer_ready) and the previous layer is done.
-  /// For real: one connector step agrees what every rank fetched (every rank's fetch has ended:
-  /// start_loads waited for it) and hands those chunks to the mover, then the engine waits
-  /// for each layer (connector::wait_for_layer) before that layer's compute; once the batch is
+  /// For real: one connector step agrees what every rank fetched (layer: every rank's fetch has
+  /// ended, start_loads waited for it) and hands those chunks to the mover, then the engine waits
+  /// for each layer (connector::wait_for_layer) before that layer's compute (layer-streamed on real
+  /// servers: it agrees group l itself while later groups still fetch, and the time group l
+  /// landed, the longest over ranks, is that layer's ready time on the clock); once the batch is
   /// computed the loads' outcomes are agreed and checked (finish_load). A load that came back
   /// short voids what this step computed of its request: it recomputes from the agreed prefix.
   double compute_layers(env_t& env, const std::vector<std::pair<std::size_t, std::uint64_t>>& batch,
@@ -309,11 +312,23 @@ class request_lifecycle {
     for (std::uint32_t l = 0; l < n_layers; ++l) {
       if (auto ec = env.conn->wait_for_layer(l, coll_dl())) note_error(env, ec, "layer wait");
       if (env.lead) ++tally_.result.layer_waits;
+      if (streamed_real()) {  // group l landed: when, since each load began (the longest over ranks)
+        std::vector<double> took;
+        for (const auto& b : pending)
+          took.push_back(std::chrono::duration<double>(kvtier::clock::now() - env.loc[b.first].load_began).count());
+        took = agree_max_s(env, took);
+        for (std::size_t k = 0; k < pending.size(); ++k) {
+          ctl_state& c = env.ctl[pending[k].first];
+          c.layer_ready[l] = std::min(c.load_start + took[k], c.deadline);
+          c.load_end = c.layer_ready[l];
+        }
+      }
       for (const auto& [i, take] : pending) t = std::max(t, env.ctl[i].layer_ready[l]);
       t += dur / n_layers;
     }
     for (const auto& [i, take] : pending) {
       ctl_state& c = env.ctl[i];
+      if (streamed_real()) env.costs.load_s += c.load_end - c.load_start;  // start_loads booked none
       finish_load(env, i, /*in_step*/ true);
       c.layer_pending = false;
       if (c.cached >= c.hit) continue;
@@ -350,12 +365,12 @@ class request_lifecycle {
     bool pages_free = true;
     const auto t = kvtier::clock::now();
     if (from < to) {
-      reserve_pages(env, i, static_cast<std::uint64_t>(to) * tm_.chunk_tokens);
+      reserve_pages(env, tm_, i, static_cast<std::uint64_t>(to) * tm_.chunk_tokens);
       // Compute writes the chunk's KV into the pages; the connector gathers the value from them.
       for (std::size_t k = from; k < to; ++k) {
         if (own_.owner(k) != env.comm->rank()) continue;
         fill_payload(env.paged_scratch, chunk_tokens_of(i, k), k * tm_.chunk_tokens);
-        to_pages(env, i, k, env.paged_scratch);
+        to_pages(env, tm_, i, k, env.paged_scratch);
       }
       pages_free = write_back(env, i, from, to);
     }
@@ -376,13 +391,14 @@ class request_lifecycle {
   }
 
  private:
-  static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
   static constexpr std::size_t max_steps = 10'000'000;  ///< steps to agree one step's lookups
   /// Collectives of one load agreed by the connector after its fetch ended: two steps (the
   /// fetched prefix, then the outcome) and one grouped broadcast per layer group (one group).
   static constexpr std::uint64_t connector_collectives = 3;
   /// Layer groups of a load in the layer modes (one layer each): the paged cache's layers.
   std::uint32_t layers() const { return std::max<std::uint32_t>(1, tm_.kv_layers); }
+  /// Layer-streamed on real servers: the fetch streams by layer group under the compute.
+  bool streamed_real() const { return !modeled && opt_.granularity == load_granularity::layer_streamed; }
 
   /// Starts the loads of `ids` (owned chunks in [split, hit)) at the current modeled
   /// time and sets their modeled end (their real I/O has finished when this returns).
@@ -394,16 +410,21 @@ class request_lifecycle {
       const ctl_state& c = env.ctl[i];
       // The chunks land in the request's pages: [0, hit) are reserved now (the front of a
       // split is computed into them too).
-      reserve_pages(env, i, c.hit);
+      reserve_pages(env, tm_, i, c.hit);
       const std::vector<std::int64_t> slots = kvtier::slots_from_block_table(
           {env.loc[i].seq.blocks, 0, c.hit}, static_cast<std::uint32_t>(tm_.kv_block_tokens));
       began.push_back(kvtier::clock::now());
+      env.loc[i].load_began = began.back();
       // This rank's owners fetch [split, hit); a local failure makes this rank load nothing.
       note_error(env, env.conn->load(i, slots, c.split, c.hit), "load");
     }
     std::vector<double> took;
     std::vector<double> ends;
     for (std::size_t k = 0; k < ids.size(); ++k) {
+      if (streamed_real()) {  // the fetch goes on under the compute: compute_layers waits per layer
+        took.push_back(0);
+        continue;
+      }
       // Wait for this rank's own fetch (by its deadline, and slack) so that the outcome is
       // agreed in the steps of finish_load, whatever the threads' timing.
       if (env.conn->wait_local(ids[k], real_dl(env, ids[k]) + std::chrono::seconds(5)))
@@ -438,6 +459,11 @@ class request_lifecycle {
   /// most one batch; a longer step only starts later layers later).
   void set_layer_ready(env_t& env, std::size_t i, const std::vector<double>& ends) {
     ctl_state& c = env.ctl[i];
+    if (streamed_real()) {  // measured in compute_layers, as each group lands: it may join now
+      c.layer_ready.assign(layers(), env.clock.now);
+      c.ready_at = env.clock.now;
+      return;
+    }
     c.layer_ready = env.io->group_landings(chunks(c.split), chunks(c.hit), chunks(c.l1_hit), ends, layers(),
                                            opt_.granularity == load_granularity::layer_streamed, c.deadline);
     const double per_layer = tm_.compute_s(static_cast<double>(std::min<std::uint64_t>(
@@ -480,24 +506,6 @@ class request_lifecycle {
   /// generous one; real servers get the request's own (load_timeout_s of wall time).
   kvtier::deadline real_dl(const env_t& env, std::size_t i) const {
     return modeled ? kvtier::clock::now() + std::chrono::seconds(60) : env.loc[i].real_dl;
-  }
-
-  void all_reduce_min(env_t& env, std::vector<std::uint64_t>& v) {
-    if (v.empty()) return;
-    ++env.collectives;
-    if (auto ec =
-            kvtier::comm::all_reduce(*env.comm, std::span<const std::uint64_t>(v),
-                                     std::span<std::uint64_t>(v), kvtier::comm::reduce_op::min, coll_dl()))
-      throw std::runtime_error("all_reduce failed: " + ec.message() + ": " + env.comm->last_error());
-  }
-  /// Real servers: the ranks' measured durations (seconds) -> the longest of each.
-  std::vector<double> agree_max_s(env_t& env, const std::vector<double>& mine) {
-    std::vector<std::uint64_t> v;
-    for (double d : mine) v.push_back(none - static_cast<std::uint64_t>(std::max(0.0, d) * 1e9));
-    all_reduce_min(env, v);
-    std::vector<double> out;
-    for (auto x : v) out.push_back(static_cast<double>(none - x) * 1e-9);
-    return out;
   }
 
   /// Runs a store call of the step thread, timing its real duration.
@@ -555,23 +563,6 @@ class request_lifecycle {
     return !waited;
   }
 
-  /// Blocks for request i's first `tokens` positions in the paged cache. Every rank reserves
-  /// the same tokens for the same requests in the same order, so all ranks agree on failure.
-  void reserve_pages(env_t& env, std::size_t i, std::uint64_t tokens) {
-    if (!env.cache->reserve(env.loc[i].seq, tokens))
-      throw std::runtime_error("paged KV cache full (" + std::to_string(env.cache->layout().num_blocks) +
-                               " blocks of " + std::to_string(tm_.kv_block_tokens) +
-                               " tokens): raise --kv-cache-tokens");
-  }
-  /// Chunk value `v` (chunk c of request i) into the request's pages, or the pages back into `v`.
-  void to_pages(env_t& env, std::size_t i, std::size_t c, std::span<const std::byte> v) {
-    if (auto ec = env.cache->scatter(env.loc[i].seq, c * tm_.chunk_tokens, tm_.chunk_tokens, v))
-      throw std::runtime_error("paged KV scatter: " + ec.message());
-  }
-  void from_pages(env_t& env, std::size_t i, std::size_t c, std::span<std::byte> v) {
-    if (auto ec = env.cache->gather(env.loc[i].seq, c * tm_.chunk_tokens, tm_.chunk_tokens, v))
-      throw std::runtime_error("paged KV gather: " + ec.message());
-  }
   /// Request i's tokens that are keyed: its full chunks.
   std::span<const std::uint32_t> keyed_tokens(std::size_t i) const {
     return std::span<const std::uint32_t>(reqs_[i].src->tokens).first(reqs_[i].n_chunks() * tm_.chunk_tokens);

@@ -13,6 +13,7 @@
 //   auto l2 = pcp::make_resp_l2s("resp+tls://10.0.0.5:{rank+6400}", 8, ns, 4, {.ca_file = "ca.pem"});
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -53,14 +54,18 @@ class resp_l2 {
 
   /// Rank `rank`'s store for `url` (see the header comment), `connections` per server, `tls` for
   /// TLS endpoints. Throws std::invalid_argument with the URL parser's message, or when the URL
-  /// asks for TLS that this build lacks or mixes TLS and plain servers.
+  /// asks for TLS that this build lacks or mixes TLS and plain servers. `format`: the values'
+  /// format; version 2 (layer groups, read group-major by get_by_group) needs one server.
   resp_l2(const std::string& url, int rank, const kvtier::key_namespace& ns, std::size_t connections,
-          const kvtier::resp::tls_options& tls = {}) {
+          const kvtier::resp::tls_options& tls = {}, kvtier::value_format format = kvtier::value_format::v1())
+      : format_(format) {
+    const bool grouped = format.version != 1;
     const kvtier::resp::pool_options pool{.connections = connections};
     const kvtier::resp::connection_options base{.tls = tls};
     if (kvtier::resp::is_cluster_url(url)) {
       const auto u = kvtier::resp::parse_cluster_url(url);
       if (!u) throw std::invalid_argument("--l2: " + u.message);
+      if (grouped) throw std::invalid_argument("--l2: layer-group reads need one server per rank, not a cluster");
       require_tls_support(!u.seeds.empty() && u.seeds.front().tls, url);
       auto opt = kvtier::cluster_options_for(u, rank, base);
       opt.pool = pool;
@@ -79,11 +84,12 @@ class resp_l2 {
                                     "': mixes TLS and plain servers in one list (use one kind)");
       auto opt = base;
       opt.server = parsed.value;
-      singles_.push_back(std::make_unique<single_t>(ns, std::move(opt), pool));
+      singles_.push_back(std::make_unique<single_t>(ns, std::move(opt), pool, format));
       if (comma == std::string::npos) break;
       from = comma + 1;
     }
     if (singles_.size() == 1) return;
+    if (grouped) throw std::invalid_argument("--l2: layer-group reads need one server per rank, not a list");
     std::vector<single_t*> parts;
     for (auto& s : singles_) parts.push_back(s.get());
     store_ = std::make_unique<spread_t>(std::move(parts));
@@ -102,6 +108,17 @@ class resp_l2 {
                       kvtier::deadline dl) {
     return visit([&](auto& s) { return s.put(keys, src, status, dl); });
   }
+
+  /// get(), read group-major (one server: remote_store::get_by_group; see the constructor).
+  std::error_code get_by_group(std::span<const kvtier::chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                               std::span<kvtier::chunk_status> status, kvtier::deadline dl,
+                               const std::function<void(std::span<const std::size_t>)>& on_round = {}) {
+    ++grouped_gets_;
+    return singles_.front()->get_by_group(keys, dst, status, dl, on_round);
+  }
+  kvtier::value_format format() const { return format_; }
+  /// get_by_group calls so far (a load that streamed by layer group made at least one).
+  std::uint64_t grouped_gets() const { return grouped_gets_.load(); }
 
   /// The last failure in words, with the server's own text where it sent one.
   std::string last_error() const {
@@ -138,20 +155,23 @@ class resp_l2 {
     return f(*singles_.front());
   }
 
+  kvtier::value_format format_;
+  std::atomic<std::uint64_t> grouped_gets_{0};
   std::vector<std::unique_ptr<single_t>> singles_;
   std::variant<std::monostate, std::unique_ptr<cluster_t>, std::unique_ptr<spread_t>> store_;
 };
-static_assert(kvtier::chunk_store<resp_l2>);
+static_assert(kvtier::group_streaming_store<resp_l2>);
 
 /// One store per rank (rank r's URL templates expanded with r); null for a rank that `hosted`
 /// says lives in another process (ranks as processes: each builds only its own).
 inline std::vector<std::unique_ptr<resp_l2>> make_resp_l2s(
     const std::string& url, std::uint32_t world, const kvtier::key_namespace& ns, std::size_t connections,
     const kvtier::resp::tls_options& tls = {},
-    const std::function<bool(std::uint32_t)>& hosted = [](std::uint32_t) { return true; }) {
+    const std::function<bool(std::uint32_t)>& hosted = [](std::uint32_t) { return true; },
+    kvtier::value_format format = kvtier::value_format::v1()) {
   std::vector<std::unique_ptr<resp_l2>> out;
   for (std::uint32_t r = 0; r < world; ++r)
-    out.push_back(hosted(r) ? std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections, tls)
+    out.push_back(hosted(r) ? std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections, tls, format)
                             : nullptr);
   return out;
 }

@@ -26,7 +26,8 @@ struct rig_base {
   std::vector<std::unique_ptr<resp_l2>> pools;
 
   template <class UrlOf>
-  void attach(UrlOf url_of, const kvtier::resp::tls_options& tls = {}) {
+  void attach(UrlOf url_of, const kvtier::resp::tls_options& tls = {},
+              kvtier::value_format format = kvtier::value_format::v1()) {
     tm.payload_scale = 1.0 / 4096;
     reqs = test::small_hit_heavy_trace(10, 5, 11);
     const kvtier::key_namespace ns = test::test_namespace(tm.chunk_tokens, world);
@@ -34,7 +35,7 @@ struct rig_base {
     prepared = prepare(reqs, *chunk);
     for (std::uint32_t r = 0; r < world; ++r) l1.push_back(std::make_unique<modeled_l1>(64 << 20));
     for (std::uint32_t r = 0; r < world; ++r)
-      pools.push_back(std::make_unique<resp_l2>(url_of(r), static_cast<int>(r), ns, 5, tls));
+      pools.push_back(std::make_unique<resp_l2>(url_of(r), static_cast<int>(r), ns, 5, tls, format));
   }
   run_result run(engine_options opt) {
     opt.world = world;
@@ -62,8 +63,8 @@ struct rig_base {
 // One redis-server per rank.
 struct real_rig : rig_base {
   kvtier::test::redis_server srv0, srv1;
-  real_rig() {
-    attach([&](std::uint32_t r) { return (r == 0 ? srv0 : srv1).url(); });
+  explicit real_rig(kvtier::value_format format = kvtier::value_format::v1()) {
+    attach([&](std::uint32_t r) { return (r == 0 ? srv0 : srv1).url(); }, {}, format);
   }
 };
 
@@ -108,6 +109,28 @@ TEST_CASE("engine over two real servers: primed async and sync replays verify ev
     const auto r = g.run({.mode = mode});
     g.check_full_hits(r);
     CHECK(r.symmetric_collectives);
+  }
+}
+
+// Layer by layer on real servers: `layer` fetches whole chunks before the step (only the moves
+// overlap compute); `layer-streamed` reads format-2 values group-major (GETRANGE per layer) and
+// the step's wait_for_layer(l) agrees each group as it lands, the fetch going on under compute.
+TEST_CASE("engine over two real servers: layer and layer-streamed loads verify every byte", "[integration]") {
+  for (load_granularity gran : {load_granularity::layer, load_granularity::layer_streamed}) {
+    INFO(to_string(gran));
+    const bool streamed = gran == load_granularity::layer_streamed;
+    timing_model tm;
+    tm.payload_scale = 1.0 / 4096;  // as attach() sets it: one checksum group per layer of a chunk
+    real_rig g(streamed ? kvtier::value_format::v2(kvtier::layer_group_bytes(tm.kv_layout_for(1), tm.chunk_tokens, 1))
+                        : kvtier::value_format::v1());
+    g.prime();
+    const auto r = g.run({.mode = load_mode::async, .granularity = gran});
+    g.check_full_hits(r);
+    CHECK(r.symmetric_collectives);
+    CHECK(r.layer_waits > 0);
+    std::uint64_t grouped = 0;
+    for (const auto& p : g.pools) grouped += p->grouped_gets();
+    CHECK((grouped > 0) == streamed);  // the loads streamed by layer group exactly when asked
   }
 }
 
