@@ -121,7 +121,7 @@ class connector {
         opt_(std::move(opt)),
         geo_(cache_, chunk_.chunk_tokens(), opt_.layers_per_group),
         queue_(store, {.workers = opt_.fetch_workers,
-                       .max_batch_chunks = opt_.fetch_batch_chunks,
+                       .max_batch_chunks = streamed_ ? 0 : opt_.fetch_batch_chunks,  // streamed: one call
                        .metrics = opt_.metrics,
                        .stream_groups = streamed_}),
         estimator_(opt_.prior),
