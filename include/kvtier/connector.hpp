@@ -59,8 +59,11 @@
 // wait_for_layer while a group is not yet agreed, are collectives: every rank calls them).
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
-// they decide in detail/connector_step.hpp; the moves in detail/connector_mover.hpp; the saves
-// in detail/connector_saver.hpp; the per-request state in detail/connector_state.hpp.
+// they decide in detail/connector_step.hpp; what an agreed load entry does (moves, target,
+// outcome) in detail/connector_settle.hpp; the moves in detail/connector_mover.hpp; the saves
+// (by request and by layer) in detail/connector_saver.hpp; the per-request state in
+// detail/connector_state.hpp. This file is the public API with its examples in place (about a
+// third of its lines are comments) and the engine thread's glue between those parts.
 #pragma once
 
 #include <algorithm>
@@ -88,6 +91,7 @@
 #include "kvtier/detail/connector_errors.hpp"
 #include "kvtier/detail/connector_mover.hpp"
 #include "kvtier/detail/connector_saver.hpp"
+#include "kvtier/detail/connector_settle.hpp"
 #include "kvtier/detail/connector_state.hpp"
 #include "kvtier/detail/connector_step.hpp"
 #include "kvtier/errc.hpp"
@@ -121,7 +125,7 @@ class connector {
         opt_(std::move(opt)),
         geo_(cache_, chunk_.chunk_tokens(), opt_.layers_per_group),
         queue_(store, {.workers = opt_.fetch_workers,
-                       .max_batch_chunks = opt_.fetch_batch_chunks,
+                       .max_batch_chunks = streamed_ ? 0 : opt_.fetch_batch_chunks,  // streamed: one call
                        .metrics = opt_.metrics,
                        .stream_groups = streamed_}),
         estimator_(opt_.prior),
@@ -570,13 +574,6 @@ class connector {
   }
 
  private:
-  // Layer group g of every chunk of load r is agreed (or the load's outcome is): everything
-  // below its agreed reach has been handed to the mover. Read from agreed values only.
-  bool group_agreed(const detail::connector_request& r, std::uint32_t g) const noexcept {
-    const std::size_t moved = streamed_ ? r.enqueued_group[g] : r.enqueued;
-    return r.done || moved >= std::min(r.n, r.agreed_reach);
-  }
-
   // wait_for_layer: steps until group g of every running load is agreed (see there).
   std::error_code agree_group(std::uint32_t g, deadline dl) {
     // This rank's own waits end a quarter of the call's time before dl, which the step keeps.
@@ -584,7 +581,7 @@ class connector {
     for (;;) {
       std::vector<req_ptr> pending;
       for (request_id id : order_)
-        if (const req_ptr& r = requests_.at(id); r->loading && !group_agreed(*r, g)) pending.push_back(r);
+        if (const req_ptr& r = requests_.at(id); r->loading && !detail::group_agreed(*r, g, streamed_)) pending.push_back(r);
       if (pending.empty()) return {};
       const std::size_t bytes = streamed_ ? geo_.group_end(g) : geo_.chunk_bytes;
       for (const req_ptr& r : pending)
@@ -682,42 +679,11 @@ class connector {
 
   void settle_load(const req_ptr& r, std::error_code ec, std::span<const std::uint64_t> e,
                    std::vector<detail::move_item>& batch) {
-    if (streamed_) return settle_streamed_load(r, ec, e, batch);
-    const detail::load_words agreed = detail::load_words::decode(e);
-    const detail::load_decision d = detail::decide_load(bool(ec), agreed, r->n, r->enqueued, r->target);
-    if (!ec) r->agreed_reach = std::min(r->agreed_reach, agreed.reachable);
     if (ec)
       note_error(
           *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, ctrl_));
-    if (d.move_end > r->enqueued) {
-      batch.push_back({r, r->enqueued, d.move_end});
-      std::lock_guard lock(shared_.mu);
-      r->enqueued = d.move_end;
-      std::fill(r->enqueued_group.begin(), r->enqueued_group.end(), d.move_end);
-    }
-    r->target = d.target;
-    if (d.loaded_chunks) conclude_load(*r, *d.loaded_chunks, d.sample, agreed.elapsed_us);
-  }
-
-  // stream_groups: the agreed units move group by group (detail::decide_streamed_load).
-  void settle_streamed_load(const req_ptr& r, std::error_code ec, std::span<const std::uint64_t> e,
-                            std::vector<detail::move_item>& batch) {
-    const detail::load_words agreed = detail::load_words::decode(e);
-    const detail::streamed_decision d =
-        detail::decide_streamed_load(bool(ec), agreed, r->n, r->enqueued_group, r->target);
-    if (!ec) r->agreed_reach = std::min(r->agreed_reach, agreed.reachable);
-    if (ec)
-      note_error(
-          *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, ctrl_));
-    for (std::uint32_t g = 0; g < geo_.groups; ++g)
-      if (d.group_move_end[g] > r->enqueued_group[g])
-        batch.push_back({r, r->enqueued_group[g], d.group_move_end[g], g});
-    {
-      std::lock_guard lock(shared_.mu);
-      r->enqueued_group = d.group_move_end;
-    }
-    r->target = d.target;
-    if (d.loaded_chunks) conclude_load(*r, *d.loaded_chunks, d.sample, agreed.elapsed_us);
+    if (const auto c = detail::settle_load_entry(r, bool(ec), detail::load_words::decode(e), streamed_, shared_, batch))
+      conclude_load(*r, c->chunks, c->sample, c->elapsed_us);
   }
 
   void conclude_load(detail::connector_request& r, std::size_t chunks, bool sample,

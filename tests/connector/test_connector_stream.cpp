@@ -175,6 +175,12 @@ TEST_CASE("connector stream_groups: wait_for_layer agrees the groups itself, wit
   constexpr rank_t W = 2;
   constexpr std::uint32_t late = 2;
   using rec = comm::recording<comm::inproc_communicator&>;
+  // Also with fetch_batch_chunks = 1: a streamed load's fetch stays one group-major call (in
+  // batches, the held group of the first batch would hold group 0 of every later one).
+  const std::size_t batch = GENERATE(0u, 1u);
+  INFO("fetch_batch_chunks = " << batch);
+  connector_options opt = stream_options();
+  opt.fetch_batch_chunks = batch;
   comm::inproc_world ctrl_world(W), data_world(W);
   const std::vector<token_id> prompt = rig_prompt(6 * T + 7);
   std::vector<std::vector<comm::collective_call>> calls(W);
@@ -185,8 +191,7 @@ TEST_CASE("connector stream_groups: wait_for_layer agrees the groups itself, wit
     streaming_store store{mem};
     store.hold_round = late;
     host_kv_cache cache(rig_layout());
-    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, ctrl, data, cache.view(),
-                   stream_options());
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, ctrl, data, cache.view(), opt);
     host_kv_cache::sequence seq;
     start_second_load(conn, cache, seq, prompt);
     for (std::uint32_t l = 0; l < late; ++l) {

@@ -56,12 +56,17 @@ struct connector_options {
   std::uint32_t layers_per_group = 0;    ///< layers moved and scattered together (0: all)
   std::size_t max_bytes_in_flight = std::size_t{1} << 30;  ///< staging of running loads
   std::size_t fetch_workers = 2;
-  std::size_t fetch_batch_chunks = 1;  ///< keys per store call (progress granularity; 0: one call)
+  /// Keys per store call (progress granularity; 0: one call). Whole-chunk loads only: a
+  /// streamed load (stream_groups) is always one group-major call for all of a rank's chunks,
+  /// since its agreed units are group-major over the whole load (batches would land batch 1's
+  /// group 1 only after group 0 of every later batch).
+  std::size_t fetch_batch_chunks = 1;
   /// Loads stream by layer group: the owners read group-major (a group_streaming_store such as
   /// remote_store with value_format::v2 groups; ignored for other stores) and each step agrees,
   /// and the mover moves, the layer groups every owner has verified, before later groups are
-  /// fetched. Every rank must set it alike (it is folded into the step's fingerprint). Best with
-  /// fetch_batch_chunks = 0 (one group-major call for all of a rank's chunks).
+  /// fetched. Every rank must set it alike (it is folded into the step's fingerprint). The
+  /// fetch is one group-major call for all of a rank's chunks (fetch_batch_chunks is ignored):
+  /// remote_store::get_by_group spreads each group's round over its connection pool.
   bool stream_groups = false;
   kvtier::metrics* metrics = nullptr;  ///< shared with the fetch queue (optional)
   /// The data communicator may still write a receive buffer after a call to it failed (MPI
