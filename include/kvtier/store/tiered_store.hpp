@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -28,6 +29,7 @@
 #include "kvtier/errc.hpp"
 #include "kvtier/metrics.hpp"
 #include "kvtier/store/chunk_store.hpp"
+#include "kvtier/store/value_header.hpp"
 
 namespace kvtier {
 
@@ -86,6 +88,43 @@ class tiered_store {
     for (std::size_t j = 0; j < rest.size(); ++j) status[rest[j]] = s2[j];
     if (opt_.promote) promote(k2, d2, s2, dl);
     return count(status, ec, rest.size());
+  }
+
+  /// get(), with L2's part read group-major when L2 can (group_streaming_store, e.g.
+  /// remote_store): L1's hits count as every group landed, then `on_round` sees L2's rounds (per
+  /// key, the leading groups verified so far), so a connector over the tiers streams by group.
+  std::error_code get_by_group(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                               std::span<chunk_status> status, deadline dl,
+                               const std::function<void(std::span<const std::size_t>)>& on_round = {})
+    requires group_streaming_store<L2>
+  {
+    if (auto ec = detail::store_precheck(keys.size(), dst.size(), status, dl)) return ec;
+    std::error_code ec = l1_.get(keys, dst, status, dl);
+    record(tier::one, status, dst);
+    const value_format f = l2_.format();
+    std::vector<std::size_t> landed(keys.size(), 0);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (status[i] == chunk_status::hit) landed[i] = f.groups(dst[i].size());
+    std::vector<std::size_t> rest = not_hit(status);
+    if (on_round && rest.size() < keys.size()) on_round(landed);
+    if (rest.empty()) return count(status, ec);
+    std::vector<chunk_key> k2 = gather(keys, rest);
+    std::vector<std::span<std::byte>> d2 = gather(dst, rest);
+    std::vector<chunk_status> s2(rest.size(), chunk_status::error);
+    ec = l2_.get_by_group(k2, d2, s2, dl, [&](std::span<const std::size_t> g2) {
+      for (std::size_t j = 0; j < rest.size(); ++j) landed[rest[j]] = g2[j];
+      if (on_round) on_round(landed);
+    });
+    record(tier::two, s2, std::span<const std::span<std::byte>>(d2));
+    for (std::size_t j = 0; j < rest.size(); ++j) status[rest[j]] = s2[j];
+    if (opt_.promote) promote(k2, d2, s2, dl);
+    return count(status, ec, rest.size());
+  }
+  /// L2's value format (what get_by_group's rounds count groups in).
+  value_format format() const
+    requires group_streaming_store<L2>
+  {
+    return l2_.format();
   }
 
   /// Write-through: a key is `stored` only if every tier written stored it; a key
