@@ -9,7 +9,8 @@
 # Each in three modes, one after the other on the same stream: chunk (the baseline: compute
 # after the whole load), layer (layer l once layer group l of every loaded chunk is in the
 # pages; whole-chunk fetches, what remote_store does: only the moves overlap compute) and
-# layer-streamed (group-major ranged reads, MODELED: the fetch overlaps compute too). Each row
+# layer-streamed (group-major ranged reads, modeled here on the embedded tier: the fetch overlaps
+# compute too; pcp_prefill runs it for real with --l2 redis://). Each row
 # has the replay's TTFT p50 and p99 beside the closed-form prediction of the timing model
 # (timing_model::predicted_ttft_s: each request alone) and the ratio to chunk. Modeled clock:
 # the figures are reproducible and do not depend on the machine's load (printed anyway). A
@@ -65,7 +66,7 @@ took=$(($(date +%s) - start))
 echo "TTFT by load granularity: pcp_prefill on the timing model, W = 8, partitioned L2 (8 x 1.345 GB/s,"
 echo "T0 = $t0_ms ms fitted), R = 52.2k tokens/s, 3 layers unless said (the paged cache's --kv-layers,"
 echo "one layer group each). predicted: the closed form for each request alone (no queue), percentiles"
-echo "over the requests. layer-streamed is MODELED (group-major GETRANGE reads are not in remote_store)."
+echo "over the requests. layer-streamed is modeled here (the embedded tier; it runs for real on a resp:// L2)."
 echo "ratio: to chunk on the same stream, measured (predicted). Modeled seconds; $requests requests per stream."
 printf '%-18s %-15s %9s %9s %9s %9s %17s %17s %6s\n' stream mode "p50 s" "pred p50" "p99 s" "pred p99" \
   "p50 / chunk" "p99 / chunk" errors

@@ -54,7 +54,8 @@ replay options:
                               chunk: after its whole load; layer: layer l once layer group l of every
                               loaded chunk is in the pages (whole-chunk fetches, as remote_store does:
                               the moves overlap compute); layer-streamed: the same with group-major
-                              ranged reads (modeled: the fetch overlaps too; --l2 embedded). Layer modes
+                              ranged reads (the fetch overlaps too; modeled on --l2 embedded, run for
+                              real on a resp:// L2 with one server per rank). Layer modes
                               need --mode async; with the flag the report adds TTFT beside the model
   --closed-loop N             N clients, each sending its next request when its last completes
   --l2 embedded|none|URL      L2: in-process modeled servers (default), none, a resp:// URL template with
