@@ -144,8 +144,9 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
         if (r == 0 && i > 0) fig.streamed.push_back(s[0]);
       }
       if (r == 0 && i > 0) fig.fetch.push_back(f[0]), fig.hand.push_back(h[0]), fig.conn.push_back(k[0]);
-      const auto n = kvtier_bench::forward_round(conn, conn_s, 100000 + 8 * i, rig, cache.view(), slots, streams,
-                                                 i == 0, [&] { barrier(c); }, r == 0 && i > 0 ? &fig.forward : nullptr);
+      const auto n = kvtier_bench::forward_round(
+          conn, conn_s, 100000 + 8 * i, rig, cache.view(), slots, streams, i == 0, [&] { barrier(c); },
+          r == 0 && i > 0 ? &fig.forward : nullptr);
       wrong += n.wrong;
       if (n.short_loads) std::fprintf(stderr, "rank %u: %zu forwards loaded short\n", r, n.short_loads);
     }
@@ -203,9 +204,8 @@ int main(int argc, char** argv) {
       "\"first_layer_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]}},"
       "\"load_average\":%.2f}\n",
       load_rig::C, load_rig::chunk_bytes(), W, reps, m(mem.fetch), m(mem.hand), m(mem.conn), m(red.fetch),
-      m(red.hand), m(red.conn), m(red.streamed), fm(0, 0, &ft::forward_end),
-      fm(0, 1, &ft::forward_end), fm(1, 0, &ft::forward_end),
-      fm(1, 1, &ft::forward_end), fm(0, 0, &ft::first_layer),
-      fm(0, 1, &ft::first_layer), fm(1, 0, &ft::first_layer),
-      fm(1, 1, &ft::first_layer), kvtier_bench::load_average());
+      m(red.hand), m(red.conn), m(red.streamed), fm(0, 0, &ft::forward_end), fm(0, 1, &ft::forward_end),
+      fm(1, 0, &ft::forward_end), fm(1, 1, &ft::forward_end), fm(0, 0, &ft::first_layer),
+      fm(0, 1, &ft::first_layer), fm(1, 0, &ft::first_layer), fm(1, 1, &ft::first_layer),
+      kvtier_bench::load_average());
 }

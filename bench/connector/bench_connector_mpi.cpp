@@ -185,9 +185,9 @@ int run(int reps) {
         s.hand_scatter.push_back(seconds_since(t_bcast, t_end));
       }
     }
-    const auto n = kvtier_bench::forward_round(conn_direct, conn_streamed, 100000 + 8 * round, rig, cache.view(),
-                                               slots, true, round == 0, [] { MPI_Barrier(MPI_COMM_WORLD); },
-                                               r == 0 && round > 0 ? &s.forward : nullptr);
+    const auto n = kvtier_bench::forward_round(
+        conn_direct, conn_streamed, 100000 + 8 * round, rig, cache.view(), slots, true, round == 0,
+        [] { MPI_Barrier(MPI_COMM_WORLD); }, r == 0 && round > 0 ? &s.forward : nullptr);
     wrong += n.wrong, short_loads += n.short_loads;
   }
   std::size_t all_wrong = 0, all_short = 0;
@@ -224,7 +224,8 @@ int run(int reps) {
         "\"load_average\":%.2f,\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"hand_fetch_ms\":%.2f,"
         "\"hand_broadcast_ms\":%.2f,\"hand_scatter_ms\":%.2f,\"staged_ms\":%.2f,\"direct_ms\":%.2f,"
         "\"staged_over_fetch\":%.3f,\"direct_over_fetch\":%.3f,\"cpu_ms\":{\"fetch\":%.1f,\"hand\":%.1f,"
-        "\"staged\":%.1f,\"direct\":%.1f},\"forward_end_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]},"
+        "\"staged\":%.1f,\"direct\":%.1f},\"forward_end_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]}"
+        ","
         "\"first_layer_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]},\"wrong_chunks\":%zu,"
         "\"short_loads\":%zu}\n",
         C, bytes, W, reps, load, f, ms(s.total[hand]), ms(s.hand_fetch), ms(s.hand_bcast), ms(s.hand_scatter),

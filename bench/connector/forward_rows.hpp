@@ -77,18 +77,22 @@ inline void print_forward(const char* label, const forward_samples& fs) {
     const auto c_ms = static_cast<long long>(forward_computes[ci].count() / 1000);
     for (int mode = 0; mode < 2 && !fs.v[mode][ci].empty(); ++mode) {
       const auto& v = fs.v[mode][ci];
-      std::printf("%-12s forward, %2lld ms/layer, %-8s: layer 0 ready %7.1f ms | last layer %7.1f | end %7.1f | "
-                  "outcome %7.1f\n",
-                  label, c_ms, mode ? "streamed" : "whole", forward_median(v, &ft::first_layer) * 1e3,
-                  forward_median(v, &ft::last_layer) * 1e3, forward_median(v, &ft::forward_end) * 1e3,
-                  forward_median(v, &ft::outcome) * 1e3);
+      std::printf(
+          "%-12s forward, %2lld ms/layer, %-8s: layer 0 ready %7.1f ms | last layer %7.1f | end %7.1f | "
+          "outcome %7.1f\n",
+          label, c_ms, mode ? "streamed" : "whole", forward_median(v, &ft::first_layer) * 1e3,
+          forward_median(v, &ft::last_layer) * 1e3, forward_median(v, &ft::forward_end) * 1e3,
+          forward_median(v, &ft::outcome) * 1e3);
     }
     if (!fs.v[0][ci].empty() && !fs.v[1][ci].empty()) {
-      const auto ratio = [&](double ft::*m) { return forward_median(fs.v[1][ci], m) / forward_median(fs.v[0][ci], m); };
-      std::printf("%-12s forward, %2lld ms/layer, streamed / whole: layer 0 %.2fx | last layer %.2fx | end %.2fx | "
-                  "outcome %.2fx\n",
-                  label, c_ms, ratio(&ft::first_layer), ratio(&ft::last_layer), ratio(&ft::forward_end),
-                  ratio(&ft::outcome));
+      const auto ratio = [&](double ft::*m) {
+        return forward_median(fs.v[1][ci], m) / forward_median(fs.v[0][ci], m);
+      };
+      std::printf(
+          "%-12s forward, %2lld ms/layer, streamed / whole: layer 0 %.2fx | last layer %.2fx | end %.2fx | "
+          "outcome %.2fx\n",
+          label, c_ms, ratio(&ft::first_layer), ratio(&ft::last_layer), ratio(&ft::forward_end),
+          ratio(&ft::outcome));
     }
   }
 }

@@ -140,9 +140,9 @@ struct forward_times {
   std::uint64_t loaded = 0;
 };
 template <class Connector>
-forward_times connector_forward(Connector& conn, kvtier::request_id id, std::span<const kvtier::token_id> prompt,
-                                std::span<const std::int64_t> slots, std::uint32_t layers,
-                                std::chrono::microseconds compute) {
+forward_times connector_forward(Connector& conn, kvtier::request_id id,
+                                std::span<const kvtier::token_id> prompt, std::span<const std::int64_t> slots,
+                                std::uint32_t layers, std::chrono::microseconds compute) {
   using clk = std::chrono::steady_clock;
   const auto dl = [] { return kvtier::deadline_after(std::chrono::seconds(30)); };
   const auto give_up = clk::now() + std::chrono::seconds(120);  // bounded, as connector_load

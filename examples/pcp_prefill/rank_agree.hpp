@@ -27,8 +27,9 @@ template <class Env>
 void all_reduce_min(Env& env, std::vector<std::uint64_t>& v) {
   if (v.empty()) return;
   ++env.collectives;
-  if (auto ec = kvtier::comm::all_reduce(*env.comm, std::span<const std::uint64_t>(v), std::span<std::uint64_t>(v),
-                                         kvtier::comm::reduce_op::min, agree_deadline()))
+  if (auto ec =
+          kvtier::comm::all_reduce(*env.comm, std::span<const std::uint64_t>(v), std::span<std::uint64_t>(v),
+                                   kvtier::comm::reduce_op::min, agree_deadline()))
     throw std::runtime_error("all_reduce failed: " + ec.message() + ": " + env.comm->last_error());
 }
 

@@ -52,7 +52,8 @@ struct local_request {
   kvtier::host_kv_cache::sequence seq;  // the request's blocks in the paged cache (its KV's home)
   std::uint64_t lookup_answer = 0;      // the agreed one (before the modeled deadline)
   kvtier::deadline real_dl{};
-  kvtier::clock::time_point load_began{};  // when this rank called its load (layer-streamed: each group's time)
+  kvtier::clock::time_point
+      load_began{};  // when this rank called its load (layer-streamed: each group's time)
 };
 
 /// One rank's world: its stores and queues (owned by engine::rank_main, which points

@@ -307,8 +307,9 @@ int run_replay(World& w, const options& o) {
     throw usage_error("--l2 '" + kvtier::resp::redact_url(o.l2) +
                       "': expected embedded, none, or a resp:// / resp+unix:// / resp+cluster:// URL (or "
                       "rediss:// / resp+tls:// / resp+cluster+tls://)");
-  auto pools = pcp::make_resp_l2s(with_password(o), W, chunk.ns(), o.eng.fetch_workers + 3,  // per server
-                                  o.tls, [&](std::uint32_t r) { return w.hosts(r); }, l2_format(o));
+  auto pools = pcp::make_resp_l2s(
+      with_password(o), W, chunk.ns(), o.eng.fetch_workers + 3,  // per server
+      o.tls, [&](std::uint32_t r) { return w.hosts(r); }, l2_format(o));
   std::vector<pcp::resp_l2*> l2s;
   for (auto& p : pools) l2s.push_back(p.get());
   const int rc = replay(w, o, prime_set, prepared, l1s, l2s);

@@ -315,7 +315,8 @@ class request_lifecycle {
       if (streamed_real()) {  // group l landed: when, since each load began (the longest over ranks)
         std::vector<double> took;
         for (const auto& b : pending)
-          took.push_back(std::chrono::duration<double>(kvtier::clock::now() - env.loc[b.first].load_began).count());
+          took.push_back(
+              std::chrono::duration<double>(kvtier::clock::now() - env.loc[b.first].load_began).count());
         took = agree_max_s(env, took);
         for (std::size_t k = 0; k < pending.size(); ++k) {
           ctl_state& c = env.ctl[pending[k].first];

@@ -65,7 +65,8 @@ class resp_l2 {
     if (kvtier::resp::is_cluster_url(url)) {
       const auto u = kvtier::resp::parse_cluster_url(url);
       if (!u) throw std::invalid_argument("--l2: " + u.message);
-      if (grouped) throw std::invalid_argument("--l2: layer-group reads need one server per rank, not a cluster");
+      if (grouped)
+        throw std::invalid_argument("--l2: layer-group reads need one server per rank, not a cluster");
       require_tls_support(!u.seeds.empty() && u.seeds.front().tls, url);
       auto opt = kvtier::cluster_options_for(u, rank, base);
       opt.pool = pool;
@@ -110,7 +111,8 @@ class resp_l2 {
   }
 
   /// get(), read group-major (one server: remote_store::get_by_group; see the constructor).
-  std::error_code get_by_group(std::span<const kvtier::chunk_key> keys, std::span<const std::span<std::byte>> dst,
+  std::error_code get_by_group(std::span<const kvtier::chunk_key> keys,
+                               std::span<const std::span<std::byte>> dst,
                                std::span<kvtier::chunk_status> status, kvtier::deadline dl,
                                const std::function<void(std::span<const std::size_t>)>& on_round = {}) {
     ++grouped_gets_;
@@ -171,8 +173,9 @@ inline std::vector<std::unique_ptr<resp_l2>> make_resp_l2s(
     kvtier::value_format format = kvtier::value_format::v1()) {
   std::vector<std::unique_ptr<resp_l2>> out;
   for (std::uint32_t r = 0; r < world; ++r)
-    out.push_back(hosted(r) ? std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections, tls, format)
-                            : nullptr);
+    out.push_back(hosted(r)
+                      ? std::make_unique<resp_l2>(url, static_cast<int>(r), ns, connections, tls, format)
+                      : nullptr);
   return out;
 }
 

@@ -54,8 +54,8 @@
 // and no collective carries it.
 //
 // Blocking: begin_lookup, lookup, load, save, begin_save, save_layer, finish, finished,
-// load_result, load_errors, errors and drain_events never block (load and finish may wait for one scatter of one layer group to
-// end); step, wait_for_layer, wait_local and wait_for_save take a deadline (step, and
+// load_result, load_errors, errors and drain_events never block (load and finish may wait for one scatter of
+// one layer group to end); step, wait_for_layer, wait_local and wait_for_save take a deadline (step, and
 // wait_for_layer while a group is not yet agreed, are collectives: every rank calls them).
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
@@ -554,8 +554,8 @@ class connector {
   /// yet agreed layer group(layer) of all its chunks: this rank waits for its own part of that
   /// group (until a quarter of dl's time is left), then runs the step's agreement (step(dl),
   /// with one word that says whether that wait ran out; one rank's running out ends the wait on
-  /// every rank with errc::timeout, the load going on), until the group is agreed. Which loads need it follows only
-  /// from agreed values, so call it for the same layers in the same order on every rank, from
+  /// every rank with errc::timeout, the load going on), until the group is agreed. Which loads need it
+  /// follows only from agreed values, so call it for the same layers in the same order on every rank, from
   /// the thread that calls step(). Otherwise local: no collective.
   ///
   ///   conn.load(id, slots);                       // stream_groups: group 0 lands first
@@ -581,11 +581,13 @@ class connector {
     for (;;) {
       std::vector<req_ptr> pending;
       for (request_id id : order_)
-        if (const req_ptr& r = requests_.at(id); r->loading && !detail::group_agreed(*r, g, streamed_)) pending.push_back(r);
+        if (const req_ptr& r = requests_.at(id); r->loading && !detail::group_agreed(*r, g, streamed_))
+          pending.push_back(r);
       if (pending.empty()) return {};
       const std::size_t bytes = streamed_ ? geo_.group_end(g) : geo_.chunk_bytes;
       for (const req_ptr& r : pending)
-        if (!r->local_failure && r->fetch.valid()) (void)queue_.wait_landed_bytes(r->fetch, bytes, std::min(own_part, r->load_dl));
+        if (!r->local_failure && r->fetch.valid())
+          (void)queue_.wait_landed_bytes(r->fetch, bytes, std::min(own_part, r->load_dl));
       std::uint64_t go = expired(own_part) ? 0 : 1;  // min over ranks: 0 once any rank's time is up
       if (std::error_code ec = step(dl, std::span(&go, 1))) return ec;
       if (go == 0) return make_error_code(errc::timeout);
@@ -628,7 +630,8 @@ class connector {
     detail::save_job job{.r = r};
     for (std::size_t c = (first_token + T - 1) / T; c < end_token / T && c < r->keys.size(); ++c)
       if (static_cast<rank_t>(own_.owner(c)) == rank() && admitted(r->keys[c])) job.chunks.push_back(c);
-    if (!job.chunks.empty()) job.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
+    if (!job.chunks.empty())
+      job.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
     return job;
   }
 
@@ -682,7 +685,8 @@ class connector {
     if (ec)
       note_error(
           *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, ctrl_));
-    if (const auto c = detail::settle_load_entry(r, bool(ec), detail::load_words::decode(e), streamed_, shared_, batch))
+    if (const auto c =
+            detail::settle_load_entry(r, bool(ec), detail::load_words::decode(e), streamed_, shared_, batch))
       conclude_load(*r, c->chunks, c->sample, c->elapsed_us);
   }
 
