@@ -17,3 +17,6 @@ endif()
 # The calls an engine with its own schedule needs (load range, prompt length, cap and cancel,
 # its own estimator samples, extra agreed words, wait_for_save, wait_local).
 kvtier_add_test(test_connector_api SOURCES connector/test_connector_api.cpp LABELS unit tsan)
+# Issue 26: random engine call sequences against a reference model, with scripted adversaries
+# (connector_model.hpp); 10,000 cases in Release, fewer under the sanitizers (KVTIER_PROPERTY_CASES).
+kvtier_add_test(test_connector_model SOURCES connector/test_connector_model.cpp LABELS property tsan TIMEOUT 900)
