@@ -954,6 +954,7 @@ class rank_runner {
     deadline load_dl{};
     std::optional<load_outcome> outcome;
     std::vector<std::vector<bool>> valid;  // [layer][position]: holds the reference bytes
+    std::array<std::string, 3> reasons;    // the first errors(id) message of each stage seen
     struct snapshot {
       std::uint32_t layer;
       std::vector<std::size_t> wrong;  // chunks whose layer was not in the pages at an ok wait
@@ -1320,7 +1321,15 @@ class rank_runner {
       ro.plan = conn_->lookup(id(i));
       ro.outcome = conn_->load_result(id(i));
       ro.load_errors = conn_->load_errors(id(i));
-      for (const request_error& e : conn_->errors(id(i))) ro.load_reason = ro.load_reason || e.what == request_error::stage::load;
+      for (const request_error& e : conn_->errors(id(i))) {
+        ro.load_reason = ro.load_reason || e.what == request_error::stage::load;
+        // Invariant 6 for this rank's own reasons: the first of each stage stays the first.
+        std::string& first = q.reasons[static_cast<int>(e.what)];
+        if (first.empty()) first = e.message;
+        else if (first != e.message)
+          o.violations.push_back("invariant 6: request " + std::to_string(id(i)) + "'s " + std::string(to_string(e.what)) +
+                                 " reason was '" + first + "', now '" + e.message + "' (the first of a stage must stay)");
+      }
       if (ro.outcome && !q.outcome) first_outcome(i, *ro.outcome, o);
     }
     check_pages(o);
