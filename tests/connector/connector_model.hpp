@@ -947,6 +947,7 @@ class rank_runner {
  private:
   struct rq {
     bool known = false, finished = false, computed = false, saving = false, open_by_layer = false;
+    bool release_pending = false;  // finished with saves reading its pages: freed once finished() lists them
     host_kv_cache::sequence seq;
     std::vector<std::int64_t> slots;
     bool loading = false, load_ok = false;
@@ -1053,14 +1054,22 @@ class rank_runner {
         timed(o, "wait_for_save", dl, clock::now());
         return;
       }
-      case op::finish:
+      case op::finish: {
         if (!q.known || q.finished) return;
-        (void)conn_->finish(id(i));
+        const finish_result fr = conn_->finish(id(i));
         q.finished = true;
+        // The engine frees the pages (a later request reuses them) once no save reads them.
+        if (fr.free_pages_now)
+          release(i);
+        else
+          q.release_pending = true;
         return;
+      }
       case op::finished: {
         const finished_requests f = conn_->finished();
         o.finished_loads = f.loads;
+        for (request_id x : f.saves)
+          if (x >= 1 && x <= max_requests && reqs_[x - 1].release_pending) release(x - 1);
         return;
       }
       case op::drain_events: {
@@ -1078,6 +1087,15 @@ class rank_runner {
         return;
       }
     }
+  }
+
+  // Request i's pages go back to the cache: the next request to reserve pages gets them, and a
+  // connector that still wrote them (after finish) would overwrite that request's bytes.
+  void release(std::size_t i) {
+    rq& q = reqs_[i];
+    cache_.release(q.seq);
+    q.valid.clear();
+    q.release_pending = false;
   }
 
   // Every lookup agreed and every load's outcome agreed: agreed values only, so every rank
