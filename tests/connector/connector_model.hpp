@@ -131,12 +131,14 @@ struct rank_faults {
 };
 
 /// Round `round` (top-level collectives: all-reduces and groups) of rank `rank`'s control (or,
-/// with two communicators and `data`, data) communicator stalls past its deadline or fails.
+/// with two communicators and `data`, data) communicator stalls past its deadline, fails, or
+/// (slow_ms) joins late.
 struct comm_fault {
   std::uint8_t rank = 0;
   std::uint8_t round = 0;
   bool fail = false;  // false: stall
   bool data = false;
+  std::uint8_t slow_ms = 0;  // set: neither; the rank joins the round this much late
 };
 
 /// Tokens: `chunks` full chunks and `tail` more of token stream `family`, the stream of
@@ -368,7 +370,8 @@ inline std::ostream& operator<<(std::ostream& os, const model_case& c) {
     os << ",\n  .comm = {";
     for (std::size_t i = 0; i < c.comm.size(); ++i)
       os << (i ? ", " : "") << "{.rank = " << int(c.comm[i].rank) << ", .round = " << int(c.comm[i].round)
-         << (c.comm[i].fail ? ", .fail = true" : "") << (c.comm[i].data ? ", .data = true" : "") << "}";
+         << (c.comm[i].fail ? ", .fail = true" : "") << (c.comm[i].data ? ", .data = true" : "")
+         << (c.comm[i].slow_ms ? ", .slow_ms = " + std::to_string(c.comm[i].slow_ms) : std::string()) << "}";
     os << "}";
   }
   os << ",\n  .commands = {";
@@ -671,6 +674,10 @@ struct fault_comm {
     const int round = rounds++;
     for (const comm_fault& f : faults) {
       if (f.round != round) continue;
+      if (f.slow_ms) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(f.slow_ms));
+        return nullptr;
+      }
       if (!f.fail)
         std::this_thread::sleep_until(std::min(dl, clock::now() + std::chrono::milliseconds(50)) +
                                       std::chrono::milliseconds(1));

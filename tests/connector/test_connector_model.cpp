@@ -123,6 +123,11 @@ std::vector<command> gen_flow(std::uint8_t r, std::uint8_t layers) {
     if (maybe(3, 2))
       for (std::uint8_t layer = 0; layer < layers; ++layer)
         if (maybe(3, 1)) f.push_back(*gen_command_of(op::wait_for_layer)), f.back().layer = layer;
+    if (maybe(1, 5)) {  // the engine drops the request while its load runs (a client went away)
+      f.push_back(step());
+      f.push_back(finish(r));
+      return f;
+    }
     if (maybe(4, 1)) f.push_back(settle());
   }
   if (maybe(6, 1)) f.push_back(compute(r));
@@ -237,7 +242,9 @@ rc::Gen<model_case> gen_case() {
         comm_fault f;
         f.rank = *inRange<std::uint8_t>(0, c.world);
         f.round = *inRange<std::uint8_t>(0, 12);
-        f.fail = *rc::gen::arbitrary<bool>();
+        const int kind = *weightedElement<int>({{2, 0}, {2, 1}, {1, 2}});
+        f.fail = kind == 1;
+        if (kind == 2) f.slow_ms = *rc::gen::element<std::uint8_t>(2, 10);
         f.data = *rc::gen::arbitrary<bool>();
         c.comm.push_back(f);
         c.step_ms = *rc::gen::element<std::uint16_t>(10, 20);
