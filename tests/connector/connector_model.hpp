@@ -940,13 +940,16 @@ class rank_runner {
       });
     }
     if (!pending.empty()) o.violations.push_back("the saves did not end within 30 s of finish()");
+    const int failed_puts = s_.stores[r_]->failed_puts();
+    const std::uint64_t save_failures = conn_->counters().save_failures.value();
+    if (save_failures < static_cast<std::uint64_t>(failed_puts))
+      o.violations.push_back("invariant 7: " + std::to_string(failed_puts) + " puts failed, but save_failures is " +
+                             std::to_string(save_failures));
+    // The connector goes (its mover runs what it was given, its fetches end), then nothing may
+    // have written a page it no longer owned, nor a store a wrong value.
+    conn_.reset();
     check_stores(o);
     check_pages(o);
-    const int failed_puts = s_.stores[r_]->failed_puts();
-    if (conn_->counters().save_failures.value() < static_cast<std::uint64_t>(failed_puts))
-      o.violations.push_back("invariant 7: " + std::to_string(failed_puts) + " puts failed, but save_failures is " +
-                             std::to_string(conn_->counters().save_failures.value()));
-    conn_.reset();  // its mover's last moves end here: the recorded calls are final
     o.ctrl_calls = ctrl_.calls();
     if (c_.two_comms) o.data_calls = data_.calls();
   }
