@@ -138,7 +138,8 @@ struct comm_fault {
   std::uint8_t round = 0;
   bool fail = false;  // false: stall
   bool data = false;
-  std::uint8_t slow_ms = 0;  // set: neither; the rank joins the round this much late
+  std::uint8_t slow_ms = 0;  // set: neither; the rank joins every group (a move) from `round` on
+                             // this much late
 };
 
 /// Tokens: `chunks` full chunks and `tail` more of token stream `family`, the stream of
@@ -632,6 +633,7 @@ struct fault_comm {
   std::vector<comm_fault> faults;  // this rank's, on this communicator
   int rounds = 0;
   int depth = 0;
+  bool in_group_end = false;
 
   static constexpr bool rounds_fail_together = true;
   rank_t rank() const { return inner.rank(); }
@@ -661,7 +663,10 @@ struct fault_comm {
   }
   std::error_code group_end(deadline dl) {
     if (depth > 0 && --depth == 0) {
-      if (const comm_fault* f = next(dl); f && f->fail) (void)inner.broadcast({}, {}, size(), dl);
+      in_group_end = true;
+      const comm_fault* f = next(dl);
+      in_group_end = false;
+      if (f && f->fail) (void)inner.broadcast({}, {}, size(), dl);
     }
     return inner.group_end(dl);
   }
@@ -673,11 +678,12 @@ struct fault_comm {
   const comm_fault* next(deadline dl) {
     const int round = rounds++;
     for (const comm_fault& f : faults) {
-      if (f.round != round) continue;
-      if (f.slow_ms) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(f.slow_ms));
-        return nullptr;
+      if (f.slow_ms) {  // every group round from `round` on (the moves), all-reduces never
+        if (round >= f.round && in_group_end)
+          std::this_thread::sleep_for(std::chrono::milliseconds(f.slow_ms));
+        continue;
       }
+      if (f.round != round) continue;
       if (!f.fail)
         std::this_thread::sleep_until(std::min(dl, clock::now() + std::chrono::milliseconds(50)) +
                                       std::chrono::milliseconds(1));

@@ -124,6 +124,7 @@ std::vector<command> gen_flow(std::uint8_t r, std::uint8_t layers) {
       for (std::uint8_t layer = 0; layer < layers; ++layer)
         if (maybe(3, 1)) f.push_back(*gen_command_of(op::wait_for_layer)), f.back().layer = layer;
     if (maybe(1, 5)) {  // the engine drops the request while its load runs (a client went away)
+      if (maybe(1, 1)) f.push_back(wait_local(r));
       f.push_back(step());
       f.push_back(finish(r));
       return f;
@@ -244,7 +245,7 @@ rc::Gen<model_case> gen_case() {
         f.round = *inRange<std::uint8_t>(0, 12);
         const int kind = *weightedElement<int>({{2, 0}, {2, 1}, {1, 2}});
         f.fail = kind == 1;
-        if (kind == 2) f.slow_ms = *rc::gen::element<std::uint8_t>(2, 10);
+        if (kind == 2) f.slow_ms = *rc::gen::element<std::uint8_t>(2, 5), f.round = *inRange<std::uint8_t>(0, 3);
         f.data = *rc::gen::arbitrary<bool>();
         c.comm.push_back(f);
         c.step_ms = *rc::gen::element<std::uint16_t>(10, 20);
