@@ -138,8 +138,8 @@ struct comm_fault {
   std::uint8_t round = 0;
   bool fail = false;  // false: stall
   bool data = false;
-  std::uint8_t slow_ms = 0;  // set: neither; the rank joins every group (a move) from `round` on
-                             // this much late
+  std::uint8_t slow_ms = 0;  // set: neither; the rank joins each group (a move) of rounds
+                             // [round, round + 6) this much late (timing only: not adversarial)
 };
 
 /// Tokens: `chunks` full chunks and `tail` more of token stream `family`, the stream of
@@ -231,7 +231,8 @@ struct model_case {
   std::vector<command> commands;
 
   bool adversarial() const {
-    if (!comm.empty()) return true;
+    for (const comm_fault& f : comm)
+      if (!f.slow_ms) return true;
     for (const rank_faults& f : faults) {
       for (const auto& g : f.gets)
         if (g.f != get_fault::none) return true;
@@ -679,7 +680,7 @@ struct fault_comm {
     const int round = rounds++;
     for (const comm_fault& f : faults) {
       if (f.slow_ms) {  // every group round from `round` on (the moves), all-reduces never
-        if (round >= f.round && in_group_end)
+        if (round >= f.round && round < f.round + 6 && in_group_end)
           std::this_thread::sleep_for(std::chrono::milliseconds(f.slow_ms));
         continue;
       }

@@ -245,11 +245,21 @@ rc::Gen<model_case> gen_case() {
         f.round = *inRange<std::uint8_t>(0, 12);
         const int kind = *weightedElement<int>({{2, 0}, {2, 1}, {1, 2}});
         f.fail = kind == 1;
-        if (kind == 2) f.slow_ms = *rc::gen::element<std::uint8_t>(2, 5), f.round = *inRange<std::uint8_t>(0, 3);
+        if (kind == 2) f.slow_ms = *rc::gen::element<std::uint8_t>(2, 5), f.round = *inRange<std::uint8_t>(0, 3), f.data = true;
         f.data = *rc::gen::arbitrary<bool>();
         c.comm.push_back(f);
         c.step_ms = *rc::gen::element<std::uint16_t>(10, 20);
       }
+    }
+    if (c.two_comms && *weightedElement<int>({{5, 0}, {1, 1}})) {
+      // A rank whose moves join late (timing only, any case): the mover still moves a load
+      // after the engine went on, e.g. finished it and gave its pages to the next request.
+      comm_fault f;
+      f.rank = *inRange<std::uint8_t>(0, c.world);
+      f.round = *inRange<std::uint8_t>(0, 3);
+      f.data = true;
+      f.slow_ms = *rc::gen::element<std::uint8_t>(1, 2);
+      c.comm.push_back(f);
     }
     c.commands = *gen_commands(n, c.layers);
     return c;
