@@ -598,10 +598,8 @@ class adv_store {
       return make_error_code(errc::backend_error);
     }
     if (f == put_fault::slow) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    const std::error_code ec = inner_.put(keys, src, st, dl);
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      if (st[i] == chunk_status::stored) note_held(keys[i]);
-    return ec;
+    for (const chunk_key& k : keys) note_held(k);  // before: a lookup may see it once it is in
+    return inner_.put(keys, src, st, dl);
   }
 
  private:
