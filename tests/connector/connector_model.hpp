@@ -230,6 +230,9 @@ struct model_case {
   std::vector<comm_fault> comm;
   std::vector<command> commands;
 
+  /// No adversary and every deadline generous: what the sanity checks need.
+  bool generous() const { return !adversarial() && !load_ms && !lookup_ms && !step_ms; }
+
   bool adversarial() const {
     for (const comm_fault& f : comm)
       if (!f.slow_ms) return true;
@@ -1558,9 +1561,9 @@ class driver {
     }
     stats().setup_us += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
     const model_case& c = s_->c;
-    const bool adversarial = c.adversarial();
+    const bool generous = c.generous();  // the sanity checks hold only then
     stats().cases++;
-    if (adversarial) stats().adversarial++;
+    if (c.adversarial()) stats().adversarial++;
     for (std::size_t n = 0; n <= c.commands.size(); ++n) {
       const bool end = n == c.commands.size();
       const command k = end ? command{} : c.commands[n];
@@ -1569,7 +1572,7 @@ class driver {
         where << "at the end of the case (every request finished, every save ended)";
       else
         where << "command " << n << " (" << k << ")";
-      before(k, end, adversarial);
+      before(k, end, generous);
       const auto t0 = clock::now();
       {
         std::unique_lock lock(s_->mu);
@@ -1602,7 +1605,7 @@ class driver {
         stats().op_us[static_cast<int>(k.what)] += us;
         stats().op_n[static_cast<int>(k.what)]++;
       }
-      if (std::string v = check(k, end, adversarial); !v.empty()) return where.str() + ": " + v;
+      if (std::string v = check(k, end, generous); !v.empty()) return where.str() + ": " + v;
     }
     return {};
   }
@@ -1633,12 +1636,12 @@ class driver {
   }
 
   // Main's bookkeeping before a command runs (no rank runs meanwhile).
-  void before(const command& k, bool end, bool adversarial) {
+  void before(const command& k, bool end, bool generous) {
     if (end) return;
     const std::size_t i = k.req % max_requests;
     main_req& m = reqs_[i];
     if (k.what == op::limit_load || k.what == op::cancel_load) m.cut = true;
-    if (k.what == op::begin_lookup && !adversarial && !known_[i] && i < s_->prompts.size())
+    if (k.what == op::begin_lookup && generous && !known_[i] && i < s_->prompts.size())
       m.lb = s_->stored_prefix(i, false);
     if (k.what == op::load && !m.load_seen && i < s_->prompts.size()) {
       const load_range lr = resolve_load(m.plan, k);
@@ -1649,7 +1652,7 @@ class driver {
     }
   }
 
-  std::string check(const command& k, bool end, bool adversarial) {
+  std::string check(const command& k, bool end, bool generous) {
     const std::vector<rank_obs>& obs = s_->obs;
     const rank_t W = s_->W;
     for (rank_t r = 0; r < W; ++r)
@@ -1707,7 +1710,7 @@ class driver {
         return "invariant 6: request " + std::to_string(i + 1) + "'s plan was " + show(m.plan) + ", now " + show(x.plan);
       if (!m.plan && x.plan) {
         m.plan = x.plan;
-        if (std::string v = check_plan(i, *x.plan, adversarial); !v.empty()) return v;
+        if (std::string v = check_plan(i, *x.plan, generous); !v.empty()) return v;
       }
       if (m.outcome && (!same_outcome(m.outcome, x.outcome) || m.errors != x.load_errors))
         return "invariant 6: request " + std::to_string(i + 1) + "'s outcome was " + show(m.outcome) + ", now " +
@@ -1723,13 +1726,13 @@ class driver {
       if (!m.outcome && x.outcome) {
         m.outcome = x.outcome;
         m.errors = x.load_errors;
-        if (std::string v = check_outcome(i, *x.outcome, adversarial); !v.empty()) return v;
+        if (std::string v = check_outcome(i, *x.outcome, generous); !v.empty()) return v;
       }
     }
     return {};
   }
 
-  std::string check_plan(std::size_t i, const load_plan& p, bool adversarial) {
+  std::string check_plan(std::size_t i, const load_plan& p, bool generous) {
     const std::size_t ub = s_->stored_prefix(i, true);
     if (p.cached_tokens > ub * T)
       return "request " + std::to_string(i + 1) + ": plan " + show(std::optional(p)) + " counts " +
@@ -1739,14 +1742,14 @@ class driver {
       return "request " + std::to_string(i + 1) + ": plan " + show(std::optional(p)) +
              " does not load its cached prefix (policy always)";
     const std::optional<std::size_t> lb = reqs_[i].lb;
-    if (!adversarial && lb && p.cached_tokens < *lb * T)
+    if (generous && lb && p.cached_tokens < *lb * T)
       return "sanity: request " + std::to_string(i + 1) + ": plan " + show(std::optional(p)) + " counts " +
              std::to_string(p.cached_tokens / T) + " chunks cached; " + std::to_string(*lb) +
              " were stored at begin_lookup (no adversary, generous deadlines)";
     return {};
   }
 
-  std::string check_outcome(std::size_t i, const load_outcome& out, bool adversarial) {
+  std::string check_outcome(std::size_t i, const load_outcome& out, bool generous) {
     const main_req& m = reqs_[i];
     stats().loads++;
     (out.complete() ? stats().complete : stats().short_loads)++;
@@ -1754,7 +1757,7 @@ class driver {
     if (!out.complete() && !m.cut && !reason)
       return "invariant 7: request " + std::to_string(i + 1) + "'s load was agreed short " + show(std::optional(out)) +
              " with no limit_load or cancel_load, and no rank has a load reason in errors(id)";
-    if (!adversarial && m.all_stored && m.slots_ok && !m.cut && failures_ == m.failures_at_load) {
+    if (generous && m.all_stored && m.slots_ok && !m.cut && failures_ == m.failures_at_load) {
       stats().sane_loads++;
       if (!out.complete())
         return "sanity: request " + std::to_string(i + 1) + "'s load of a fully stored range ended " +
