@@ -12,21 +12,32 @@
 //      finished().loads, the layer wait's ready ends; at the end, every rank's recorded
 //      collectives (control and data);
 //   2. what an answer says is in the pages is, when it says so: an outcome's [first, loaded_end)
-//      (all layers), a layer wait's range of layer l; and a page that held its bytes keeps them;
+//      (all layers), a layer wait's range of layer l (today's error_code answer: a chunk whose
+//      layer l was not in the pages at an ok wait must not be in the later outcome); and a page
+//      that held its bytes keeps them, also once freed at finish and reused by a later request;
 //   3. every known key in every store holds exactly its reference bytes (or is absent);
 //   4. step, wait_for_layer, wait_local and wait_for_save return by their deadline plus `margin`
 //      (with one communicator, step and wait_for_layer move inside: by the loads' deadlines);
 //   5. no exception escapes (std::invalid_argument only where documented: a load range that is
 //      not whole chunks), and begin_lookup of a known id is errc::invalid_argument;
-//   6. an agreed plan or outcome never changes once reported;
+//   6. an agreed plan, outcome or load_errors never changes once reported, nor a rank's first
+//      reason of a stage (errors(id));
 //   7. a load agreed short that the engine did not cut (limit_load / cancel_load) has a load
 //      reason (errors(id)) on at least one rank; a put that failed counts as a save failure;
-//   and the sanity checks of a case without adversaries (generous deadlines): a plan covers the
-//   prefix that was stored at begin_lookup and nothing never stored, and a load of a fully stored
-//   range with good slots, uncut and with no failed agreement, ends complete.
+//      no plan counts a chunk its owner never held;
+//   and the sanity checks of a case without adversaries and with generous deadlines: a plan
+//   covers the prefix that was stored at begin_lookup, and a load of a fully stored range with
+//   good slots, uncut and with no failed agreement, ends complete.
 //
+// The engine computes (writes the model's bytes into) exactly what it did not load, saves only
+// what it computed, and frees a request's pages at finish (or once finished() lists its saves).
 // A counterexample prints as C++ (operator<< of model_case): paste it into run_case() to keep it
 // as a regression test (test_connector_model.cpp has the ones the suite found).
+//
+// Knobs (environment): KVTIER_PROPERTY_CASES (cases), KVTIER_MODEL_WITHOUT=a,b (features the
+// generator leaves out, to look past a known bug), KVTIER_MODEL_PUT_THROWS=1 (a put_fault::throws
+// throws instead of failing), KVTIER_MODEL_TRACE=1 (each command's agreed values, per rank),
+// KVTIER_MODEL_PROFILE=1 (time per command kind).
 #pragma once
 
 #include <algorithm>
