@@ -82,7 +82,7 @@ inline constexpr std::size_t row = 8;  // bytes of one token of one layer (vllm_
 inline constexpr std::size_t max_ranks = 4, max_requests = 4;
 inline constexpr std::chrono::milliseconds margin{2000};     // invariant 4
 inline constexpr std::chrono::milliseconds generous{10000};  // deadlines of a case without adversaries
-inline constexpr std::chrono::seconds command_limit{60};      // the harness's bounded wait per command
+inline constexpr std::chrono::seconds command_limit{60};     // the harness's bounded wait per command
 
 // ---- the case -----------------------------------------------------------------------------------
 
@@ -173,11 +173,11 @@ struct warm_spec {
 
 struct command {
   op what = op::step;
-  std::uint8_t req = 0;    // request index (id req + 1)
-  std::uint8_t a = 255;    // load: chunk offset into the plan (255 the plan, 254 not whole chunks);
-                           // save: first chunk (255: [0, prompt))
-  std::uint8_t b = 0;      // load, save: chunks - 1
-  std::uint8_t ms = 0;     // deadline of a blocking call (0: the case's)
+  std::uint8_t req = 0;  // request index (id req + 1)
+  std::uint8_t a = 255;  // load: chunk offset into the plan (255 the plan, 254 not whole chunks);
+                         // save: first chunk (255: [0, prompt))
+  std::uint8_t b = 0;    // load, save: chunks - 1
+  std::uint8_t ms = 0;   // deadline of a blocking call (0: the case's)
   slots_kind slots = slots_kind::ok;  // on rank `rank` (>= W: every rank)
   std::uint8_t rank = 255;            // slots, cancel_load: which rank (>= W: every rank)
   std::uint8_t layer = 255;           // wait_for_layer: the layer; save_by_layer: layers reported
@@ -227,14 +227,14 @@ inline command drain_events() { return {.what = op::drain_events}; }
 struct model_case {
   std::uint8_t world = 1;
   bool two_comms = false;
-  bool streamed = false;       // connector_options::stream_groups over a group-streaming store
+  bool streamed = false;  // connector_options::stream_groups over a group-streaming store
   std::uint8_t layers = 2;
   std::uint8_t per_group = 1;  // connector_options::layers_per_group
   std::uint8_t batch = 1;      // connector_options::fetch_batch_chunks
   std::uint8_t workers = 1;    // connector_options::fetch_workers
   std::uint16_t load_ms = 0;   // load deadline (0: generous)
   std::uint16_t lookup_ms = 0;
-  std::uint16_t step_ms = 0;   // deadline of step / wait_for_layer / waits without their own
+  std::uint16_t step_ms = 0;  // deadline of step / wait_for_layer / waits without their own
   std::vector<prompt_spec> prompts;
   std::vector<warm_spec> warm;
   std::vector<rank_faults> faults;  // per rank
@@ -262,13 +262,14 @@ struct model_case {
 // ---- printing (as C++) -------------------------------------------------------------------------
 
 inline const char* name(op o) {
-  constexpr const char* n[] = {"begin_lookup", "step",        "settle",  "load",          "wait_for_layer",
-                               "wait_local",   "limit_load",  "cancel_load", "compute",   "save",
-                               "save_by_layer", "wait_for_save", "finish", "finished", "drain_events"};
+  constexpr const char* n[] = {"begin_lookup",  "step",          "settle",      "load",     "wait_for_layer",
+                               "wait_local",    "limit_load",    "cancel_load", "compute",  "save",
+                               "save_by_layer", "wait_for_save", "finish",      "finished", "drain_events"};
   return n[static_cast<int>(o)];
 }
 inline const char* name(slots_kind k) {
-  constexpr const char* n[] = {"ok", "block_table", "short_slots", "out_of_range", "minus_one", "short_table"};
+  constexpr const char* n[] = {"ok",           "block_table", "short_slots",
+                               "out_of_range", "minus_one",   "short_table"};
   return n[static_cast<int>(k)];
 }
 inline const char* name(get_fault f) {
@@ -311,8 +312,9 @@ inline std::ostream& operator<<(std::ostream& os, const command& c) {
       os << name(c.what) << "(" << r << ")";
   }
   if ((c.what == op::load || c.what == op::save || c.what == op::save_by_layer) && c.a != 255)
-    os << (c.a == 254 && c.what == op::load ? std::string(".not_whole_chunks()")
-                                            : ".range(" + std::to_string(c.a) + ", " + std::to_string(c.b) + ")");
+    os << (c.a == 254 && c.what == op::load
+               ? std::string(".not_whole_chunks()")
+               : ".range(" + std::to_string(c.a) + ", " + std::to_string(c.b) + ")");
   if (c.ms) os << ".with_ms(" << int(c.ms) << ")";
   if (c.slots != slots_kind::ok)
     os << ".with_slots(slots_kind::" << name(c.slots) << (c.rank != 255 ? ", " + std::to_string(c.rank) : "")
@@ -324,7 +326,8 @@ inline std::ostream& operator<<(std::ostream& os, const model_case& c) {
   os << "model_case{.world = " << int(c.world);
   if (c.two_comms) os << ", .two_comms = true";
   if (c.streamed) os << ", .streamed = true";
-  os << ", .layers = " << int(c.layers) << ", .per_group = " << int(c.per_group) << ", .batch = " << int(c.batch);
+  os << ", .layers = " << int(c.layers) << ", .per_group = " << int(c.per_group)
+     << ", .batch = " << int(c.batch);
   if (c.workers != 1) os << ", .workers = " << int(c.workers);
   if (c.load_ms) os << ", .load_ms = " << c.load_ms;
   if (c.lookup_ms) os << ", .lookup_ms = " << c.lookup_ms;
@@ -341,14 +344,16 @@ inline std::ostream& operator<<(std::ostream& os, const model_case& c) {
   if (!c.warm.empty()) {
     os << ",\n  .warm = {";
     for (std::size_t i = 0; i < c.warm.size(); ++i) {
-      os << (i ? ", " : "") << "{.prompt = " << int(c.warm[i].prompt) << ", .chunks = " << int(c.warm[i].chunks);
+      os << (i ? ", " : "") << "{.prompt = " << int(c.warm[i].prompt)
+         << ", .chunks = " << int(c.warm[i].chunks);
       if (c.warm[i].hole != 255) os << ", .hole = " << int(c.warm[i].hole);
       os << "}";
     }
     os << "}";
   }
   bool any_fault = false;
-  for (const rank_faults& f : c.faults) any_fault = any_fault || !f.gets.empty() || !f.puts.empty() || !f.exists.empty();
+  for (const rank_faults& f : c.faults)
+    any_fault = any_fault || !f.gets.empty() || !f.puts.empty() || !f.exists.empty();
   if (any_fault) {
     os << ",\n  .faults = {";
     for (std::size_t r = 0; r < c.faults.size(); ++r) {
@@ -368,7 +373,8 @@ inline std::ostream& operator<<(std::ostream& os, const model_case& c) {
       }
       if (!f.puts.empty()) {
         os << sep << ".puts = {";
-        for (std::size_t i = 0; i < f.puts.size(); ++i) os << (i ? ", " : "") << "put_fault::" << name(f.puts[i]);
+        for (std::size_t i = 0; i < f.puts.size(); ++i)
+          os << (i ? ", " : "") << "put_fault::" << name(f.puts[i]);
         os << "}";
         sep = ", ";
       }
@@ -431,7 +437,8 @@ struct prompt_ref {
   }
 };
 
-inline prompt_ref make_prompt(const prompt_spec& spec, const chunker<>& chunk, std::uint32_t layers, std::size_t index) {
+inline prompt_ref make_prompt(const prompt_spec& spec, const chunker<>& chunk, std::uint32_t layers,
+                              std::size_t index) {
   prompt_ref p;
   p.tokens = prompt_tokens(spec);
   p.keys = chunk.keys(p.tokens);
@@ -557,12 +564,15 @@ class adv_store {
     std::vector<bool> dead(n, false);
     const std::size_t rounds = n ? fmt_.groups(dst[0].size()) : 0;
     const std::size_t bad = n ? f.key % n : 0;
-    const std::size_t bad_round =
-        f.f == get_fault::corrupt_group ? f.group % std::max<std::size_t>(rounds, 1) : f.f == get_fault::corrupt ? 0 : SIZE_MAX;
-    const std::size_t stall_round = f.f == get_fault::stall_group ? f.group % std::max<std::size_t>(rounds, 1) : SIZE_MAX;
+    const std::size_t bad_round = f.f == get_fault::corrupt_group ? f.group % std::max<std::size_t>(rounds, 1)
+                                  : f.f == get_fault::corrupt     ? 0
+                                                                  : SIZE_MAX;
+    const std::size_t stall_round =
+        f.f == get_fault::stall_group ? f.group % std::max<std::size_t>(rounds, 1) : SIZE_MAX;
     // late_hits: what lands before group `group` of key `key` lands in time; it and the rest
     // land past the deadline.
-    const std::size_t late_round = f.f == get_fault::late_hits ? f.group % std::max<std::size_t>(rounds, 1) : SIZE_MAX;
+    const std::size_t late_round =
+        f.f == get_fault::late_hits ? f.group % std::max<std::size_t>(rounds, 1) : SIZE_MAX;
     for (std::size_t g = 0; g < rounds; ++g) {
       if (g == 0 && f.f == get_fault::slow_first)
         std::this_thread::sleep_for(std::chrono::milliseconds(f.group % 8 + 1));
@@ -666,7 +676,8 @@ struct fault_comm {
   std::error_code all_reduce(std::span<const std::byte> s, std::span<std::byte> r, comm::dtype t,
                              comm::reduce_op op, deadline dl) {
     if (depth == 0) {
-      if (const comm_fault* f = next(dl); f && f->fail) return inner.all_reduce(s, r, comm::dtype::bytes, op, dl);
+      if (const comm_fault* f = next(dl); f && f->fail)
+        return inner.all_reduce(s, r, comm::dtype::bytes, op, dl);
     }
     return inner.all_reduce(s, r, t, op, dl);
   }
@@ -760,8 +771,8 @@ inline bool same_outcome(const std::optional<load_outcome>& a, const std::option
 }
 inline std::string show(const std::optional<load_plan>& p) {
   if (!p) return "none";
-  return "{cached " + std::to_string(p->cached_tokens) + ", load [" + std::to_string(p->load_first_token) + ", " +
-         std::to_string(p->load_end_token) + "), prompt " + std::to_string(p->prompt_tokens) + "}";
+  return "{cached " + std::to_string(p->cached_tokens) + ", load [" + std::to_string(p->load_first_token) +
+         ", " + std::to_string(p->load_end_token) + "), prompt " + std::to_string(p->prompt_tokens) + "}";
 }
 inline std::string show(const std::optional<load_outcome>& o) {
   if (!o) return "none";
@@ -847,12 +858,16 @@ struct case_state {
   explicit case_state(model_case mc)
       : c(std::move(mc)),
         W(c.world),
-        ns{.model = "model-suite", .kv_format = "tiny", .chunk_tokens = T, .ownership = modulo_ownership(W).geometry()},
+        ns{.model = "model-suite",
+           .kv_format = "tiny",
+           .chunk_tokens = T,
+           .ownership = modulo_ownership(W).geometry()},
         chunk(ns),
         ctrl_world(W),
         data_world(W),
         obs(W) {
-    for (std::size_t i = 0; i < c.prompts.size(); ++i) prompts.push_back(make_prompt(c.prompts[i], chunk, c.layers, i));
+    for (std::size_t i = 0; i < c.prompts.size(); ++i)
+      prompts.push_back(make_prompt(c.prompts[i], chunk, c.layers, i));
     for (const prompt_ref& p : prompts)
       for (std::size_t k = 0; k < p.keys.size(); ++k) {
         if (keys.count(p.keys[k])) continue;
@@ -865,8 +880,8 @@ struct case_state {
     const value_format fmt = value_format::v2(layer_group_bytes(lay, T, c.per_group));
     for (rank_t r = 0; r < W; ++r) {
       inner.push_back(std::make_unique<memory_store>(std::size_t{1} << 20));
-      stores.push_back(std::make_unique<adv_store>(*inner.back(), r < c.faults.size() ? c.faults[r] : rank_faults{},
-                                                   fmt, puts_may_throw()));
+      stores.push_back(std::make_unique<adv_store>(
+          *inner.back(), r < c.faults.size() ? c.faults[r] : rank_faults{}, fmt, puts_may_throw()));
     }
     for (const warm_spec& w : c.warm) {
       if (w.prompt >= prompts.size()) continue;
@@ -955,15 +970,16 @@ class rank_runner {
     while (!pending.empty() && !expired(limit)) {
       (void)conn_->finished();
       std::erase_if(pending, [&](request_id x) {
-        return conn_->wait_for_save(x, deadline_after(std::chrono::milliseconds(1))) == errc::invalid_argument;
+        return conn_->wait_for_save(x, deadline_after(std::chrono::milliseconds(1))) ==
+               errc::invalid_argument;
       });
     }
     if (!pending.empty()) o.violations.push_back("the saves did not end within 30 s of finish()");
     const int failed_puts = s_.stores[r_]->failed_puts();
     const std::uint64_t save_failures = conn_->counters().save_failures.value();
     if (save_failures < static_cast<std::uint64_t>(failed_puts))
-      o.violations.push_back("invariant 7: " + std::to_string(failed_puts) + " puts failed, but save_failures is " +
-                             std::to_string(save_failures));
+      o.violations.push_back("invariant 7: " + std::to_string(failed_puts) +
+                             " puts failed, but save_failures is " + std::to_string(save_failures));
     // The connector goes (its mover runs what it was given, its fetches end), then nothing may
     // have written a page it no longer owned, nor a store a wrong value.
     conn_.reset();
@@ -1010,9 +1026,10 @@ class rank_runner {
   // Invariant 4: a blocking call returned by `bound` + margin.
   void timed(rank_obs& o, const char* what, deadline bound, clock::time_point returned) {
     if (returned > bound + margin)
-      o.violations.push_back(std::string("invariant 4: ") + what + " returned " +
-                             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(returned - bound).count()) +
-                             " ms past its deadline");
+      o.violations.push_back(
+          std::string("invariant 4: ") + what + " returned " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(returned - bound).count()) +
+          " ms past its deadline");
   }
   // With one communicator the moves run inside step(), with the loads' deadlines.
   deadline collective_bound(deadline dl) const {
@@ -1078,7 +1095,8 @@ class rank_runner {
         if (!q.known) return;
         // A save by layer with layers not reported stays pending until finish(): no engine
         // waits for it, and a generous deadline would only make the case slow.
-        const deadline dl = q.open_by_layer && !q.finished ? deadline_after(std::chrono::milliseconds(2)) : dl_of(k);
+        const deadline dl =
+            q.open_by_layer && !q.finished ? deadline_after(std::chrono::milliseconds(2)) : dl_of(k);
         (void)conn_->wait_for_save(id(i), dl);
         timed(o, "wait_for_save", dl, clock::now());
         return;
@@ -1103,7 +1121,8 @@ class rank_runner {
       }
       case op::drain_events: {
         for (const kv_event& e : conn_->drain_events()) {
-          if (e.rank != r_) o.violations.push_back("drain_events: an event of rank " + std::to_string(e.rank));
+          if (e.rank != r_)
+            o.violations.push_back("drain_events: an event of rank " + std::to_string(e.rank));
           for (const chunk_key& key : e.keys) {
             const auto it = s_.keys.find(key);
             if (it == s_.keys.end())
@@ -1204,7 +1223,8 @@ class rank_runner {
       }
     } catch (const std::invalid_argument&) {
       threw = true;
-      if (!(loadable && lr.throws)) o.violations.push_back("invariant 5: load threw invalid_argument for a valid range");
+      if (!(loadable && lr.throws))
+        o.violations.push_back("invariant 5: load threw invalid_argument for a valid range");
     }
     if (loadable && lr.throws && !threw)
       o.violations.push_back("invariant 5: load of a range that is not whole chunks did not throw");
@@ -1235,7 +1255,8 @@ class rank_runner {
     const std::uint32_t l = k.layer % c_.layers;
     std::vector<std::size_t> running;  // loads this rank started and whose outcome it had not seen
     for (std::size_t i = 0; i < reqs_.size(); ++i)
-      if (reqs_[i].loading && reqs_[i].load_ok && !reqs_[i].finished && !reqs_[i].outcome) running.push_back(i);
+      if (reqs_[i].loading && reqs_[i].load_ok && !reqs_[i].finished && !reqs_[i].outcome)
+        running.push_back(i);
     const deadline dl = dl_of(k);
     const deadline bound = collective_bound(dl);
     auto res = conn_->wait_for_layer(l, dl);
@@ -1246,7 +1267,8 @@ class rank_runner {
 
   // Checks the layer wait's answer (templated: today's std::error_code, or the layer_wait result).
   template <class Result>
-  void layer_answer(std::uint32_t l, const Result& res, const std::vector<std::size_t>& running, rank_obs& o) {
+  void layer_answer(std::uint32_t l, const Result& res, const std::vector<std::size_t>& running,
+                    rank_obs& o) {
     if constexpr (std::is_same_v<Result, std::error_code>) {
       // Today's answer: ok means layer l of every chunk of every running load is in the pages,
       // or that load's agreed reach ended below it. Which chunks were not is kept; the outcome
@@ -1264,7 +1286,9 @@ class rank_runner {
         for (std::uint64_t t = q.load_first; t < q.load_end; t += T)
           if (!layer_right(i, l, t, t + T)) snap.wrong.push_back(t / T);
         stats().layer_checked_chunks += (q.load_end - q.load_first) / T;
-        if (trace()) o.notes.push_back("layer " + std::to_string(l) + " of request " + std::to_string(id(i)) + ": chunks not in the pages " + show_list(snap.wrong));
+        if (trace())
+          o.notes.push_back("layer " + std::to_string(l) + " of request " + std::to_string(id(i)) +
+                            ": chunks not in the pages " + show_list(snap.wrong));
         if (!snap.wrong.empty()) q.snapshots.push_back(std::move(snap));
       }
     } else {
@@ -1281,9 +1305,10 @@ class rank_runner {
         rq& q = reqs_[i];
         if (!q.loading || lr.first_token != q.load_first || lr.requested_end_token != q.load_end ||
             lr.ready_end_token < lr.first_token || lr.ready_end_token > lr.requested_end_token) {
-          o.violations.push_back("wait_for_layer(" + std::to_string(l) + "): request " + std::to_string(lr.id) +
-                                 " ready [" + std::to_string(lr.first_token) + ", " + std::to_string(lr.ready_end_token) +
-                                 ") of [" + std::to_string(lr.first_token) + ", " +
+          o.violations.push_back("wait_for_layer(" + std::to_string(l) + "): request " +
+                                 std::to_string(lr.id) + " ready [" + std::to_string(lr.first_token) + ", " +
+                                 std::to_string(lr.ready_end_token) + ") of [" +
+                                 std::to_string(lr.first_token) + ", " +
                                  std::to_string(lr.requested_end_token) + ") is not inside its load [" +
                                  std::to_string(q.load_first) + ", " + std::to_string(q.load_end) + ")");
           continue;
@@ -1292,8 +1317,8 @@ class rank_runner {
         if (!layer_right(i, l, lr.first_token, lr.ready_end_token)) {
           o.violations.push_back("invariant 2: wait_for_layer(" + std::to_string(l) + ") said layer " +
                                  std::to_string(l) + " of [" + std::to_string(lr.first_token) + ", " +
-                                 std::to_string(lr.ready_end_token) + ") of request " + std::to_string(lr.id) +
-                                 " is in the pages; it is not");
+                                 std::to_string(lr.ready_end_token) + ") of request " +
+                                 std::to_string(lr.id) + " is in the pages; it is not");
           continue;
         }
         for (std::uint64_t t = lr.first_token; t < lr.ready_end_token; ++t) q.valid[l][t] = true;
@@ -1344,11 +1369,12 @@ class rank_runner {
       if (!ec && k.layer < c_.layers) q.open_by_layer = true;
       if (!ec)
         for (std::uint32_t l = 0; l < c_.layers && l < k.layer; ++l)
-          if (auto e = conn_->save_layer(id(i), l)) o.violations.push_back("save_layer(" + std::to_string(l) + ") failed: " + e.message());
+          if (auto e = conn_->save_layer(id(i), l))
+            o.violations.push_back("save_layer(" + std::to_string(l) + ") failed: " + e.message());
     }
     if (ok && ec && k.what == op::save)
-      o.violations.push_back("save with good slots of [" + std::to_string(first) + ", " + std::to_string(end) +
-                             ") returned '" + ec.message() + "'");
+      o.violations.push_back("save with good slots of [" + std::to_string(first) + ", " +
+                             std::to_string(end) + ") returned '" + ec.message() + "'");
     if (!ec) q.saving = true;
   }
 
@@ -1372,10 +1398,12 @@ class rank_runner {
         ro.load_reason = ro.load_reason || e.what == request_error::stage::load;
         // Invariant 6 for this rank's own reasons: the first of each stage stays the first.
         std::string& first = q.reasons[static_cast<int>(e.what)];
-        if (first.empty()) first = e.message;
+        if (first.empty())
+          first = e.message;
         else if (first != e.message)
-          o.violations.push_back("invariant 6: request " + std::to_string(id(i)) + "'s " + std::string(to_string(e.what)) +
-                                 " reason was '" + first + "', now '" + e.message + "' (the first of a stage must stay)");
+          o.violations.push_back("invariant 6: request " + std::to_string(id(i)) + "'s " +
+                                 std::string(to_string(e.what)) + " reason was '" + first + "', now '" +
+                                 e.message + "' (the first of a stage must stay)");
       }
       if (ro.outcome && !q.outcome) first_outcome(i, *ro.outcome, o);
     }
@@ -1393,17 +1421,19 @@ class rank_runner {
       return;
     }
     if (out.load_first_token != q.load_first || out.requested_end_token != q.load_end ||
-        out.loaded_end_token < out.load_first_token || out.loaded_end_token > out.requested_end_token || out.loaded_end_token % T) {
+        out.loaded_end_token < out.load_first_token || out.loaded_end_token > out.requested_end_token ||
+        out.loaded_end_token % T) {
       o.violations.push_back("request " + std::to_string(id(i)) + ": outcome " + show(std::optional(out)) +
-                             " does not fit its load [" + std::to_string(q.load_first) + ", " + std::to_string(q.load_end) + ")");
+                             " does not fit its load [" + std::to_string(q.load_first) + ", " +
+                             std::to_string(q.load_end) + ")");
       return;
     }
     for (std::uint32_t l = 0; l < c_.layers; ++l) {
       for (std::uint64_t t = out.load_first_token; t < out.loaded_end_token; t += T) {
         if (!layer_right(i, l, t, t + T)) {
-          o.violations.push_back("invariant 2: request " + std::to_string(id(i)) + "'s outcome " + show(std::optional(out)) +
-                                 " says chunk " + std::to_string(t / T) + " is in the pages; layer " +
-                                 std::to_string(l) + " of it is not");
+          o.violations.push_back("invariant 2: request " + std::to_string(id(i)) + "'s outcome " +
+                                 show(std::optional(out)) + " says chunk " + std::to_string(t / T) +
+                                 " is in the pages; layer " + std::to_string(l) + " of it is not");
           return;
         }
       }
@@ -1435,8 +1465,8 @@ class rank_runner {
           std::uint64_t e = t;
           while (e < v.size() && v[e]) ++e;
           if (!layer_right(i, l, t, e)) {
-            o.violations.push_back("invariant 2: layer " + std::to_string(l) + " of [" + std::to_string(t) + ", " +
-                                   std::to_string(e) + ") of request " + std::to_string(id(i)) +
+            o.violations.push_back("invariant 2: layer " + std::to_string(l) + " of [" + std::to_string(t) +
+                                   ", " + std::to_string(e) + ") of request " + std::to_string(id(i)) +
                                    " held its bytes and was overwritten since");
             return;
           }
@@ -1540,10 +1570,10 @@ struct main_req {
   std::optional<load_plan> plan;
   std::optional<load_outcome> outcome;
   std::vector<std::size_t> errors;
-  bool cut = false;            // limit_load or cancel_load was called
-  bool load_seen = false;      // a load was started
-  bool all_stored = false;     // its range was in the owners' stores when it started
-  bool slots_ok = true;        // every rank's load() took its slots
+  bool cut = false;                    // limit_load or cancel_load was called
+  bool load_seen = false;              // a load was started
+  bool all_stored = false;             // its range was in the owners' stores when it started
+  bool slots_ok = true;                // every rank's load() took its slots
   std::uint64_t failures_at_load = 0;  // agreement failures when it started (rank 0)
   std::optional<std::size_t> lb;       // chunks stored at begin_lookup (no adversary)
 };
@@ -1558,7 +1588,8 @@ class driver {
   ~driver() {
     const auto t0 = clock::now();
     shut_down();
-    stats().teardown_us += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
+    stats().teardown_us += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
   }
 
   /// Runs the case: empty, or the first violation, naming the command.
@@ -1570,7 +1601,8 @@ class driver {
       for (const rank_obs& o : s_->obs)
         if (!o.violations.empty()) return o.violations.front();
     }
-    stats().setup_us += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
+    stats().setup_us += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
     const model_case& c = s_->c;
     const bool generous = c.generous();  // the sanity checks hold only then
     stats().cases++;
@@ -1592,7 +1624,8 @@ class driver {
         s_->done = 0;
         ++s_->gen;
         s_->cv.notify_all();
-        if (!s_->cv.wait_for(lock, command_limit, [&] { return s_->done == s_->W; })) return hang(where.str());
+        if (!s_->cv.wait_for(lock, command_limit, [&] { return s_->done == s_->W; }))
+          return hang(where.str());
       }
       stats().commands++;
       if (trace()) {
@@ -1604,12 +1637,14 @@ class driver {
           if (o.layer_wait) t << ", layer wait '" << (o.layer_ec ? o.layer_ec.message() : "ok") << "'";
           for (std::size_t i = 0; i < o.reqs.size(); ++i)
             if (o.reqs[i].known && !o.reqs[i].finished)
-              t << ", request " << i + 1 << " plan " << show(o.reqs[i].plan) << " outcome " << show(o.reqs[i].outcome);
+              t << ", request " << i + 1 << " plan " << show(o.reqs[i].plan) << " outcome "
+                << show(o.reqs[i].outcome);
           for (const std::string& n : o.notes) t << "\n    " << n;
         }
         std::cerr << t.str() << "\n";
       }
-      const auto us = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
+      const auto us = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
       if (end) {
         stats().end_us += us;
       } else {
@@ -1673,8 +1708,8 @@ class driver {
     for (rank_t r = 1; r < W; ++r) {
       const rank_obs& b = obs[r];
       if (a.agreed != b.agreed)
-        return "invariant 1: rank 0's steps returned " + show_ecs(a.agreed) + ", rank " + std::to_string(r) + "'s " +
-               show_ecs(b.agreed);
+        return "invariant 1: rank 0's steps returned " + show_ecs(a.agreed) + ", rank " + std::to_string(r) +
+               "'s " + show_ecs(b.agreed);
       if (a.finished_loads != b.finished_loads)
         return "invariant 1: finished().loads differ: rank 0 " + show_list(a.finished_loads) + ", rank " +
                std::to_string(r) + " " + show_list(b.finished_loads);
@@ -1683,21 +1718,22 @@ class driver {
         if (!x.known || x.finished) continue;
         const std::string who = "request " + std::to_string(i + 1) + ": rank 0 ";
         if (!same_plan(x.plan, y.plan))
-          return "invariant 1: " + who + "plans " + show(x.plan) + ", rank " + std::to_string(r) + " " + show(y.plan);
+          return "invariant 1: " + who + "plans " + show(x.plan) + ", rank " + std::to_string(r) + " " +
+                 show(y.plan);
         if (!same_outcome(x.outcome, y.outcome))
-          return "invariant 1: " + who + "load_result " + show(x.outcome) + ", rank " + std::to_string(r) + " " +
-                 show(y.outcome);
+          return "invariant 1: " + who + "load_result " + show(x.outcome) + ", rank " + std::to_string(r) +
+                 " " + show(y.outcome);
         if (x.load_errors != y.load_errors)
-          return "invariant 1: " + who + "load_errors " + show_list(x.load_errors) + ", rank " + std::to_string(r) +
-                 " " + show_list(y.load_errors);
+          return "invariant 1: " + who + "load_errors " + show_list(x.load_errors) + ", rank " +
+                 std::to_string(r) + " " + show_list(y.load_errors);
       }
       if (a.layer_wait && !a.layer_ec && !b.layer_ec)
         for (const ready_obs& x : a.ready)
           for (const ready_obs& y : b.ready)
             if (x.id == y.id && !(x == y))
-              return "invariant 1: wait_for_layer agreed (ok on every rank) but request " + std::to_string(x.id) +
-                     " is ready to " + std::to_string(x.ready_end) + " on rank 0 and to " +
-                     std::to_string(y.ready_end) + " on rank " + std::to_string(r);
+              return "invariant 1: wait_for_layer agreed (ok on every rank) but request " +
+                     std::to_string(x.id) + " is ready to " + std::to_string(x.ready_end) +
+                     " on rank 0 and to " + std::to_string(y.ready_end) + " on rank " + std::to_string(r);
       if (end) {
         if (a.ctrl_calls != b.ctrl_calls)
           return "invariant 1: the recorded control collectives differ: rank 0 made " +
@@ -1718,14 +1754,15 @@ class driver {
       if (!x.known || x.finished) continue;
       // Invariant 6: once reported, never changed.
       if (m.plan && !same_plan(m.plan, x.plan))
-        return "invariant 6: request " + std::to_string(i + 1) + "'s plan was " + show(m.plan) + ", now " + show(x.plan);
+        return "invariant 6: request " + std::to_string(i + 1) + "'s plan was " + show(m.plan) + ", now " +
+               show(x.plan);
       if (!m.plan && x.plan) {
         m.plan = x.plan;
         if (std::string v = check_plan(i, *x.plan, generous); !v.empty()) return v;
       }
       if (m.outcome && (!same_outcome(m.outcome, x.outcome) || m.errors != x.load_errors))
-        return "invariant 6: request " + std::to_string(i + 1) + "'s outcome was " + show(m.outcome) + ", now " +
-               show(x.outcome);
+        return "invariant 6: request " + std::to_string(i + 1) + "'s outcome was " + show(m.outcome) +
+               ", now " + show(x.outcome);
       if (x.loading && !m.load_seen) {  // this command started the load
         m.load_seen = true;
         m.slots_ok = true;
@@ -1764,27 +1801,34 @@ class driver {
     const main_req& m = reqs_[i];
     stats().loads++;
     (out.complete() ? stats().complete : stats().short_loads)++;
-    const bool reason = std::any_of(s_->obs.begin(), s_->obs.end(), [&](const rank_obs& o) { return o.reqs[i].load_reason; });
+    const bool reason =
+        std::any_of(s_->obs.begin(), s_->obs.end(), [&](const rank_obs& o) { return o.reqs[i].load_reason; });
     if (!out.complete() && !m.cut && !reason)
-      return "invariant 7: request " + std::to_string(i + 1) + "'s load was agreed short " + show(std::optional(out)) +
+      return "invariant 7: request " + std::to_string(i + 1) + "'s load was agreed short " +
+             show(std::optional(out)) +
              " with no limit_load or cancel_load, and no rank has a load reason in errors(id)";
     if (generous && m.all_stored && m.slots_ok && !m.cut && failures_ == m.failures_at_load) {
       stats().sane_loads++;
       if (!out.complete())
         return "sanity: request " + std::to_string(i + 1) + "'s load of a fully stored range ended " +
-               show(std::optional(out)) + " (no adversary, generous deadlines, good slots, no failed agreement)";
+               show(std::optional(out)) +
+               " (no adversary, generous deadlines, good slots, no failed agreement)";
     }
     return {};
   }
 
   static std::string show_ecs(const std::vector<std::error_code>& v) {
     std::string s = "{";
-    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + (v[i] ? v[i].message() : std::string("ok"));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      s += (i ? ", " : "") + (v[i] ? v[i].message() : std::string("ok"));
     return s + "}";
   }
-  static std::string first_diff(const std::vector<comm::collective_call>& a, const std::vector<comm::collective_call>& b) {
+  static std::string first_diff(const std::vector<comm::collective_call>& a,
+                                const std::vector<comm::collective_call>& b) {
     for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
-      if (!(a[i] == b[i])) return "; first difference at call " + std::to_string(i) + ": " + comm::to_string(a[i]) + " vs " + comm::to_string(b[i]);
+      if (!(a[i] == b[i]))
+        return "; first difference at call " + std::to_string(i) + ": " + comm::to_string(a[i]) + " vs " +
+               comm::to_string(b[i]);
     return "";
   }
 
@@ -1817,7 +1861,9 @@ inline std::vector<model_case> smaller(const model_case& c) {
   const std::size_t n = c.commands.size();
   if (n >= 4) {
     with([&](model_case& x) { x.commands.resize(n / 2); });
-    with([&](model_case& x) { x.commands.erase(x.commands.begin(), x.commands.begin() + static_cast<std::ptrdiff_t>(n / 2)); });
+    with([&](model_case& x) {
+      x.commands.erase(x.commands.begin(), x.commands.begin() + static_cast<std::ptrdiff_t>(n / 2));
+    });
   }
   for (std::size_t i = n; i-- > 0;)
     with([&](model_case& x) { x.commands.erase(x.commands.begin() + static_cast<std::ptrdiff_t>(i)); });
@@ -1834,17 +1880,23 @@ inline std::vector<model_case> smaller(const model_case& c) {
   if (c.comm.empty() && c.step_ms) with([](model_case& x) { x.step_ms = 0; });
   for (std::size_t r = 0; r < c.faults.size(); ++r) {
     for (std::size_t i = c.faults[r].gets.size(); i-- > 0;) {
-      with([&](model_case& x) { x.faults[r].gets.erase(x.faults[r].gets.begin() + static_cast<std::ptrdiff_t>(i)); });
-      if (c.faults[r].gets[i].f != get_fault::none)
-        with([&](model_case& x) { x.faults[r].gets[i] = {}; });
+      with([&](model_case& x) {
+        x.faults[r].gets.erase(x.faults[r].gets.begin() + static_cast<std::ptrdiff_t>(i));
+      });
+      if (c.faults[r].gets[i].f != get_fault::none) with([&](model_case& x) { x.faults[r].gets[i] = {}; });
     }
     for (std::size_t i = c.faults[r].puts.size(); i-- > 0;)
-      with([&](model_case& x) { x.faults[r].puts.erase(x.faults[r].puts.begin() + static_cast<std::ptrdiff_t>(i)); });
+      with([&](model_case& x) {
+        x.faults[r].puts.erase(x.faults[r].puts.begin() + static_cast<std::ptrdiff_t>(i));
+      });
     for (std::size_t i = c.faults[r].exists.size(); i-- > 0;)
-      with([&](model_case& x) { x.faults[r].exists.erase(x.faults[r].exists.begin() + static_cast<std::ptrdiff_t>(i)); });
+      with([&](model_case& x) {
+        x.faults[r].exists.erase(x.faults[r].exists.begin() + static_cast<std::ptrdiff_t>(i));
+      });
   }
   if (!c.faults.empty() && !c.adversarial()) with([](model_case& x) { x.faults.clear(); });
-  if (!c.adversarial() && (c.load_ms || c.lookup_ms)) with([](model_case& x) { x.load_ms = x.lookup_ms = 0; });
+  if (!c.adversarial() && (c.load_ms || c.lookup_ms))
+    with([](model_case& x) { x.load_ms = x.lookup_ms = 0; });
   for (std::size_t i = c.warm.size(); i-- > 0;) {
     with([&](model_case& x) { x.warm.erase(x.warm.begin() + static_cast<std::ptrdiff_t>(i)); });
     if (c.warm[i].hole != 255) with([&](model_case& x) { x.warm[i].hole = 255; });
@@ -1852,21 +1904,26 @@ inline std::vector<model_case> smaller(const model_case& c) {
   }
   std::size_t used = 0;  // prompts a command refers to
   for (const command& k : c.commands) used = std::max<std::size_t>(used, k.req % max_requests + 1);
-  if (c.prompts.size() > std::max<std::size_t>(used, 1)) with([&](model_case& x) { x.prompts.resize(std::max<std::size_t>(used, 1)); });
+  if (c.prompts.size() > std::max<std::size_t>(used, 1))
+    with([&](model_case& x) { x.prompts.resize(std::max<std::size_t>(used, 1)); });
   for (std::size_t i = 0; i < c.prompts.size(); ++i) {
     if (c.prompts[i].chunks > 1) with([&](model_case& x) { --x.prompts[i].chunks; });
     if (c.prompts[i].tail) with([&](model_case& x) { x.prompts[i].tail = 0; });
-    if (c.prompts[i].diverge != 255) with([&](model_case& x) { x.prompts[i].diverge = 255, x.prompts[i].variant = 0; });
+    if (c.prompts[i].diverge != 255)
+      with([&](model_case& x) { x.prompts[i].diverge = 255, x.prompts[i].variant = 0; });
     if (c.prompts[i].family) with([&](model_case& x) { x.prompts[i].family = 0; });
   }
   for (std::size_t i = 0; i < n; ++i) {
     const command& k = c.commands[i];
     if (k.ms) with([&](model_case& x) { x.commands[i].ms = 0; });
-    if (k.slots != slots_kind::ok) with([&](model_case& x) { x.commands[i].slots = slots_kind::ok, x.commands[i].rank = 255; });
+    if (k.slots != slots_kind::ok)
+      with([&](model_case& x) { x.commands[i].slots = slots_kind::ok, x.commands[i].rank = 255; });
     if (k.rank != 255 && k.what != op::cancel_load) with([&](model_case& x) { x.commands[i].rank = 255; });
-    if (k.a != 255 && k.what != op::wait_for_layer) with([&](model_case& x) { x.commands[i].a = 255, x.commands[i].b = 0; });
+    if (k.a != 255 && k.what != op::wait_for_layer)
+      with([&](model_case& x) { x.commands[i].a = 255, x.commands[i].b = 0; });
     if (k.b && k.a == 255) with([&](model_case& x) { x.commands[i].b = 0; });
-    if (k.what == op::save_by_layer && k.layer != 255) with([&](model_case& x) { x.commands[i].layer = 255; });
+    if (k.what == op::save_by_layer && k.layer != 255)
+      with([&](model_case& x) { x.commands[i].layer = 255; });
     if (k.req) with([&](model_case& x) { x.commands[i].req = 0; });
   }
   return out;

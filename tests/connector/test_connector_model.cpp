@@ -42,23 +42,26 @@ rc::Gen<command> gen_command_of(std::optional<op> what) {
     using rc::gen::inRange;
     using rc::gen::weightedElement;
     command c;
-    c.what = what ? *what : *weightedElement<op>({{6, op::begin_lookup},
-                                    {3, op::step},
-                                    {7, op::settle},
-                                    {8, op::load},
-                                    {5, op::wait_for_layer},
-                                    {2, op::wait_local},
-                                    {1, op::limit_load},
-                                    {1, op::cancel_load},
-                                    {5, op::compute},
-                                    {4, op::save},
-                                    {2, op::save_by_layer},
-                                    {1, op::wait_for_save},
-                                    {3, op::finish},
-                                    {1, op::finished},
-                                    {1, op::drain_events}});
+    c.what = what ? *what
+                  : *weightedElement<op>({{6, op::begin_lookup},
+                                          {3, op::step},
+                                          {7, op::settle},
+                                          {8, op::load},
+                                          {5, op::wait_for_layer},
+                                          {2, op::wait_local},
+                                          {1, op::limit_load},
+                                          {1, op::cancel_load},
+                                          {5, op::compute},
+                                          {4, op::save},
+                                          {2, op::save_by_layer},
+                                          {1, op::wait_for_save},
+                                          {3, op::finish},
+                                          {1, op::finished},
+                                          {1, op::drain_events}});
     c.req = *weightedElement<std::uint8_t>({{5, 0}, {4, 1}, {2, 2}, {1, 3}});
-    const auto some_rank = [] { return *weightedElement<std::uint8_t>({{2, 255}, {2, 0}, {1, 1}, {1, 2}, {1, 3}}); };
+    const auto some_rank = [] {
+      return *weightedElement<std::uint8_t>({{2, 255}, {2, 0}, {1, 1}, {1, 2}, {1, 3}});
+    };
     switch (c.what) {
       case op::step:
       case op::wait_for_layer:
@@ -79,21 +82,24 @@ rc::Gen<command> gen_command_of(std::optional<op> what) {
         const int range = *weightedElement<int>({{4, 0}, {2, 1}, {c.what == op::load ? 1 : 0, 2}});
         if (range == 1) c.a = *inRange<std::uint8_t>(0, 6), c.b = *inRange<std::uint8_t>(0, 6);
         if (range == 2) c.a = 254, c.b = 0;
-        c.slots = *weightedElement<slots_kind>({{14, slots_kind::ok},
-                                                 {c.what == op::load ? 2 : 0, slots_kind::block_table},
-                                                 {unless("short_slots", 1), slots_kind::short_slots},
-                                                 {unless("out_of_range", 1), slots_kind::out_of_range},
-                                                 {unless("negative_slots", 2), slots_kind::minus_one},
-                                                 {c.what == op::load ? unless("negative_slots", 1) : 0, slots_kind::short_table}});
+        c.slots = *weightedElement<slots_kind>(
+            {{14, slots_kind::ok},
+             {c.what == op::load ? 2 : 0, slots_kind::block_table},
+             {unless("short_slots", 1), slots_kind::short_slots},
+             {unless("out_of_range", 1), slots_kind::out_of_range},
+             {unless("negative_slots", 2), slots_kind::minus_one},
+             {c.what == op::load ? unless("negative_slots", 1) : 0, slots_kind::short_table}});
         if (c.slots != slots_kind::ok) {
           c.rank = some_rank();
           if (range == 0) c.b = *inRange<std::uint8_t>(0, 16);  // where the bad slot is
         }
-        if (c.what == op::save_by_layer) c.layer = *weightedElement<std::uint8_t>({{4, 255}, {1, 1}, {1, 2}, {1, 3}});
+        if (c.what == op::save_by_layer)
+          c.layer = *weightedElement<std::uint8_t>({{4, 255}, {1, 1}, {1, 2}, {1, 3}});
         break;
       }
       case op::limit_load:
-        for (auto& cap : c.caps) cap = *weightedElement<std::uint8_t>({{2, 255}, {1, 0}, {2, 1}, {1, 2}, {1, 3}});
+        for (auto& cap : c.caps)
+          cap = *weightedElement<std::uint8_t>({{2, 255}, {1, 0}, {2, 1}, {1, 2}, {1, 3}});
         break;
       case op::cancel_load:
         c.rank = some_rank();
@@ -147,13 +153,15 @@ std::vector<command> gen_flow(std::uint8_t r, std::uint8_t layers) {
 rc::Gen<std::vector<command>> gen_commands(std::size_t requests, std::uint8_t layers) {
   return rc::gen::exec([requests, layers] {
     std::vector<std::vector<command>> flows;
-    for (std::size_t r = 0; r < requests; ++r) flows.push_back(gen_flow(static_cast<std::uint8_t>(r), layers));
+    for (std::size_t r = 0; r < requests; ++r)
+      flows.push_back(gen_flow(static_cast<std::uint8_t>(r), layers));
     std::vector<std::size_t> at(requests, 0);
     std::vector<command> out;
     for (;;) {
       std::vector<std::pair<std::uint32_t, std::size_t>> open;  // (weight, flow): earlier flows first
       for (std::size_t r = 0; r < requests; ++r)
-        if (at[r] < flows[r].size()) open.push_back({static_cast<std::uint32_t>(8 >> std::min<std::size_t>(open.size() * 2, 3)), r});
+        if (at[r] < flows[r].size())
+          open.push_back({static_cast<std::uint32_t>(8 >> std::min<std::size_t>(open.size() * 2, 3)), r});
       if (open.empty()) break;
       if (*rc::gen::weightedElement<bool>({{9, false}, {1, true}})) out.push_back(*gen_command());
       std::uint32_t total = 0;
@@ -176,19 +184,22 @@ rc::Gen<std::vector<command>> gen_commands(std::size_t requests, std::uint8_t la
 rc::Gen<get_fault_spec> gen_get_fault(bool streamed) {
   return rc::gen::exec([streamed] {
     get_fault_spec f;
-    f.f = *rc::gen::weightedElement<get_fault>({{4, get_fault::none},
-                                                {unless("late_hits", 3), get_fault::late_hits},
-                                                {unless("stall", 2), get_fault::stall},
-                                                {unless("get_throws", 2), get_fault::throws},
-                                                {unless("corrupt", 2), get_fault::corrupt},
-                                                {streamed ? unless("corrupt_group", 2) : 0, get_fault::corrupt_group},
-                                                {unless("evict", 2), get_fault::evict},
-                                                {unless("slow_first", 1), get_fault::slow_first},
-                                                {streamed ? unless("stall_group", 2) : 0, get_fault::stall_group}});
+    f.f = *rc::gen::weightedElement<get_fault>(
+        {{4, get_fault::none},
+         {unless("late_hits", 3), get_fault::late_hits},
+         {unless("stall", 2), get_fault::stall},
+         {unless("get_throws", 2), get_fault::throws},
+         {unless("corrupt", 2), get_fault::corrupt},
+         {streamed ? unless("corrupt_group", 2) : 0, get_fault::corrupt_group},
+         {unless("evict", 2), get_fault::evict},
+         {unless("slow_first", 1), get_fault::slow_first},
+         {streamed ? unless("stall_group", 2) : 0, get_fault::stall_group}});
     const bool late_mid_stream = streamed && f.f == get_fault::late_hits;
-    if (f.f == get_fault::corrupt || f.f == get_fault::corrupt_group || f.f == get_fault::evict || late_mid_stream)
+    if (f.f == get_fault::corrupt || f.f == get_fault::corrupt_group || f.f == get_fault::evict ||
+        late_mid_stream)
       f.key = *rc::gen::inRange<std::uint8_t>(0, 3);
-    if (f.f == get_fault::corrupt_group || f.f == get_fault::stall_group || f.f == get_fault::slow_first || late_mid_stream)
+    if (f.f == get_fault::corrupt_group || f.f == get_fault::stall_group || f.f == get_fault::slow_first ||
+        late_mid_stream)
       f.group = *rc::gen::inRange<std::uint8_t>(0, 4);
     return f;
   });
@@ -233,10 +244,15 @@ rc::Gen<model_case> gen_case() {
         for (std::size_t i = 0; i < gets; ++i) f.gets.push_back(*gen_get_fault(c.streamed));
         const std::size_t puts = *weightedElement<std::size_t>({{4, 0}, {1, 1}});
         for (std::size_t i = 0; i < puts; ++i)
-          f.puts.push_back(*weightedElement<put_fault>({{1, put_fault::none}, {3, put_fault::fails}, {2, put_fault::throws}, {1, put_fault::slow}}));
+          f.puts.push_back(*weightedElement<put_fault>(
+              {{1, put_fault::none}, {3, put_fault::fails}, {2, put_fault::throws}, {1, put_fault::slow}}));
         const std::size_t ex = *weightedElement<std::size_t>({{6, 0}, {1, 1}});
         for (std::size_t i = 0; i < ex; ++i)
-          f.exists.push_back(*weightedElement<exists_fault>({{1, exists_fault::none}, {1, exists_fault::stall}, {1, exists_fault::late}, {1, exists_fault::throws}, {1, exists_fault::error}}));
+          f.exists.push_back(*weightedElement<exists_fault>({{1, exists_fault::none},
+                                                             {1, exists_fault::stall},
+                                                             {1, exists_fault::late},
+                                                             {1, exists_fault::throws},
+                                                             {1, exists_fault::error}}));
         c.faults.push_back(std::move(f));
       }
       if (*weightedElement<int>({{3, 0}, {1, 1}})) {
@@ -245,7 +261,9 @@ rc::Gen<model_case> gen_case() {
         f.round = *inRange<std::uint8_t>(0, 12);
         const int kind = *weightedElement<int>({{2, 0}, {2, 1}, {1, 2}});
         f.fail = kind == 1;
-        if (kind == 2) f.slow_ms = *rc::gen::element<std::uint8_t>(2, 5), f.round = *inRange<std::uint8_t>(0, 3), f.data = true;
+        if (kind == 2)
+          f.slow_ms = *rc::gen::element<std::uint8_t>(2, 5), f.round = *inRange<std::uint8_t>(0, 3),
+          f.data = true;
         f.data = *rc::gen::arbitrary<bool>();
         c.comm.push_back(f);
         c.step_ms = *rc::gen::element<std::uint16_t>(10, 20);
@@ -268,14 +286,17 @@ rc::Gen<model_case> gen_case() {
 
 void print_stats() {
   const model_stats& s = stats();
-  std::cout << "connector model: " << s.cases << " cases (" << s.adversarial << " adversarial), " << s.commands
-            << " commands; " << s.loads << " load outcomes (" << s.complete << " complete, " << s.short_loads
-            << " short; " << s.sane_loads << " checked complete by the sanity rule), " << s.layer_ok
-            << " layer waits answered ok (" << s.layer_checked_chunks << " chunk layers checked)\n";
+  std::cout << "connector model: " << s.cases << " cases (" << s.adversarial << " adversarial), "
+            << s.commands << " commands; " << s.loads << " load outcomes (" << s.complete << " complete, "
+            << s.short_loads << " short; " << s.sane_loads << " checked complete by the sanity rule), "
+            << s.layer_ok << " layer waits answered ok (" << s.layer_checked_chunks
+            << " chunk layers checked)\n";
   if (std::getenv("KVTIER_MODEL_PROFILE")) {
-    std::cout << "  setup " << s.setup_us / 1000 << " ms, end " << s.end_us / 1000 << " ms, teardown " << s.teardown_us / 1000 << " ms\n";
+    std::cout << "  setup " << s.setup_us / 1000 << " ms, end " << s.end_us / 1000 << " ms, teardown "
+              << s.teardown_us / 1000 << " ms\n";
     for (int o = 0; o < 15; ++o)
-      std::cout << "  " << name(static_cast<op>(o)) << ": " << s.op_n[o] << " x, " << s.op_us[o] / 1000 << " ms\n";
+      std::cout << "  " << name(static_cast<op>(o)) << ": " << s.op_n[o] << " x, " << s.op_us[o] / 1000
+                << " ms\n";
   }
 }
 
@@ -285,8 +306,9 @@ void print_stats() {
 // little of a failing command sequence; these remove commands, ranks, faults one at a time.
 rc::Gen<model_case> gen_shrinking_case() {
   return rc::Gen<model_case>([](const rc::Random& random, int size) {
-    return rc::shrinkable::shrinkRecur(gen_case()(random, size).value(),
-                                       [](const model_case& c) { return rc::seq::fromContainer(smaller(c)); });
+    return rc::shrinkable::shrinkRecur(gen_case()(random, size).value(), [](const model_case& c) {
+      return rc::seq::fromContainer(smaller(c));
+    });
   });
 }
 
@@ -297,9 +319,9 @@ TEST_CASE("connector model: random engine call sequences keep every invariant", 
     if (!v.empty()) RC_FAIL(v);
   });
   print_stats();
-  CHECK(stats().complete > 0);     // the suite loads something
-  CHECK(stats().sane_loads > 0);   // and checks that a stored prefix loads whole
-  CHECK(stats().layer_ok > 0);     // and that layer waits answer
+  CHECK(stats().complete > 0);    // the suite loads something
+  CHECK(stats().sane_loads > 0);  // and checks that a stored prefix loads whole
+  CHECK(stats().layer_ok > 0);    // and that layer waits answer
 }
 
 // ---- regressions: shrunk counterexamples the property found ----------------------------------
@@ -313,52 +335,87 @@ void expect_passes(const model_case& c) {
 }
 }  // namespace
 
-TEST_CASE("connector model regression: an agreed reach that grows again (late hits)", "[connector][regression]") {
+TEST_CASE("connector model regression: an agreed reach that grows again (late hits)",
+          "[connector][regression]") {
   // Bug 1. Chunk 0 lands; the get of chunk 1 answers hits 2 ms past the load deadline. At the
   // deadline rank 0 reports reach 1: wait_for_layer(0) returns ok with chunk 1 not in the pages;
   // then the late hit raises the target and the outcome counts chunk 1 loaded.
-  expect_passes({.world = 1, .layers = 2, .per_group = 1, .batch = 1, .load_ms = 16, .lookup_ms = 20,
+  expect_passes({.world = 1,
+                 .layers = 2,
+                 .per_group = 1,
+                 .batch = 1,
+                 .load_ms = 16,
+                 .lookup_ms = 20,
                  .prompts = {{.family = 0, .chunks = 2}},
                  .warm = {{.prompt = 0, .chunks = 2}},
                  .faults = {{.gets = {{get_fault::none}, {get_fault::late_hits}}}},
                  .commands = {begin_lookup(0), settle(), load(0), wait_for_layer(0), settle()}});
   // The same with stream_groups: group 1 of chunk 1 lands past the deadline; wait_for_layer(1)
   // returns ok with layer 1 of chunk 1 not in the pages.
-  expect_passes({.world = 1, .streamed = true, .layers = 2, .per_group = 1, .batch = 0, .load_ms = 16, .lookup_ms = 20,
-                 .prompts = {{.family = 0, .chunks = 2}},
-                 .warm = {{.prompt = 0, .chunks = 2}},
-                 .faults = {{.gets = {{get_fault::late_hits, 1, 1}}}},
-                 .commands = {begin_lookup(0), settle(), load(0), wait_for_layer(1), wait_local(0), settle()}});
+  expect_passes(
+      {.world = 1,
+       .streamed = true,
+       .layers = 2,
+       .per_group = 1,
+       .batch = 0,
+       .load_ms = 16,
+       .lookup_ms = 20,
+       .prompts = {{.family = 0, .chunks = 2}},
+       .warm = {{.prompt = 0, .chunks = 2}},
+       .faults = {{.gets = {{get_fault::late_hits, 1, 1}}}},
+       .commands = {begin_lookup(0), settle(), load(0), wait_for_layer(1), wait_local(0), settle()}});
 }
 
-TEST_CASE("connector model regression: a -1 slot in a save stores zeros under the real key", "[connector][regression]") {
+TEST_CASE("connector model regression: a -1 slot in a save stores zeros under the real key",
+          "[connector][regression]") {
   // Bug 2, save: the chunk's value is gathered with one token's row left zero and stored with a
   // valid checksum: every later load of it gets wrong bytes as a complete hit.
-  expect_passes({.world = 1, .layers = 2, .per_group = 1, .batch = 1,
+  expect_passes({.world = 1,
+                 .layers = 2,
+                 .per_group = 1,
+                 .batch = 1,
                  .prompts = {{.family = 0, .chunks = 1}},
                  .commands = {begin_lookup(0), compute(0), save(0).with_slots(slots_kind::minus_one)}});
-  expect_passes({.world = 1, .layers = 2, .per_group = 1, .batch = 1,
-                 .prompts = {{.family = 0, .chunks = 1}},
-                 .commands = {begin_lookup(0), compute(0), save_by_layer(0).with_slots(slots_kind::minus_one)}});
+  expect_passes(
+      {.world = 1,
+       .layers = 2,
+       .per_group = 1,
+       .batch = 1,
+       .prompts = {{.family = 0, .chunks = 1}},
+       .commands = {begin_lookup(0), compute(0), save_by_layer(0).with_slots(slots_kind::minus_one)}});
 }
 
 TEST_CASE("connector model regression: a load with a -1 slot or a short block table is agreed complete",
           "[connector][regression]") {
   // Bug 2, load: the position without a page is never written, yet the outcome says it is.
-  expect_passes({.world = 1, .layers = 2, .per_group = 1, .batch = 1,
-                 .prompts = {{.family = 0, .chunks = 1}},
-                 .warm = {{.prompt = 0, .chunks = 1}},
-                 .commands = {begin_lookup(0), settle(), load(0).with_slots(slots_kind::minus_one), settle()}});
-  expect_passes({.world = 1, .layers = 2, .per_group = 1, .batch = 1,
-                 .prompts = {{.family = 0, .chunks = 2}},
-                 .warm = {{.prompt = 0, .chunks = 2}},
-                 .commands = {begin_lookup(0), settle(), load(0).with_slots(slots_kind::short_table), settle()}});
+  expect_passes(
+      {.world = 1,
+       .layers = 2,
+       .per_group = 1,
+       .batch = 1,
+       .prompts = {{.family = 0, .chunks = 1}},
+       .warm = {{.prompt = 0, .chunks = 1}},
+       .commands = {begin_lookup(0), settle(), load(0).with_slots(slots_kind::minus_one), settle()}});
+  expect_passes(
+      {.world = 1,
+       .layers = 2,
+       .per_group = 1,
+       .batch = 1,
+       .prompts = {{.family = 0, .chunks = 2}},
+       .warm = {{.prompt = 0, .chunks = 2}},
+       .commands = {begin_lookup(0), settle(), load(0).with_slots(slots_kind::short_table), settle()}});
 }
 
-TEST_CASE("connector model regression: a store that throws during a load leaves a reason", "[connector][regression]") {
+TEST_CASE("connector model regression: a store that throws during a load leaves a reason",
+          "[connector][regression]") {
   // Bug 3: the fetch fails (every key 'cancelled') and the load is agreed short with errors(id)
   // empty on every rank.
-  expect_passes({.world = 1, .layers = 2, .per_group = 1, .batch = 1, .load_ms = 8, .lookup_ms = 20,
+  expect_passes({.world = 1,
+                 .layers = 2,
+                 .per_group = 1,
+                 .batch = 1,
+                 .load_ms = 8,
+                 .lookup_ms = 20,
                  .prompts = {{.family = 0, .chunks = 1}},
                  .warm = {{.prompt = 0, .chunks = 1}},
                  .faults = {{.gets = {{get_fault::throws}}}},
@@ -369,10 +426,12 @@ TEST_CASE("connector model regression: a put that throws fails the save", "[.][c
   // Bug 4: the saver's put throws on the saver thread: std::terminate. Hidden until the fix is in
   // (it would end the test binary); the property runs this adversary with KVTIER_MODEL_PUT_THROWS=1.
   allow_put_throws() = true;
-  expect_passes({.world = 1, .layers = 2, .per_group = 1, .batch = 1,
+  expect_passes({.world = 1,
+                 .layers = 2,
+                 .per_group = 1,
+                 .batch = 1,
                  .prompts = {{.family = 0, .chunks = 1}},
                  .faults = {{.puts = {put_fault::throws}}},
                  .commands = {begin_lookup(0), compute(0), save(0)}});
   allow_put_throws() = false;
 }
-
