@@ -363,7 +363,12 @@ inline std::ostream& operator<<(std::ostream& os, const model_case& c) {
       if (!f.gets.empty()) {
         os << ".gets = {";
         for (std::size_t i = 0; i < f.gets.size(); ++i) {
-          os << (i ? ", " : "") << "{get_fault::" << name(f.gets[i].f);
+          os << (i ? ", " : "") << "{";
+          if (f.gets[i].f == get_fault::none && !f.gets[i].key && !f.gets[i].group) {  // a call that works
+            os << "}";
+            continue;
+          }
+          os << "get_fault::" << name(f.gets[i].f);
           if (f.gets[i].key || f.gets[i].group) os << ", " << int(f.gets[i].key);
           if (f.gets[i].group) os << ", " << int(f.gets[i].group);
           os << "}";

@@ -348,7 +348,7 @@ TEST_CASE("connector model regression: an agreed reach that grows again (late hi
                  .lookup_ms = 20,
                  .prompts = {{.family = 0, .chunks = 2}},
                  .warm = {{.prompt = 0, .chunks = 2}},
-                 .faults = {{.gets = {{get_fault::none}, {get_fault::late_hits}}}},
+                 .faults = {{.gets = {{}, {get_fault::late_hits}}}},
                  .commands = {begin_lookup(0), settle(), load(0), wait_for_layer(0), settle()}});
   // The same with stream_groups: group 1 of chunk 1 lands past the deadline; wait_for_layer(1)
   // returns ok with layer 1 of chunk 1 not in the pages.
