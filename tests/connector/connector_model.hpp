@@ -1580,6 +1580,7 @@ struct main_req {
   bool all_stored = false;             // its range was in the owners' stores when it started
   bool slots_ok = true;                // every rank's load() took its slots
   std::uint64_t failures_at_load = 0;  // agreement failures when it started (rank 0)
+  std::uint64_t failures_at_lookup = 0;
   std::optional<std::size_t> lb;       // chunks stored at begin_lookup (no adversary)
 };
 
@@ -1692,8 +1693,10 @@ class driver {
     const std::size_t i = k.req % max_requests;
     main_req& m = reqs_[i];
     if (k.what == op::limit_load || k.what == op::cancel_load) m.cut = true;
-    if (k.what == op::begin_lookup && generous && !known_[i] && i < s_->prompts.size())
+    if (k.what == op::begin_lookup && generous && !known_[i] && i < s_->prompts.size()) {
       m.lb = s_->stored_prefix(i, false);
+      m.failures_at_lookup = failures_;
+    }
     if (k.what == op::load && !m.load_seen && i < s_->prompts.size()) {
       const load_range lr = resolve_load(m.plan, k);
       m.all_stored = true;
@@ -1795,10 +1798,10 @@ class driver {
       return "request " + std::to_string(i + 1) + ": plan " + show(std::optional(p)) +
              " does not load its cached prefix (policy always)";
     const std::optional<std::size_t> lb = reqs_[i].lb;
-    if (generous && lb && p.cached_tokens < *lb * T)
+    if (generous && lb && p.cached_tokens < *lb * T && failures_ == reqs_[i].failures_at_lookup)
       return "sanity: request " + std::to_string(i + 1) + ": plan " + show(std::optional(p)) + " counts " +
              std::to_string(p.cached_tokens / T) + " chunks cached; " + std::to_string(*lb) +
-             " were stored at begin_lookup (no adversary, generous deadlines)";
+             " were stored at begin_lookup (no adversary, generous deadlines, no failed agreement)";
     return {};
   }
 
