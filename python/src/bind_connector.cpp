@@ -473,16 +473,26 @@ void bind_connector(py::module_& m) {
             if (layer >= p.pages->view.layout.num_layers)
               raise_invalid("layer " + std::to_string(layer) + " is outside the cache's " +
                             std::to_string(p.pages->view.layout.num_layers) + " layers");
-            const std::error_code ec = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); });
-            if (ec)
-              raise_error(ec, "Connector.wait_for_layer(" + std::to_string(layer) + "): the deadline passed");
+            const kvtier::layer_wait w = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); });
+            if (w.ec)
+              raise_error(w.ec, "Connector.wait_for_layer(" + std::to_string(layer) +
+                                    "): " + (w.ec == kvtier::errc::timeout ? std::string("the deadline passed")
+                                                                           : w.ec.message()) +
+                                    "; recompute from each load's agreed outcome (load_result)");
+            py::dict ready;
+            for (const kvtier::layer_ready& x : w.loads) ready[py::int_(x.id)] = py::int_(x.ready_end_token);
+            return ready;
           },
           py::arg("layer"), py::arg("deadline"),
-          "Returns once layer `layer` of every chunk of every running load is in this rank's pages (or "
-          "the load's agreed reach ended short of it: load_result says how far); kvtier.TimeoutError "
-          "when the deadline passes first. While a running load has not agreed that layer's group it "
-          "runs the step's agreement itself: call it for the same layers on every rank, like step().\n\n"
-          "    conn.wait_for_layer(0, 1.0)")
+          "Waits until layer `layer` of every chunk every rank agreed to load is in this rank's pages and "
+          "returns {request id: ready end token} for every load started and not finished: layer `layer` of "
+          "tokens [load first token, ready end) is in the pages, agreed on every rank. A load cut short (its "
+          "deadline, a gone chunk, a failed store) lists a ready end below its range: compute that layer of "
+          "the rest yourself, or recompute from load_result's end afterwards. kvtier.TimeoutError when the "
+          "deadline passes first (kvtier.Error for a failed agreement or move). While a running load has not "
+          "agreed that layer's group it runs the step's agreement itself: call it for the same layers on "
+          "every rank, like step().\n\n"
+          "    ready = conn.wait_for_layer(0, 1.0)   # {7: 4096}: layer 0 of [0, 4096) of request 7")
       .def(
           "load_result",
           [](py_connector& p, kvtier::request_id id) {

@@ -115,13 +115,10 @@ std::optional<request_error> fetch_failure(const connector_request& r, const fet
       [](chunk_status s) { return s == chunk_status::hit; }, store);
 }
 
-/// A failed step agreement as request r's reason, with the communicator's words.
-template <class Comm>
-request_error agreement_failure(const connector_request& r, request_error::stage what, rank_t rank,
-                                std::size_t chunk, std::error_code ec, const Comm& comm) {
-  std::string why = "agreement failed: " + ec.message();
-  if (const std::string words(comm.last_error()); !words.empty() && words != ec.message())
-    why += " (" + words + ")";
+/// A failed step agreement as request r's reason: `why` is connector::last_step_error()'s
+/// words (the communicator's error, or which of the ranks' inputs differed).
+inline request_error agreement_failure(const connector_request& r, request_error::stage what, rank_t rank,
+                                       std::size_t chunk, std::error_code ec, std::string_view why) {
   return describe_error(r.id, what, rank, chunk, ec, why);
 }
 

@@ -24,6 +24,7 @@
 #include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/detail/cv_wait.hpp"
+#include "kvtier/errc.hpp"
 #include "kvtier/fetch_types.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/kv_layout.hpp"
@@ -70,6 +71,7 @@ struct connector_request {
   std::size_t agreed_reach = std::numeric_limits<std::size_t>::max();  // the most every rank can still reach
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
+  std::size_t loaded_chunks = 0;                                 // agreed: (loaded_end_token - first) / T
   bool reported = false;                                         // listed once by finished()
 
   // Mover (under the connector's mutex).
@@ -157,14 +159,24 @@ struct connector_shared {
   }
 
   /// connector::wait_for_layer: until layer group g of every chunk agreed so far for every
-  /// running load is in the pages (or its move failed); false when dl passed first.
-  bool wait_group_landed(std::size_t g, deadline dl) {
+  /// running load is in the pages (`agreed(r)`: how many, read under mu); errc::timeout when dl
+  /// passed first, a failed move's error (the first reason it noted) when one ended a wait.
+  template <class Agreed>
+  std::error_code wait_group_landed(std::size_t g, deadline dl, Agreed agreed) {
     std::unique_lock lock(mu);
-    return wait_until(landed, lock, dl, [&] {
+    const bool ended = wait_until(landed, lock, dl, [&] {
       return std::all_of(active_loads.begin(), active_loads.end(), [&](const connector_request_ptr& r) {
-        return r->move_failed || r->group_landed[g] >= r->enqueued_group[g];
+        return r->move_failed || r->group_landed[g] >= agreed(*r);
       });
     });
+    if (!ended) return make_error_code(errc::timeout);
+    for (const connector_request_ptr& r : active_loads) {
+      if (!r->move_failed || r->group_landed[g] >= agreed(*r)) continue;
+      for (const request_error& e : r->errors)
+        if (e.what == request_error::stage::load && e.ec) return e.ec;
+      return make_error_code(errc::backend_error);
+    }
+    return {};
   }
 
   // Under mu: remembers a key this rank stored (the newest 65,536).
