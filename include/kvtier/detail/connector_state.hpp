@@ -64,13 +64,14 @@ struct connector_request {
   deadline load_dl{};
   clock::time_point load_started{};
   std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
-  std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
+  bool cancelled_by_engine = false;         // cancel_load: its fetch ending short is no failure
+  std::size_t enqueued = 0;                 // chunks agreed fetched and given to the mover
   std::vector<std::size_t> enqueued_group;  // per layer group: chunks given to the mover (mover mutex)
-  std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
+  std::size_t target = std::numeric_limits<std::size_t>::max();        // final agreed fetched prefix
   std::size_t agreed_reach = std::numeric_limits<std::size_t>::max();  // the most every rank can still reach
-  bool done = false;                                             // the outcome is agreed
-  std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
-  bool reported = false;                                         // listed once by finished()
+  bool done = false;                                                   // the outcome is agreed
+  std::uint64_t loaded_end_token = 0;                                  // agreed: pages hold [first, this)
+  bool reported = false;                                               // listed once by finished()
 
   // Mover (under the connector's mutex).
   std::vector<std::size_t> group_landed;  // per layer group: chunks scattered, in order
