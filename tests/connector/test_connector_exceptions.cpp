@@ -1,8 +1,9 @@
-// Exceptions out of the parts a connector calls (issue 26, item 3): a store whose get or exists
-// throws ends its own request's part the way a returned error does: a load or lookup agreed
-// short on every rank, and the rank that saw the exception names the chunk and the exception's
-// words in errors(id). And cancel_load (whose fetch the queue completes as cancelled) still
-// records no error.
+// Exceptions out of the parts a connector calls (issue 26, items 3 and 4): a store whose get,
+// exists or put throws, and a data communicator that throws in the mover's thread. None may end
+// the process; each ends its own request's part the way a returned error does: a load or lookup
+// agreed short on every rank, a save failed and counted, and the rank that saw the exception
+// names the chunk and the exception's words in errors(id). And cancel_load (whose fetch the
+// queue completes as cancelled) still records no error.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -212,4 +213,156 @@ TEST_CASE("connector cancel_load: the cancelled fetch records no error", "[conne
       cache.release(seq);
     });
   }
+}
+
+TEST_CASE("connector: a store whose put throws fails the save, and the process and the saver live on",
+          "[connector]") {
+  constexpr rank_t W = 2;
+  for (bool by_layer : {false, true}) {
+    for (thrown what : {thrown::runtime_error, thrown::bad_alloc}) {
+      INFO((by_layer ? "by layer" : "whole")
+           << ", put throws " << (what == thrown::bad_alloc ? "std::bad_alloc" : "runtime_error"));
+      comm::inproc_world world(W);
+      const std::vector<token_id> prompt = rig_prompt(6 * T + 7);
+      comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+        const rank_t r = c.rank();
+        memory_store mem(64 << 20);
+        throwing_store store{mem};
+        store.what = what;
+        host_kv_cache cache(rig_layout());
+        connector_options opt = rig_options();
+        opt.layers_per_group = 2;  // two groups: a save by layer gathers twice, then puts
+        connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, c, cache.view(), opt);
+        const auto plan = lookup_agreed(conn, 1, prompt);
+        LOCKED_REQUIRE(plan);
+        host_kv_cache::sequence seq;
+        LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+        compute_into(cache, seq, 0, prompt.size());
+        const auto slots = slots_of(cache, seq, prompt.size());
+        store.put_throws = true;
+        store.hold_puts = true;  // the put waits until finish() below has seen the save pending
+        if (by_layer) {
+          LOCKED_REQUIRE_FALSE(conn.begin_save(1, slots, 0, prompt.size()));
+          for (std::uint32_t l = 0; l < rig_layers; ++l) LOCKED_REQUIRE_FALSE(conn.save_layer(1, l));
+        } else {
+          LOCKED_REQUIRE_FALSE(conn.save(1, slots, 0, prompt.size()));
+        }
+        const bool putting = store.put_hold.wait_reached(long_wait);
+        LOCKED_REQUIRE(putting);
+        LOCKED_CHECK_FALSE(conn.finish(1).free_pages_now);  // the save still reads the pages
+        LOCKED_CHECK(conn.finished().saves.empty());
+        store.put_hold.release();
+        LOCKED_CHECK_FALSE(conn.wait_for_save(1, deadline_after(long_wait)));
+        const std::vector<request_error> why = conn.errors(1);
+        check_thrown_reason(why, request_error::stage::save, 1, r, r, words_of(what, "put"));
+        LOCKED_CHECK(conn.counters().save_failures.value() == 1);
+        LOCKED_CHECK(conn.counters().chunks_saved.value() == 0);
+        finished_requests f = conn.finished();
+        for (int i = 0; i < 2000 && f.saves.empty(); ++i) {  // wait_for_save returned: at once
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          f = conn.finished();
+        }
+        LOCKED_CHECK(f.saves == std::vector<request_id>{1});
+        LOCKED_REQUIRE(f.save_errors.size() == 1);
+        LOCKED_CHECK(f.save_errors.front().message == why.front().message);
+        // The saver thread lives on: the next save stores.
+        store.put_throws = false;
+        store.hold_puts = false;
+        LOCKED_REQUIRE_FALSE(conn.save(3, prompt, slots, 0, prompt.size()));
+        LOCKED_CHECK_FALSE(conn.wait_for_save(3, deadline_after(long_wait)));
+        LOCKED_CHECK(conn.errors(3).empty());
+        LOCKED_CHECK(conn.counters().chunks_saved.value() == 3);  // chunks r, r + 2, r + 4
+        LOCKED_CHECK(conn.counters().save_failures.value() == 1);
+        LOCKED_CHECK(conn.finish(3).free_pages_now);
+        cache.release(seq);
+      });
+    }
+  }
+}
+
+namespace {
+
+// A data communicator whose group_end number `throws_at` (0-based) completes, then throws (on
+// every rank alike, so the ranks stay in step): the mover's thread meets an exception.
+struct throwing_group {
+  comm::inproc_communicator inner;
+  int throws_at = -1;
+  int ends = 0;
+
+  static constexpr bool rounds_fail_together = true;
+  rank_t rank() const { return inner.rank(); }
+  rank_t size() const { return inner.size(); }
+  std::string last_error() const { return std::string(inner.last_error()); }
+  std::error_code broadcast(std::span<const std::byte> s, std::span<std::byte> r, rank_t root, deadline dl) {
+    return inner.broadcast(s, r, root, dl);
+  }
+  std::error_code all_gather(std::span<const std::byte> s, std::span<std::byte> r, deadline dl) {
+    return inner.all_gather(s, r, dl);
+  }
+  std::error_code all_reduce(std::span<const std::byte> s, std::span<std::byte> r, comm::dtype t,
+                             comm::reduce_op op, deadline dl) {
+    return inner.all_reduce(s, r, t, op, dl);
+  }
+  std::error_code group_start() { return inner.group_start(); }
+  std::error_code group_end(deadline dl) {
+    const std::error_code ec = inner.group_end(dl);
+    if (ends++ == throws_at) throw std::runtime_error("injected: group_end threw");
+    return ec;
+  }
+  std::error_code local_copy(std::span<std::byte> d, std::span<const std::byte> s, deadline dl) {
+    return inner.local_copy(d, s, dl);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("connector: a data communicator that throws in the mover's thread fails the move, not the process",
+          "[connector]") {
+  constexpr rank_t W = 2;
+  comm::inproc_world ctrl_world(W), data_world(W);
+  const std::vector<token_id> prompt = rig_prompt(6 * T + 7);
+  comm::run_ranks(ctrl_world, [&](comm::inproc_communicator& c) {
+    throwing_group data{data_world.communicator_for(c.rank())};
+    memory_store store(64 << 20);
+    host_kv_cache cache(rig_layout());
+    connector_options opt = rig_options();
+    opt.layers_per_group = 1;
+    opt.fetch_batch_chunks = 0;  // one store call: the whole load is agreed, and moved, at once
+    connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), store, c, data, cache.view(), opt);
+    const bool saved = compute_and_save(conn, cache, 1, prompt);
+    LOCKED_REQUIRE(saved);
+    data.throws_at = data.ends + 1;  // the load's second layer group throws
+    const auto plan = lookup_agreed(conn, 2, prompt);
+    LOCKED_REQUIRE(plan);
+    LOCKED_REQUIRE(plan->tokens_to_load() == 6 * T);
+    host_kv_cache::sequence seq;
+    LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+    LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq, prompt.size())));
+    const auto fetched = conn.wait_local(2, deadline_after(long_wait));
+    LOCKED_REQUIRE_FALSE(fetched);
+    const bool agreed = step_until(conn, [&] { return conn.load_result(2).has_value(); });
+    LOCKED_REQUIRE(agreed);
+    LOCKED_CHECK(conn.load_result(2)->loaded_end_token == 0);  // group 1 never landed, on any rank
+    LOCKED_CHECK(conn.load_errors(2).size() == 6);
+    // The mover lives on: a second load lands whole (and after it, request 2's reason is final).
+    const auto plan3 = lookup_agreed(conn, 3, prompt);
+    LOCKED_REQUIRE(plan3);
+    host_kv_cache::sequence seq3;
+    LOCKED_REQUIRE(cache.reserve(seq3, prompt.size()));
+    LOCKED_REQUIRE_FALSE(conn.load(3, slots_of(cache, seq3, prompt.size())));
+    const bool agreed3 = step_until(conn, [&] { return conn.load_result(3).has_value(); });
+    LOCKED_REQUIRE(agreed3);
+    LOCKED_CHECK(conn.load_result(3)->complete());
+    LOCKED_CHECK(wrong_bytes(cache, seq3, 0, 6 * T) == 0);
+    const std::vector<request_error> why = conn.errors(2);
+    LOCKED_REQUIRE(why.size() == 1);
+    INFO(why[0].message);
+    LOCKED_CHECK(why[0].what == request_error::stage::load);
+    LOCKED_CHECK(why[0].message.find("of chunk 0: move of layer group 1: threw: injected: group_end threw") !=
+                 std::string::npos);
+    conn.finish(2);
+    conn.finish(3);
+    cache.release(seq);
+    cache.release(seq3);
+  });
 }
