@@ -347,7 +347,9 @@ class connector {
   /// load's first token. The same errors as limit_load.
   std::error_code cancel_load(request_id id) {
     if (std::error_code ec = limit_load(id, 0)) return ec;
-    if (const auto& r = *requests_.at(id); r.fetch.valid()) queue_.cancel(r.fetch);
+    auto& r = *requests_.at(id);
+    r.cancelled_by_engine = true;  // its fetch's cancelled end is no failure (detail::fetch_failure)
+    if (r.fetch.valid()) queue_.cancel(r.fetch);
     return {};
   }
 

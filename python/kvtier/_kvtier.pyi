@@ -36,6 +36,7 @@ class Errc(enum.IntEnum):
     backend_error = 19
     tls_failed = 20
     resource_exhausted = 21
+    store_threw = 22
 
 class Error(Exception):
     """Base of every kvtier error.

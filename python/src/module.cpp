@@ -61,6 +61,8 @@ const char* errc_name(int v) {
       return "tls_failed";
     case kvtier::errc::resource_exhausted:
       return "resource_exhausted";
+    case kvtier::errc::store_threw:
+      return "store_threw";
   }
   return "unknown";
 }
@@ -432,7 +434,8 @@ PYBIND11_MODULE(_kvtier, m) {
       .value("collective_mismatch", kvtier::errc::collective_mismatch)
       .value("backend_error", kvtier::errc::backend_error)
       .value("tls_failed", kvtier::errc::tls_failed)
-      .value("resource_exhausted", kvtier::errc::resource_exhausted);
+      .value("resource_exhausted", kvtier::errc::resource_exhausted)
+      .value("store_threw", kvtier::errc::store_threw);
   kp::errors().errc = m.attr("Errc");
 
   py::class_<kp::py_deadline>(m, "Deadline",

@@ -65,9 +65,10 @@ struct connector_request {
   deadline load_dl{};
   clock::time_point load_started{};
   std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
-  std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
+  bool cancelled_by_engine = false;         // cancel_load: its fetch ending short is no failure
+  std::size_t enqueued = 0;                 // chunks agreed fetched and given to the mover
   std::vector<std::size_t> enqueued_group;  // per layer group: chunks given to the mover (mover mutex)
-  std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
+  std::size_t target = std::numeric_limits<std::size_t>::max();        // final agreed fetched prefix
   std::size_t agreed_reach = std::numeric_limits<std::size_t>::max();  // the most every rank can still reach
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
@@ -179,10 +180,16 @@ struct connector_shared {
     return {};
   }
 
-  // Under mu: remembers a key this rank stored (the newest 65,536).
+  // Under mu: remembers a key this rank stored (the newest 65,536). Throws only bad_alloc, and
+  // then remembers nothing (the set and the order stay in step).
   void remember_stored_locked(const chunk_key& k) {
     if (!stored.insert(k).second) return;
-    stored_order.push_back(k);
+    try {
+      stored_order.push_back(k);
+    } catch (...) {
+      stored.erase(k);
+      throw;
+    }
     if (stored_order.size() > (std::size_t{1} << 16)) {
       stored.erase(stored_order.front());
       stored_order.pop_front();
@@ -193,6 +200,15 @@ struct connector_shared {
 /// One thread that runs run(job) for each submitted job, in submission order: the mover's and
 /// the saver's. stop() runs the jobs already submitted, then joins (idempotent). Declare it
 /// after everything run() touches, so it stops before those go.
+///
+/// Exceptions: run() must end its job's bookkeeping whatever the job throws (a pending save
+/// counted down, a load's move marked failed): the saver and the mover catch at their job
+/// boundary, where that state can be ended properly. An exception that escapes run() anyway
+/// would end the process on this thread (std::terminate), so the loop has a last resort: it
+/// calls escaped(job), which must end what run() left of the job without throwing (a save's
+/// pending count goes down, a batch's loads fail), then goes on with the next job. A catch that
+/// only swallowed would leave a pending count up for good (wait_for_save would time out and
+/// finished() never list the request) and loads waiting for moves that never come.
 template <class Job>
 class serial_worker {
  public:
@@ -201,8 +217,9 @@ class serial_worker {
   serial_worker& operator=(const serial_worker&) = delete;
   ~serial_worker() { stop(); }
 
-  void start(std::function<void(Job&)> run) {
+  void start(std::function<void(Job&)> run, std::function<void(Job&)> escaped) {
     run_ = std::move(run);
+    escaped_ = std::move(escaped);
     thread_ = std::thread([this] { loop(); });
   }
   bool running() const noexcept { return thread_.joinable(); }
@@ -233,11 +250,18 @@ class serial_worker {
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
-      run_(job);
+      try {
+        run_(job);
+      } catch (...) {  // the last resort (see the class comment): the job's state ends here
+        try {
+          escaped_(job);
+        } catch (...) {  // escaped() must not throw; if it does, the thread still lives
+        }
+      }
     }
   }
 
-  std::function<void(Job&)> run_;
+  std::function<void(Job&)> run_, escaped_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
