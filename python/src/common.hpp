@@ -56,7 +56,9 @@ struct py_deadline {
 };
 
 /// Buffer views taken for one call; released (PyBuffer_Release) when it goes, with the GIL
-/// held. Keeps a reference to every tensor whose data_ptr() was taken.
+/// held. Keeps an alias (tensor.detach(): the same storage) of every tensor whose data_ptr() was
+/// taken, so that storage stays allocated while the hold lives even if the caller's tensor is
+/// moved onto other memory meanwhile (tensor.set_ on another thread).
 class buffer_hold {
  public:
   buffer_hold() = default;

@@ -229,7 +229,13 @@ bool is_tensor(py::handle obj) {
 
 namespace {
 
-// A tensor's bytes after the checks every use shares: CPU, strided, contiguous.
+// A tensor's bytes after the checks every use shares: CPU, strided, contiguous. What `hold` keeps
+// is an alias of the tensor (t.detach(): a new tensor object over the same storage), and the
+// pointer is read from that alias: its storage stays allocated for as long as `hold` lives, even
+// when another thread moves the caller's tensor onto other memory meanwhile (t.set_(...), which
+// frees a storage that only the tensor object referenced). Keeping `t` itself would not: set_
+// changes what the object points at. (A resize_ that grows the storage in place reallocates it;
+// torch has no way to lock a storage against that, so a tensor must not be resized during a call.)
 byte_region tensor_bytes(py::handle t, const std::string& what, buffer_hold& hold) {
   const std::string device = py::str(t.attr("device").attr("type"));
   if (device != "cpu")
@@ -238,12 +244,14 @@ byte_region tensor_bytes(py::handle t, const std::string& what, buffer_hold& hol
                   "to the GPU)");
   if (py::hasattr(t, "layout") && std::string(py::str(t.attr("layout"))) != "torch.strided")
     raise_invalid(what + " is a " + std::string(py::str(t.attr("layout"))) + " tensor: pass a dense one");
-  if (!t.attr("is_contiguous")().cast<bool>())
+  // From here on only the alias is read: the same storage, whatever happens to `t`.
+  const py::object a = py::hasattr(t, "detach") ? t.attr("detach")() : py::reinterpret_borrow<py::object>(t);
+  hold.keep(a);
+  if (!a.attr("is_contiguous")().cast<bool>())
     raise_invalid(what + " is a non-contiguous tensor: pass a contiguous one (tensor.contiguous() copies)");
-  const auto numel = t.attr("numel")().cast<std::size_t>();
-  const auto esize = t.attr("element_size")().cast<std::size_t>();
-  const auto ptr = t.attr("data_ptr")().cast<std::uintptr_t>();
-  hold.keep(t);
+  const auto numel = a.attr("numel")().cast<std::size_t>();
+  const auto esize = a.attr("element_size")().cast<std::size_t>();
+  const auto ptr = a.attr("data_ptr")().cast<std::uintptr_t>();
   return {reinterpret_cast<std::byte*>(ptr), numel * esize};
 }
 
