@@ -93,9 +93,12 @@ std::unique_ptr<conn_t<Comm>> make(py_connector& pc, const py_chunker& ch, Comm&
   if (!x) raise_invalid("Connector needs an xxh3-128 Chunker, not " + ch.hash);
   if constexpr (requires { ctrl.last_error(); })
     pc.ctrl_error = [&ctrl] { return std::string(ctrl.last_error()); };
+  py_ownership own = ownership_of(ownership, ctrl.size());
+  if (std::string why = kvtier::detail::connector_namespace_problem(own, x->ns()); !why.empty())
+    raise_invalid("Connector(ownership='" + ownership + "'): " + why);
   try {
-    return std::make_unique<conn_t<Comm>>(*x, ownership_of(ownership, ctrl.size()), pc.store, ctrl, data,
-                                          pc.pages->view, std::move(opt));
+    return std::make_unique<conn_t<Comm>>(*x, std::move(own), pc.store, ctrl, data, pc.pages->view,
+                                          std::move(opt));
   } catch (const std::invalid_argument& e) {
     raise_invalid(e.what());
   }
@@ -249,7 +252,9 @@ void bind_connector(py::module_& m) {
       "`ownership`), `pages` (a KvCacheView) and `comm` (InprocCommunicator or MpiCommunicator; `data`, a "
       "second "
       "one of the same kind, moves layers on a mover thread). Every rank calls the same methods for the same "
-      "requests in the same order, and step() once per engine step. The GIL is released in every call.\n\n"
+      "requests in the same order, and step() once per engine step. The GIL is released in every call. The "
+      "chunker's namespace must carry the policy's geometry as its ownership ('mod' at W ranks: 'mod:W'; "
+      "'block:I': 'block:I:W'; 'rendezvous:S': 'rendezvous:W:S'), else kvtier.InvalidArgument names both.\n\n"
       "    conn = kvtier.Connector(chunker, store, comm, view)\n"
       "    conn.begin_lookup(7, tokens)\n"
       "    while (plan := conn.lookup(7)) is None: conn.step(0.05)\n"
@@ -544,7 +549,8 @@ void bind_connector(py::module_& m) {
             if (end_token > s.size())
               raise_invalid("Connector.begin_save(request " + std::to_string(id) + "): " +
                             std::to_string(s.size()) + " slots, end_token is " + std::to_string(end_token));
-            const std::error_code ec = p.with([&](auto& c) { return c.begin_save(id, s, first_token, end_token); });
+            const std::error_code ec =
+                p.with([&](auto& c) { return c.begin_save(id, s, first_token, end_token); });
             if (ec)
               raise_error(ec, "Connector.begin_save: request " + std::to_string(id) +
                                   " is unknown or its save by layer is still being reported");

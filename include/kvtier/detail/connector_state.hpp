@@ -285,6 +285,28 @@ std::string connector_setup_problem(const Own& own, const Control& ctrl, const D
   return {};
 }
 
+/// A key namespace folded under another ownership geometry than the connector's policy (empty:
+/// they match): its keys would be shared with deployments of that other geometry, which place
+/// the chunks on other ranks. Both named; the namespace's ownership must be own.geometry().
+template <class Own>
+std::string connector_namespace_problem(const Own& own, const key_namespace& ns) {
+  if (ns.ownership == own.geometry()) return {};
+  return "the key namespace's ownership '" + ns.ownership +
+         "' differs from the ownership policy's geometry '" + own.geometry() + "' (world size " +
+         std::to_string(own.world_size()) + "): build the namespace with ownership = '" + own.geometry() +
+         "'";
+}
+
+/// connector_setup_problem, and the chunker's namespace against the ownership policy
+/// (connector_namespace_problem).
+template <class Own, class Control, class Data>
+std::string connector_setup_problem(const Own& own, const Control& ctrl, const Data& data,
+                                    const kv_cache_view& cache, const connector_options& opt,
+                                    const key_namespace& ns) {
+  if (std::string why = connector_setup_problem(own, ctrl, data, cache, opt); !why.empty()) return why;
+  return connector_namespace_problem(own, ns);
+}
+
 /// Starts this rank's fetch of its owned chunks of load r into their staging slots (an empty
 /// handle when it owns none of them).
 template <class Queue, class Own>

@@ -12,7 +12,8 @@
 // Every value is framed by a value_header (kvtier/store/value_header.hpp). A get reads the
 // header into a small buffer and the payload into the caller's span, and checks the header
 // before a single payload byte reaches that span:
-//  - a stored value of another total length is discarded in the parser (span untouched);
+//  - a stored value of another total length is discarded in the parser (span untouched; get's
+//    stored_bytes says the payload length it has, for a caller to name a destination of another size);
 //  - a value of the right length whose header fails check_value_header() (bad magic, version
 //    or header checksum, another namespace, another chunk key, another payload length) is
 //    refused by a parser gate that runs as soon as the 56 header bytes are in, before the
@@ -126,7 +127,19 @@ class remote_store {
   /// Reads each key's payload into dst[i] (its size is the expected length) and verifies it.
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) noexcept {
+    return get(keys, dst, status, dl, std::span<std::size_t>());
+  }
+
+  /// get(), and for each key whose stored value has another payload length than dst[i] (status
+  /// corrupt, dst[i] untouched), that length in stored_bytes[i] (from the value's length on the
+  /// server less its header); the other entries are left as they were. `stored_bytes` is empty
+  /// or has one entry per key (else invalid_argument). How a caller tells a destination of the
+  /// wrong size from a damaged value (kvtier.Store.get in Python raises InvalidArgument then).
+  std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                      std::span<chunk_status> status, deadline dl, std::span<std::size_t> stored_bytes) noexcept {
     if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
+    if (!stored_bytes.empty() && stored_bytes.size() != keys.size())
+      return make_error_code(errc::invalid_argument);
     return guarded(status, "GET", [&] {
       return run(
           keys, status, dl, size_class(dst), value_bytes(dst),
@@ -134,7 +147,10 @@ class remote_store {
             codec_.add_get(s, j, keys[i], name, dst[i]);
           },
           [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const resp::value& r,
-              const std::string& name) { return codec_.get_status(r, s, j, keys[i], dst[i], where_, name); });
+              const std::string& name) {
+            return codec_.get_status(r, s, j, keys[i], dst[i], where_, name,
+                                     stored_bytes.empty() ? nullptr : &stored_bytes[i]);
+          });
     });
   }
 
