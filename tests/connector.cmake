@@ -1,8 +1,12 @@
 # The engine connector (issue 20): the lifecycle on threads, its properties and faults.
 kvtier_add_test(test_connector SOURCES connector/test_connector.cpp LABELS unit tsan)
 kvtier_add_test(test_connector_faults SOURCES connector/test_connector_faults.cpp LABELS unit tsan TIMEOUT 300)
+# Exceptions from a store's calls or the data communicator (issue 26): never the end of the process.
+kvtier_add_test(test_connector_exceptions SOURCES connector/test_connector_exceptions.cpp LABELS unit tsan TIMEOUT 300)
 # Loads that stream by layer group (connector_options::stream_groups).
 kvtier_add_test(test_connector_stream SOURCES connector/test_connector_stream.cpp LABELS unit tsan TIMEOUT 300)
+# The contract where a review found it broken (issue 26): final reach, slots, agreed settings.
+kvtier_add_test(test_connector_contract SOURCES connector/test_connector_contract.cpp LABELS unit tsan)
 kvtier_add_test(test_connector_property SOURCES connector/test_connector_property.cpp LABELS property TIMEOUT 600)
 # Against real redis-server processes, one per rank; needs the Asio transport.
 if(TARGET kvtier::asio)

@@ -160,7 +160,7 @@ forward_times connector_forward(Connector& conn, kvtier::request_id id,
   const auto since = [&] { return std::chrono::duration<double>(clk::now() - t0).count(); };
   conn.load(id, slots);
   for (std::uint32_t l = 0; l < layers; ++l) {
-    conn.wait_for_layer(l, dl());  // agrees group(l) itself while it is not yet agreed
+    (void)conn.wait_for_layer(l, dl());  // agrees group(l) itself while it is not yet agreed
     out.last_layer = since();
     if (l == 0) out.first_layer = out.last_layer;
     std::this_thread::sleep_for(compute);

@@ -14,7 +14,7 @@
 //     cache.reserve(seq, tokens.size());
 //     if (plan->tokens_to_load()) conn.load(id, slots_of(seq));   // owners fetch, bytes move
 //   }
-//   conn.wait_for_layer(l, dl);                     // layer l of every loading chunk is in pages
+//   auto w = conn.wait_for_layer(l, dl);            // which tokens of layer l are in the pages
 //   if (auto out = conn.load_result(id)) compute_from(out->loaded_end_token);  // agreed on all ranks
 //   conn.save(id, slots_of(seq), 0, tokens.size()); // owners write their chunks, off the step
 //                                                   // (or by layer: begin_save + save_layer(id, l))
@@ -134,6 +134,7 @@ class connector {
         saver_(store_, geo_, shared_, counters_, opt_.save_timeout, rank()) {
     if (std::string why = detail::connector_setup_problem(own_, ctrl_, data_, cache_, opt_); !why.empty())
       throw std::invalid_argument("kvtier::connector: " + why);
+    deployment_word_ = compute_deployment_word();
   }
   /// One communicator for the agreement and the moves (the moves then run inside step()).
   connector(chunker<> chunk, Own own, Store& store, Control& comm, kv_cache_view cache,
@@ -170,17 +171,16 @@ class connector {
 
   /// Once at setup, on every rank (a collective on the control communicator): agrees that
   /// every rank has the same key namespace, ownership geometry, chunk size in tokens and bytes,
-  /// and value format (the store's format() when it has one). A rank that differs makes every
-  /// rank return errc::invalid_argument naming the field and the first rank that differs.
+  /// value format (the store's format() when it has one), layers_per_group and stream_groups. A
+  /// rank that differs makes every rank return errc::invalid_argument naming the field and the
+  /// first rank that differs. Every step checks the same settings (folded into one word of its
+  /// header) whether or not this was called: ranks that differ fail every step together
+  /// (errc::invalid_argument, last_step_error() says why), never issue collectives of
+  /// different shapes.
   ///
   ///   if (auto r = conn.check_deployment(kvtier::deadline_after(5s)); r.ec) throw
   ///   std::runtime_error(r.message);
-  deployment_check_result check_deployment(deadline dl) {
-    value_format format = value_format::v1();
-    if constexpr (requires { store_.format(); }) format = store_.format();
-    return agree_deployment(ctrl_, deployment_fingerprint::of(chunk_.ns(), own_, geo_.chunk_bytes, format),
-                            dl);
-  }
+  deployment_check_result check_deployment(deadline dl) { return agree_deployment(ctrl_, deployment(), dl); }
 
   // ---- scheduler side ----------------------------------------------------------------------
 
@@ -234,9 +234,11 @@ class connector {
 
   /// Starts the load of a planned request into the pages at `slots` (slot of prompt position
   /// i; at least the plan's load_end_token entries). Never blocks. Call it on every rank.
-  /// errc::invalid_argument when there is nothing to load or the slots do not fit the cache;
-  /// then, if the plan has tokens to load, this rank still takes part (loading nothing), so
-  /// its peers agree on nothing loaded instead of waiting for it.
+  /// errc::invalid_argument when there is nothing to load or the slots do not give a page to
+  /// every token of the load (a slot < 0, e.g. kv_copy's "skip", or past the cache; a block
+  /// table shorter than the plan); then, if the plan has tokens to load, this rank still takes
+  /// part (loading nothing), so its peers agree on nothing loaded instead of waiting for it, and
+  /// errors(id) says which position.
   std::error_code load(request_id id, std::span<const std::int64_t> slots) {
     const auto it = requests_.find(id);
     if (it == requests_.end()) return make_error_code(errc::invalid_argument);
@@ -279,18 +281,18 @@ class connector {
     r.enqueued_group.assign(geo_.groups, 0);
     counters_.loads.add();
     std::error_code ec;
-    if (slots.size() < end_token || !slots_fit(slots.first(end_token))) {
+    std::string why = slots_problem(slots, first_token, end_token);
+    if (!why.empty()) {
       ec = make_error_code(errc::invalid_argument);
+      why = "this rank's slots do not give a page to every token: " + why;
     } else if (!reserve_staging(r)) {
       ec = make_error_code(errc::queue_full);
+      why = "no staging: max_bytes_in_flight reached";
     }
     if (ec) {
       r.local_failure = true;
       counters_.local_load_failures.add();
-      note_error(r,
-                 detail::describe_error(id, request_error::stage::load, rank(), r.first_chunk, ec,
-                                        ec == errc::queue_full ? "no staging: max_bytes_in_flight reached"
-                                                               : "this rank's slots do not fit the cache"));
+      note_error(r, detail::describe_error(id, request_error::stage::load, rank(), r.first_chunk, ec, why));
       return ec;
     }
     r.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
@@ -345,7 +347,9 @@ class connector {
   /// load's first token. The same errors as limit_load.
   std::error_code cancel_load(request_id id) {
     if (std::error_code ec = limit_load(id, 0)) return ec;
-    if (const auto& r = *requests_.at(id); r.fetch.valid()) queue_.cancel(r.fetch);
+    auto& r = *requests_.at(id);
+    r.cancelled_by_engine = true;  // its fetch's cancelled end is no failure (detail::fetch_failure)
+    if (r.fetch.valid()) queue_.cancel(r.fetch);
     return {};
   }
 
@@ -369,7 +373,9 @@ class connector {
   /// Writes the request's full chunks in [first_token, end_token) that this rank owns (and the
   /// write policy admits) from the pages at `slots`, off the step: a saver thread gathers and
   /// puts them with its own deadline. Never blocks. The pages must stay until finished()
-  /// lists the request's saves. errc::invalid_argument for an unknown id or short slots.
+  /// lists the request's saves. errc::invalid_argument, nothing queued, for an unknown id or
+  /// slots that do not give a page to every token of the full chunks it covers (short, a slot
+  /// < 0 or past the cache): a chunk is never stored from memory that is not its page.
   std::error_code save(request_id id, std::span<const std::int64_t> slots, std::uint64_t first_token,
                        std::uint64_t end_token) {
     std::optional<detail::save_job> job = owned_save(id, slots, first_token, end_token);
@@ -497,13 +503,20 @@ class connector {
 
   /// Agrees, in one all-reduce on the control communicator, on every lookup and load waiting
   /// for it, and starts the moves that agreement allows. The error of a failed agreement (its
-  /// lookups then plan nothing and its loads load nothing, on every rank); else empty.
+  /// lookups then plan nothing and its loads load nothing, on every rank; last_step_error()
+  /// says why in words); else empty. Its first all-reduce has the same element count on every
+  /// rank whatever each passes; a second one, of an agreed count, follows only when many
+  /// requests wait at once (more than 9).
   std::error_code step(deadline dl) { return step(dl, {}); }
+
+  /// Why the last step's agreement failed, in words (empty after one that succeeded): the
+  /// communicator's error, or which of the ranks' inputs differed.
+  const std::string& last_step_error() const noexcept { return last_step_error_; }
 
   /// step() with the engine's own words in the same all-reduce: `words` goes in as this rank's
   /// values and comes back as the min over ranks (for a max, pass complements; to check that
   /// every rank holds the same x, pass x and ~x). Pass the same number of words on every rank
-  /// (the fingerprint folds the count: a different count fails the step on every rank). On a
+  /// (a different count fails the step on every rank with errc::collective_mismatch). On a
   /// failed agreement every word is set to 0, so a rank never acts on values its peers did
   /// not agree. With words, the step issues its all-reduce even when nothing else waits.
   ///
@@ -526,12 +539,10 @@ class connector {
       contribute(*waiting[i], msg.entry(i));
     }
     if (streamed_) fp = detail::step_fp_mix(fp, 0x53545245414d4544ull);  // "STREAMED": units, not chunks
-    msg.seal(detail::step_fp_mix(fp, words.size()));
+    msg.seal(detail::step_fp_mix(fp, words.size()), deployment_word_);
     const clock::time_point agreeing = clock::now();
-    std::error_code ec = comm::all_reduce(ctrl_, std::span<const std::uint64_t>(msg.v), std::span(msg.v),
-                                          comm::reduce_op::min, dl);
+    std::error_code ec = agree(msg, dl);
     counters_.step_latency.observe(clock::now() - agreeing);
-    if (!ec && !msg.consistent(waiting.size())) ec = make_error_code(errc::collective_mismatch);
     if (ec) counters_.agreement_failures.add();
     msg.agreed_words(ec, words);
     std::vector<detail::move_item> batch;
@@ -547,30 +558,48 @@ class connector {
 
   // ---- worker side -------------------------------------------------------------------------
 
-  /// Returns once layer `layer` of every chunk of every running load is in this rank's pages,
-  /// or that load's agreed reach ended below it (its outcome, load_result, then says how far
-  /// the pages hold; vLLM's wait_for_layer_load, with get_block_ids_with_load_errors after the
-  /// forward), or errc::timeout when dl passes first. A collective when a running load has not
-  /// yet agreed layer group(layer) of all its chunks: this rank waits for its own part of that
-  /// group (until a quarter of dl's time is left), then runs the step's agreement (step(dl),
-  /// with one word that says whether that wait ran out; one rank's running out ends the wait on
-  /// every rank with errc::timeout, the load going on), until the group is agreed. Which loads need it
-  /// follows only from agreed values, so call it for the same layers in the same order on every rank, from
-  /// the thread that calls step(). Otherwise local: no collective.
+  /// Waits until layer `layer` of every chunk every rank agreed to load is in this rank's
+  /// pages, and says, per load, which tokens of that layer are there (vLLM's
+  /// wait_for_layer_load): the answer's entry for a load is [first_token, ready_end_token). A
+  /// load whose agreed reach ended short (its deadline passed, a chunk was gone, a store failed)
+  /// lists a ready end below its requested end: compute layer `layer` of the rest yourself, or
+  /// recompute those tokens from the outcome's end afterwards (load_result / load_errors,
+  /// vLLM's get_block_ids_with_load_errors). Nothing is ever listed as ready that is not in the
+  /// pages, and what is listed stays there until finish(). A reach once agreed is final (a late
+  /// store hit never extends it): no answer with ec empty lists more for a layer than an earlier
+  /// one did, and the connector never writes a layer's pages past an agreed answer's ready end.
+  ///
+  /// A collective when a running load has not yet agreed layer group(layer) of all its chunks:
+  /// this rank waits for its own part of that group (until a quarter of dl's time is left), then
+  /// runs the step's agreement (step(dl), with one word that says whether that wait ran out;
+  /// one rank's running out ends the wait on every rank with errc::timeout, the load going on),
+  /// until the group is agreed. Which loads need it follows only from agreed values, so call it
+  /// for the same layers in the same order on every rank, from the thread that calls step().
+  /// Otherwise local: no collective.
+  ///
+  /// Answers: ec empty: the entries are agreed (equal on every rank). errc::timeout (dl passed
+  /// first, on every rank or only on this one while a scatter ran), a failed agreement (step's
+  /// errors) or a failed move's error: the entries say what this rank's pages hold, a peer may
+  /// hold more; finish the forward and recompute from each load's agreed outcome.
   ///
   ///   conn.load(id, slots);                       // stream_groups: group 0 lands first
   ///   for (std::uint32_t l = 0; l < layers; ++l) {
-  ///     conn.wait_for_layer(l, dl);               // layer l of every chunk of the load
-  ///     compute_layer(l);
+  ///     const kvtier::layer_wait w = conn.wait_for_layer(l, dl);
+  ///     const kvtier::layer_ready* x = w.find(id);  // layer l of [first, ready_end) is in the pages
+  ///     compute_layer(l, /*from=*/x ? x->ready_end_token : 0);
   ///   }
   ///   while (!conn.load_result(id)) conn.step(dl);  // cut short? recompute from its end
-  std::error_code wait_for_layer(std::uint32_t layer, deadline dl) {
+  layer_wait wait_for_layer(std::uint32_t layer, deadline dl) {
     const auto g = static_cast<std::uint32_t>(std::min<std::size_t>(layer / geo_.per_group, geo_.groups - 1));
     const clock::time_point called = clock::now();
-    std::error_code ec = agree_group(g, dl);
-    if (!ec && !shared_.wait_group_landed(g, dl)) ec = make_error_code(errc::timeout);
+    layer_wait out;
+    out.ec = agree_group(g, dl);
+    if (!out.ec)
+      out.ec = shared_.wait_group_landed(
+          g, dl, [&](const detail::connector_request& r) { return detail::group_agreed_chunks(r, g, streamed_); });
+    out.loads = layer_answers(g);
     counters_.layer_wait.observe(clock::now() - called);
-    return ec;
+    return out;
   }
 
  private:
@@ -594,6 +623,67 @@ class connector {
     }
   }
 
+  // The step's one all-reduce (two when its body outgrows the first round; see
+  // detail::step_message), and what the agreed header says of the ranks.
+  std::error_code agree(detail::step_message& msg, deadline dl) {
+    const auto reduce = [&](std::span<std::uint64_t> part) {
+      return comm::all_reduce(ctrl_, std::span<const std::uint64_t>(part), part, comm::reduce_op::min, dl);
+    };
+    if (std::error_code ec = reduce(msg.first_round())) return step_failed(ec, ctrl_.last_error());
+    if (!msg.same_deployment())
+      return step_failed(make_error_code(errc::invalid_argument),
+                         "ranks differ in their deployment (key namespace, ownership, chunk size, value "
+                         "format, layers_per_group or stream_groups): check_deployment() names the field");
+    if (!msg.same_shape())
+      return step_failed(make_error_code(errc::collective_mismatch),
+                         "ranks called step() with different numbers of waiting requests or words");
+    if (!msg.second_round().empty())
+      if (std::error_code ec = reduce(msg.second_round())) return step_failed(ec, ctrl_.last_error());
+    if (!msg.same_requests())
+      return step_failed(make_error_code(errc::collective_mismatch),
+                         "ranks called step() over different requests, load ranges or word counts");
+    last_step_error_.clear();
+    return {};
+  }
+  std::error_code step_failed(std::error_code ec, std::string_view why) {
+    last_step_error_ = "step agreement failed: " + ec.message();
+    if (!why.empty() && why != ec.message()) last_step_error_ += " (" + std::string(why) + ")";
+    return ec;
+  }
+
+  // Every setting that shapes a collective or decides what a key means, folded: the step's
+  // header carries it, so ranks configured differently fail every step with a clear error
+  // instead of issuing collectives of different shapes (check_deployment names the field).
+  std::uint64_t compute_deployment_word() const {
+    std::uint64_t h = 0;
+    for (std::uint64_t x : detail::deployment_row(deployment())) h = detail::step_fp_mix(h, x);
+    return h;
+  }
+  deployment_fingerprint deployment() const {
+    value_format format = value_format::v1();
+    if constexpr (requires { store_.format(); }) format = store_.format();
+    deployment_fingerprint f = deployment_fingerprint::of(chunk_.ns(), own_, geo_.chunk_bytes, format);
+    f.layers_per_group = geo_.per_group;
+    f.stream_groups = streamed_ ? 1 : 0;
+    return f;
+  }
+
+  // Per load started and not finished: the tokens of layer group g in this rank's pages that
+  // every rank agreed to move (see wait_for_layer).
+  std::vector<layer_ready> layer_answers(std::uint32_t g) {
+    std::vector<layer_ready> out;
+    const std::size_t T = chunk_.chunk_tokens();
+    std::lock_guard lock(shared_.mu);
+    for (request_id id : order_) {
+      const detail::connector_request& r = *requests_.at(id);
+      if (!r.loading) continue;
+      const std::size_t landed = r.local_failure || r.group_landed.empty() ? 0 : r.group_landed[g];
+      const std::size_t ready = std::min(landed, detail::group_agreed_chunks(r, g, streamed_));
+      out.push_back({id, r.range_first_token, r.range_first_token + ready * T, r.range_end_token});
+    }
+    return out;
+  }
+
   req_ptr known(request_id id) const {
     const auto it = requests_.find(id);
     return it == requests_.end() ? nullptr : it->second;
@@ -609,9 +699,18 @@ class connector {
     for (std::size_t c : chunks) s.push_back(static_cast<std::uint64_t>(c) * chunk_.chunk_tokens());
     return s;
   }
-  bool slots_fit(std::span<const std::int64_t> slots) const noexcept {
+  // Why `slots` does not give a page to every position of [first, end) (empty: it does). A
+  // negative slot means "skip this token" to kv_copy; to the connector it is a token with no
+  // page, which a load would report loaded and a save would store as zeros under its real key.
+  std::string slots_problem(std::span<const std::int64_t> slots, std::uint64_t first, std::uint64_t end) const {
+    if (slots.size() < end)
+      return std::to_string(slots.size()) + " slots for positions up to " + std::to_string(end);
     const auto n = static_cast<std::int64_t>(cache_.layout.num_slots());
-    return std::all_of(slots.begin(), slots.end(), [n](std::int64_t s) { return s < n; });
+    for (std::uint64_t p = first; p < end; ++p)
+      if (slots[p] < 0 || slots[p] >= n)
+        return "position " + std::to_string(p) + " has slot " + std::to_string(slots[p]) +
+               (slots[p] < 0 ? " (no page)" : "") + ", outside the cache's " + std::to_string(n) + " slots";
+    return {};
   }
 
   // One staging block per load, counted in flight until its last holder lets go.
@@ -625,11 +724,16 @@ class connector {
   std::optional<detail::save_job> owned_save(request_id id, std::span<const std::int64_t> slots,
                                              std::uint64_t first_token, std::uint64_t end_token) const {
     const req_ptr r = known(id);
-    if (!r || end_token > slots.size() || !slots_fit(slots.first(end_token))) return std::nullopt;
+    if (!r || first_token > end_token || end_token > slots.size()) return std::nullopt;
     const std::size_t T = chunk_.chunk_tokens();
     detail::save_job job{.r = r};
     for (std::size_t c = (first_token + T - 1) / T; c < end_token / T && c < r->keys.size(); ++c)
       if (static_cast<rank_t>(own_.owner(c)) == rank() && admitted(r->keys[c])) job.chunks.push_back(c);
+    // Every position of every chunk it covers has a page (any rank's chunk: the same call on
+    // every rank must fail alike), before anything is queued.
+    const std::uint64_t covered_end = std::min<std::uint64_t>(end_token / T, r->keys.size()) * T;
+    const std::uint64_t covered_first = std::min(covered_end, (first_token + T - 1) / T * T);
+    if (!slots_problem(slots, covered_first, covered_end).empty()) return std::nullopt;
     if (!job.chunks.empty())
       job.slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(end_token));
     return job;
@@ -671,7 +775,7 @@ class connector {
     if (!ec && !agreed.ready) return;  // some rank's answer is not in yet
     r.lookup_agreed = true;
     counters_.lookup_latency.observe(clock::now() - r.lookup_started);
-    if (ec) note_error(r, detail::agreement_failure(r, request_error::stage::lookup, rank(), 0, ec, ctrl_));
+    if (ec) note_error(r, detail::agreement_failure(r, request_error::stage::lookup, rank(), 0, ec, last_step_error_));
     const std::uint64_t hit = ec ? 0 : std::min(agreed.answer_tokens, end_of(r));
     const detail::planned_range p =
         detail::plan_load(opt_, estimator_, hit, r.prompt_tokens, chunk_.chunk_tokens(), own_.world_size());
@@ -684,7 +788,7 @@ class connector {
                    std::vector<detail::move_item>& batch) {
     if (ec)
       note_error(
-          *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, ctrl_));
+          *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, last_step_error_));
     if (const auto c =
             detail::settle_load_entry(r, bool(ec), detail::load_words::decode(e), streamed_, shared_, batch))
       conclude_load(*r, c->chunks, c->sample, c->elapsed_us);
@@ -711,6 +815,8 @@ class connector {
   connector_counters counters_;
 
   // Engine thread.
+  std::uint64_t deployment_word_ = 0;  // compute_deployment_word(), once
+  std::string last_step_error_;
   std::unordered_map<request_id, req_ptr> requests_;
   std::vector<request_id> order_;  // begin_lookup order: the order of the step's entries
   detail::quarantine quarantine_;

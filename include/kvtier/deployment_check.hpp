@@ -1,7 +1,7 @@
 // kvtier/deployment_check.hpp: find configuration that differs between ranks once, at setup.
 //
-// A rank started with another ownership policy, chunk size, key namespace or value
-// format would otherwise load its chunks for every request and only then be refused
+// A rank started with another ownership policy, chunk size, key namespace, value format
+// or (kvtier::connector) layer grouping would otherwise load its chunks for every request and only then be refused
 // by chunk_broadcast's agreement ("different broadcast parameters"), forever. Call
 // agree_deployment() once, when the communicator (or the engine) is set up: one
 // all-reduce (host memory, so the control communicator or NCCL both work) gathers
@@ -44,12 +44,14 @@ struct deployment_fingerprint {
   std::uint64_t chunk_bytes = 0;            ///< bytes per chunk as moved by chunk_broadcast
   std::uint64_t value_format_version = 1;   ///< value_format::version the store writes and reads
   std::uint64_t value_group_bytes = 0;      ///< value_format::group_bytes
+  std::uint64_t layers_per_group = 0;       ///< layers moved together (kvtier::connector; 0 elsewhere)
+  std::uint64_t stream_groups = 0;          ///< 1: loads stream by layer group (kvtier::connector)
 
   template <ownership_policy P>
   static deployment_fingerprint of(const kvtier::key_namespace& ns, const P& owners, std::size_t chunk_bytes,
                                    value_format format = value_format::v1()) {
     return {ns.fingerprint(),  std::string(owners.geometry()), ns.chunk_tokens, chunk_bytes, format.version,
-            format.group_bytes};
+            format.group_bytes, 0, 0};
   }
 };
 
@@ -63,9 +65,10 @@ struct deployment_check_result {
 namespace detail {
 /// Field names in the order they are reported (the most specific first: the key
 /// namespace also covers chunk_tokens and the geometry, so it is named last).
-inline constexpr std::array<std::string_view, 6> deployment_fields = {
-    "ownership_geometry",   "chunk_tokens",      "chunk_bytes",
-    "value_format_version", "value_group_bytes", "namespace_fingerprint"};
+inline constexpr std::array<std::string_view, 8> deployment_fields = {
+    "ownership_geometry", "chunk_tokens",     "chunk_bytes",   "value_format_version", "value_group_bytes",
+    "layers_per_group",   "stream_groups", "namespace_fingerprint"};
+inline constexpr std::size_t geometry_field = 0, namespace_field = deployment_fields.size() - 1;
 
 inline std::uint64_t fnv1a64(std::string_view s) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -74,15 +77,15 @@ inline std::uint64_t fnv1a64(std::string_view s) noexcept {
 }
 
 inline std::array<std::uint64_t, deployment_fields.size()> deployment_row(const deployment_fingerprint& f) {
-  return {fnv1a64(f.ownership_geometry), f.chunk_tokens,      f.chunk_bytes,
-          f.value_format_version,        f.value_group_bytes, f.namespace_fingerprint};
+  return {fnv1a64(f.ownership_geometry), f.chunk_tokens,     f.chunk_bytes,  f.value_format_version,
+          f.value_group_bytes,           f.layers_per_group, f.stream_groups, f.namespace_fingerprint};
 }
 
 /// How a field's value reads in a message: numbers as numbers, hashes in hex.
 inline std::string deployment_value_text(std::size_t field, std::uint64_t v) {
-  if (field != 0 && field != 5) return std::to_string(v);
+  if (field != geometry_field && field != namespace_field) return std::to_string(v);
   static constexpr char hex[] = "0123456789abcdef";
-  std::string s = field == 0 ? "geometry hash " : "namespace ";
+  std::string s = field == geometry_field ? "geometry hash " : "namespace ";
   for (int i = 60; i >= 0; i -= 4) s += hex[(v >> i) & 0xf];
   return s;
 }
@@ -103,7 +106,7 @@ inline deployment_check_result judge_deployment(std::span<const std::uint64_t> t
         res.rank = r;
         differ = ": rank 0 has " + deployment_value_text(f, v0) + ", rank " + std::to_string(r) + " has " +
                  deployment_value_text(f, vr);
-        if (f == 0)
+        if (f == geometry_field)
           differ += " (this rank, " + std::to_string(me) + ", has \"" + mine.ownership_geometry + "\")";
       } else {
         differ += "; also " + std::string(deployment_fields[f]);

@@ -35,6 +35,7 @@ enum class errc : int {
   backend_error,        ///< an error reported by NCCL, CUDA or the OS
   tls_failed,           ///< the TLS handshake or the peer's certificate check failed
   resource_exhausted,   ///< no free buffer: every slot of a pinned_arena is in use
+  store_threw,          ///< a store's call threw an exception (its words, when kept, say which)
 };
 
 namespace detail {
@@ -85,6 +86,8 @@ class errc_category final : public std::error_category {
         return "TLS handshake or certificate check failed";
       case errc::resource_exhausted:
         return "no free buffer (every pinned arena slot is in use)";
+      case errc::store_threw:
+        return "the store threw an exception";
     }
     return "unknown kvtier error " + std::to_string(value);
   }

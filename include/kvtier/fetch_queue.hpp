@@ -48,9 +48,12 @@
 // Deadlines: kvtier::no_deadline means "no limit" here as everywhere (waits
 // without a timeout, never an overflowed one).
 //
-// Failures never throw out of a worker: a store that throws, or an allocation
-// that fails in a worker, completes the request as failed/backend_error. A
-// failed allocation in submit() before anything was queued may throw
+// Failures never throw out of a worker. A store call that throws completes the
+// request as done with errc::store_threw: the keys earlier calls answered keep
+// their statuses, the rest are chunk_status::error, and fetch_result::message
+// says what it threw ("the store threw: <what()>"). An allocation of the queue's
+// own that fails in a worker completes it as failed/backend_error, every key
+// chunk_status::error. A failed allocation in submit() before anything was queued may throw
 // std::bad_alloc to the caller; once queue bookkeeping starts, it is rolled back
 // and the request completes as failed/queue_full. If a worker thread cannot be
 // started the constructor joins the ones it started and rethrows.
@@ -69,6 +72,7 @@
 #include <new>
 #include <optional>
 #include <span>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -499,6 +503,7 @@ class fetch_queue {
     std::vector<chunk_status> status;
     std::error_code ec;
     bool cancelled = false;
+    bool in_store = false;  // a store call is running (call_store): an exception now is the store's
     try {  // everything that allocates is inside: a bad_alloc fails the request, not the process
       inject(fetch_queue_fault::worker_alloc);
       status.assign(r->keys.size(), chunk_status::error);
@@ -518,10 +523,23 @@ class fetch_queue {
           todo.resize(r->keys.size());
           for (std::size_t i = 0; i < todo.size(); ++i) todo[i] = i;
         }
-        ec = call_store(*r, todo, status, cancelled);
+        ec = call_store(*r, todo, status, cancelled, in_store);
       }
-    } catch (...) {  // a store that throws still completes the request exactly once
-      finish_failed(r, errc::backend_error);
+    } catch (...) {
+      // Whatever threw, the request still completes exactly once. The queue's own allocation
+      // failed: nothing a store said is lost. A store threw: the keys of the calls that returned
+      // keep their statuses, the throwing call's and later ones stay error (status was filled
+      // with error before the first call).
+      if (!in_store) {
+        finish_failed(r, errc::backend_error);
+        return;
+      }
+      std::string words;
+      try {
+        words = "the store threw: " + detail::current_exception_words().what;
+      } catch (...) {  // out of memory: ec alone says it
+      }
+      finish(r, std::move(status), make_error_code(errc::store_threw), std::move(words));
       return;
     }
     if (cancelled) {
@@ -575,8 +593,9 @@ class fetch_queue {
   }
 
   // Runs the store calls for keys `todo` (batched per max_batch_chunks).
+  // `in_store` is true while a store call runs (what throws then is the store's).
   std::error_code call_store(detail::queue_request& r, const std::vector<std::size_t>& todo,
-                             std::span<chunk_status> status, bool& cancelled) {
+                             std::span<chunk_status> status, bool& cancelled, bool& in_store) {
     const std::size_t batch =
         opt_.max_batch_chunks ? opt_.max_batch_chunks : std::max<std::size_t>(todo.size(), 1);
     std::error_code first_ec;
@@ -602,9 +621,11 @@ class fetch_queue {
       }
       st.assign(keys.size(), chunk_status::error);
       const auto which = std::span<const std::size_t>(todo).subspan(begin, end - begin);
+      in_store = true;
       std::error_code ec = r.kind == detail_kind::lookup ? store_.exists(keys, st, r.dl)
                            : r.kind == detail_kind::put  ? store_.put(keys, src, st, r.dl)
                                                          : get(r, keys, dst, st, which);
+      in_store = false;
       for (std::size_t k = begin; k < end; ++k) status[todo[k]] = st[k - begin];
       detail::queue_note_landed(r, which, status);
       if (ec && !first_ec) first_ec = ec;
@@ -631,11 +652,13 @@ class fetch_queue {
   }
 
   // noexcept: it runs on the failure paths, where a throw would end the process.
+  // Keys are cancelled only when the request was (cancel, shutdown); otherwise (refused, or the
+  // queue failed: backend_error) error, so no one reads a failure as a cancel.
   static fetch_result fail_status(const detail::queue_request& r, errc e) noexcept {
     fetch_result res = failed_result(e);
-    const bool never_ran = e == errc::queue_full || e == errc::too_large || e == errc::invalid_argument;
+    const bool cancelled = e == errc::cancelled || e == errc::shutdown;
     try {
-      res.status.assign(r.keys.size(), never_ran ? chunk_status::error : chunk_status::cancelled);
+      res.status.assign(r.keys.size(), cancelled ? chunk_status::cancelled : chunk_status::error);
     } catch (...) {  // out of memory: the result stays valid with an empty status vector
     }
     res.answer_tokens = r.layout.starts.empty() ? r.layout.end_tokens : r.layout.starts.front();
@@ -653,7 +676,8 @@ class fetch_queue {
     return true;
   }
 
-  void finish(const req_ptr& r, std::vector<chunk_status> status, std::error_code ec) {
+  void finish(const req_ptr& r, std::vector<chunk_status> status, std::error_code ec,
+              std::string message = {}) {
     const claim_result c = claim(*r);
     if (c == claim_result::lost) return;
     settle(r, c == claim_result::won_cancelled);
@@ -666,6 +690,7 @@ class fetch_queue {
     res.state = fetch_state::done;
     res.ec = ec;
     res.status = std::move(status);
+    res.message = std::move(message);
     if (r->kind == detail_kind::put) {
       while (res.answer_chunks < res.status.size() && res.status[res.answer_chunks] == chunk_status::stored)
         ++res.answer_chunks;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -74,16 +75,18 @@ struct chunk_layout {
 
 /// How a completed request ended. (A pending request has no fetch_result at all.)
 enum class fetch_state : std::uint8_t {
-  done,    ///< the store calls ran; see status and answer_tokens
-  failed,  ///< never ran to the end: cancelled, shut down, or refused (see ec)
+  done,    ///< the store calls ran (or one threw: ec store_threw); see status and answer_tokens
+  failed,  ///< never ran to the end: cancelled, shut down, refused, or the queue failed (see ec)
 };
 
 /// What poll() and wait() report once a request has completed.
 struct fetch_result {
   fetch_state state = fetch_state::failed;
   /// failed: why (cancelled, shutdown, queue_full, too_large, invalid_argument,
-  /// backend_error). done: the store's whole-batch error (e.g. timeout), or empty.
-  /// A put: status holds chunk_status::stored per key written, answer_chunks the
+  /// backend_error: the queue's own bookkeeping ran out of memory). done: the store's
+  /// whole-batch error (e.g. timeout), or empty; errc::store_threw when a store call threw
+  /// (the keys it and later calls did not answer are chunk_status::error, message says what
+  /// it threw). A put: status holds chunk_status::stored per key written, answer_chunks the
   /// leading stored keys, answer_tokens 0 (a put has no layout).
   std::error_code ec;
   /// The rank answer in tokens: kvtier::rank_answer(layout.starts, status == hit,
@@ -94,6 +97,9 @@ struct fetch_result {
   std::uint64_t answer_tokens = 0;
   std::size_t answer_chunks = 0;     ///< leading hit chunks (those inside answer_tokens)
   std::vector<chunk_status> status;  ///< one per key (may be empty for a refused request)
+  /// The failure in words when the queue has some beyond ec.message(), else empty: for
+  /// errc::store_threw "the store threw: <the exception's what()>".
+  std::string message;
 };
 
 /// A request's progress while it runs (fetch_queue::progress / wait_progress): which keys have

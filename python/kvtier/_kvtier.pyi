@@ -36,6 +36,7 @@ class Errc(enum.IntEnum):
     backend_error = 19
     tls_failed = 20
     resource_exhausted = 21
+    store_threw = 22
 
 class Error(Exception):
     """Base of every kvtier error.
@@ -247,7 +248,10 @@ class Status(enum.IntEnum):
 Values = Union[Bytes, Sequence[Bytes]]
 
 class Store:
-    """status = store.get(keys, torch.empty(len(keys), 4096, dtype=torch.uint8), 0.5)"""
+    """status = store.get(keys, torch.empty(len(keys), 4096, dtype=torch.uint8), 0.5)
+
+    Values are bytes (uint8, int8) or a KV page's float16/bfloat16/float8; another dtype, or a
+    destination of another size than the stored value, raises kvtier.InvalidArgument."""
     closed: bool
     kind: str
     identity: str  # 'host:port/db' of a RemoteStore's server ('' for memory, cluster, composed)
@@ -416,8 +420,10 @@ class KvEvent:
     keys: list[ChunkKey]
 
 class Connector:
-    """One rank's kvtier::connector; every rank makes the same calls in the same order.
+    """One rank's kvtier::connector; every rank makes the same calls in the same order. The
+    namespace's ownership is the policy's geometry ('mod' at W ranks: 'mod:W'), else InvalidArgument.
 
+        ns = kvtier.KeyNamespace("my-model", "fp8", chunk_tokens=256, ownership=f"mod:{comm.size}")
         conn = kvtier.Connector(kvtier.Chunker(ns), store, comm, view)
         conn.check_deployment(5.0)
         conn.begin_lookup(7, tokens)
@@ -453,7 +459,7 @@ class Connector:
     def limit_load(self, id: int, chunks: int) -> None: ...
     def cancel_load(self, id: int) -> None: ...
     def record_load_sample(self, bytes: int, seconds: float) -> None: ...
-    def wait_for_layer(self, layer: int, deadline: DeadlineLike) -> None: ...
+    def wait_for_layer(self, layer: int, deadline: DeadlineLike) -> dict[int, int]: ...
     def load_result(self, id: int) -> Optional[LoadOutcome]: ...
     def load_errors(self, id: int) -> list[int]: ...
     def save(self, id: int, slots: Ints, first_token: int, end_token: int, *,

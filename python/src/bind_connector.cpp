@@ -93,9 +93,12 @@ std::unique_ptr<conn_t<Comm>> make(py_connector& pc, const py_chunker& ch, Comm&
   if (!x) raise_invalid("Connector needs an xxh3-128 Chunker, not " + ch.hash);
   if constexpr (requires { ctrl.last_error(); })
     pc.ctrl_error = [&ctrl] { return std::string(ctrl.last_error()); };
+  py_ownership own = ownership_of(ownership, ctrl.size());
+  if (std::string why = kvtier::detail::connector_namespace_problem(own, x->ns()); !why.empty())
+    raise_invalid("Connector(ownership='" + ownership + "'): " + why);
   try {
-    return std::make_unique<conn_t<Comm>>(*x, ownership_of(ownership, ctrl.size()), pc.store, ctrl, data,
-                                          pc.pages->view, std::move(opt));
+    return std::make_unique<conn_t<Comm>>(*x, std::move(own), pc.store, ctrl, data, pc.pages->view,
+                                          std::move(opt));
   } catch (const std::invalid_argument& e) {
     raise_invalid(e.what());
   }
@@ -249,7 +252,9 @@ void bind_connector(py::module_& m) {
       "`ownership`), `pages` (a KvCacheView) and `comm` (InprocCommunicator or MpiCommunicator; `data`, a "
       "second "
       "one of the same kind, moves layers on a mover thread). Every rank calls the same methods for the same "
-      "requests in the same order, and step() once per engine step. The GIL is released in every call.\n\n"
+      "requests in the same order, and step() once per engine step. The GIL is released in every call. The "
+      "chunker's namespace must carry the policy's geometry as its ownership ('mod' at W ranks: 'mod:W'; "
+      "'block:I': 'block:I:W'; 'rendezvous:S': 'rendezvous:W:S'), else kvtier.InvalidArgument names both.\n\n"
       "    conn = kvtier.Connector(chunker, store, comm, view)\n"
       "    conn.begin_lookup(7, tokens)\n"
       "    while (plan := conn.lookup(7)) is None: conn.step(0.05)\n"
@@ -473,16 +478,26 @@ void bind_connector(py::module_& m) {
             if (layer >= p.pages->view.layout.num_layers)
               raise_invalid("layer " + std::to_string(layer) + " is outside the cache's " +
                             std::to_string(p.pages->view.layout.num_layers) + " layers");
-            const std::error_code ec = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); });
-            if (ec)
-              raise_error(ec, "Connector.wait_for_layer(" + std::to_string(layer) + "): the deadline passed");
+            const kvtier::layer_wait w = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); });
+            if (w.ec)
+              raise_error(w.ec, "Connector.wait_for_layer(" + std::to_string(layer) +
+                                    "): " + (w.ec == kvtier::errc::timeout ? std::string("the deadline passed")
+                                                                           : w.ec.message()) +
+                                    "; recompute from each load's agreed outcome (load_result)");
+            py::dict ready;
+            for (const kvtier::layer_ready& x : w.loads) ready[py::int_(x.id)] = py::int_(x.ready_end_token);
+            return ready;
           },
           py::arg("layer"), py::arg("deadline"),
-          "Returns once layer `layer` of every chunk of every running load is in this rank's pages (or "
-          "the load's agreed reach ended short of it: load_result says how far); kvtier.TimeoutError "
-          "when the deadline passes first. While a running load has not agreed that layer's group it "
-          "runs the step's agreement itself: call it for the same layers on every rank, like step().\n\n"
-          "    conn.wait_for_layer(0, 1.0)")
+          "Waits until layer `layer` of every chunk every rank agreed to load is in this rank's pages and "
+          "returns {request id: ready end token} for every load started and not finished: layer `layer` of "
+          "tokens [load first token, ready end) is in the pages, agreed on every rank. A load cut short (its "
+          "deadline, a gone chunk, a failed store) lists a ready end below its range: compute that layer of "
+          "the rest yourself, or recompute from load_result's end afterwards. kvtier.TimeoutError when the "
+          "deadline passes first (kvtier.Error for a failed agreement or move). While a running load has not "
+          "agreed that layer's group it runs the step's agreement itself: call it for the same layers on "
+          "every rank, like step().\n\n"
+          "    ready = conn.wait_for_layer(0, 1.0)   # {7: 4096}: layer 0 of [0, 4096) of request 7")
       .def(
           "load_result",
           [](py_connector& p, kvtier::request_id id) {
@@ -534,7 +549,8 @@ void bind_connector(py::module_& m) {
             if (end_token > s.size())
               raise_invalid("Connector.begin_save(request " + std::to_string(id) + "): " +
                             std::to_string(s.size()) + " slots, end_token is " + std::to_string(end_token));
-            const std::error_code ec = p.with([&](auto& c) { return c.begin_save(id, s, first_token, end_token); });
+            const std::error_code ec =
+                p.with([&](auto& c) { return c.begin_save(id, s, first_token, end_token); });
             if (ec)
               raise_error(ec, "Connector.begin_save: request " + std::to_string(id) +
                                   " is unknown or its save by layer is still being reported");

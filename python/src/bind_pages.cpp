@@ -1,6 +1,6 @@
 // python/src/bind_pages.cpp: kvtier.KvLayout (the named engine layouts and the generic strides
 // form), kvtier.KvCacheView (page bases taken from CPU torch tensors or buffers by pointer,
-// kept alive by the view) and the in-process communicator (kvtier.InprocWorld).
+// their storages kept alive by the view) and the in-process communicator (kvtier.InprocWorld).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -149,8 +149,8 @@ void bind_pages(py::module_& m) {
   py::class_<py_view, std::shared_ptr<py_view>>(
       m, "KvCacheView",
       "A paged KV cache's memory: page bases taken from contiguous CPU torch tensors (or writable buffers) "
-      "by pointer, no copy. The view keeps its pages alive; every page must span the layout's extent and "
-      "have its element size (or be torch.uint8).\n\n"
+      "by pointer, no copy. The view keeps its pages' memory alive (also after a page tensor's set_); every "
+      "page must span the layout's extent and have its element size (or be torch.uint8).\n\n"
       "    lay = kvtier.KvLayout.vllm_mla(2, num_blocks=64, block_size=16)\n"
       "    pages = [torch.zeros(64, 16, 576, dtype=torch.bfloat16) for _ in range(2)]\n"
       "    view = kvtier.KvCacheView.per_layer(lay, pages)")

@@ -80,6 +80,18 @@ using remote_impl = owned_store<remote_parts>;
 using cluster_parts = transport_parts<kvtier::cluster_store>;
 using cluster_impl = owned_store<cluster_parts>;
 
+}  // namespace
+
+// Their get() says the stored length of a key whose destination has another size (store_impl.hpp).
+template <>
+inline constexpr bool reports_stored_bytes<kvtier::memory_store> = true;
+template <>
+inline constexpr bool reports_stored_bytes<remote_parts> = true;
+template <>
+inline constexpr bool reports_stored_bytes<cluster_parts> = true;
+
+namespace {
+
 // A tiered_store over two Python stores; the refs outlive the tiered_store that points at them.
 struct tiered_parts {
   store_ref l1, l2;
@@ -173,12 +185,13 @@ std::vector<Span> regions_of(py::handle obj, std::size_t n, std::optional<std::s
     if (seq.size() != n)
       raise_invalid(std::to_string(n) + " keys but " + std::to_string(seq.size()) + " " + role + "s");
     for (std::size_t i = 0; i < n; ++i) {
-      const byte_region r = bytes_of(seq[i], writable, std::string(role) + " " + std::to_string(i), hold);
+      const byte_region r =
+          value_bytes_of(seq[i], writable, std::string(role) + " " + std::to_string(i), hold);
       out.push_back(Span(r.data, r.size));
     }
     return out;
   }
-  const byte_region r = bytes_of(obj, writable, role, hold);
+  const byte_region r = value_bytes_of(obj, writable, role, hold);
   if (n == 0) return out;
   std::size_t vb = 0;
   if (value_bytes) {
@@ -220,6 +233,27 @@ py::list call_exists(store_impl& s, py::handle keys, py::handle deadline) {
   return status_list(st);
 }
 
+constexpr std::size_t unknown_bytes = SIZE_MAX;
+
+// A get whose destination for some key has another size than the value stored under it (where the
+// store can tell: stored_bytes set, store_impl::get): the caller's error, kvtier.InvalidArgument
+// naming the first such key and both sizes, with the batch's statuses on it.
+void check_sizes(store_impl& s, std::span<const std::span<std::byte>> dst,
+                 std::span<const std::size_t> stored, std::span<const kvtier::chunk_status> st) {
+  std::size_t first = stored.size(), count = 0;
+  for (std::size_t i = 0; i < stored.size(); ++i)
+    if (st[i] == kvtier::chunk_status::corrupt && stored[i] != unknown_bytes && stored[i] != dst[i].size()) {
+      if (count++ == 0) first = i;
+    }
+  if (count == 0) return;
+  std::string msg = s.kind() + ".get: key " + std::to_string(first) + "'s stored value is " +
+                    std::to_string(stored[first]) + " bytes, the destination gives " +
+                    std::to_string(dst[first].size());
+  if (count > 1) msg += " (" + std::to_string(count - 1) + " more key" + (count > 2 ? "s" : "") + " like it)";
+  msg += ": give each key a destination of its value's size (value_bytes, or one buffer per key)";
+  raise_error(make_error_code(kvtier::errc::invalid_argument), msg, status_list(st));
+}
+
 // get and put: the batch's byte regions taken under the GIL, the store call without it.
 template <class Span, class Call>
 py::list call_values(store_impl& s, const char* op, py::handle keys, py::handle values, py::handle deadline,
@@ -231,25 +265,31 @@ py::list call_values(store_impl& s, const char* op, py::handle keys, py::handle 
   buffer_hold hold;
   const std::vector<Span> v = regions_of<Span>(values, k.size(), value_bytes_of(value_bytes), writable, hold);
   std::vector<kvtier::chunk_status> st(k.size());
+  std::vector<std::size_t> stored(writable ? k.size() : 0, unknown_bytes);
   std::error_code ec;
   {
     py::gil_scoped_release nogil;  // the buffers stay exported by `hold` until it goes, GIL held
-    ec = call(k, v, st, dl);
+    ec = call(k, v, st, dl, stored);
   }
+  if constexpr (writable) check_sizes(s, v, stored, st);
   if (ec) raise_call(s, op, ec, st);
   return status_list(st);
 }
 
 py::list call_get(store_impl& s, py::handle keys, py::handle dst, py::handle deadline,
                   py::handle value_bytes) {
-  return call_values<std::span<std::byte>>(s, "get", keys, dst, deadline, value_bytes,
-                                           [&](auto&... a) { return s.get(a...); });
+  return call_values<std::span<std::byte>>(
+      s, "get", keys, dst, deadline, value_bytes,
+      [&](auto& k, auto& v, auto& st, auto dl, std::vector<std::size_t>& n) {
+        return s.get(k, v, st, dl, n);
+      });
 }
 
 py::list call_put(store_impl& s, py::handle keys, py::handle src, py::handle deadline,
                   py::handle value_bytes) {
-  return call_values<std::span<const std::byte>>(s, "put", keys, src, deadline, value_bytes,
-                                                 [&](auto&... a) { return s.put(a...); });
+  return call_values<std::span<const std::byte>>(
+      s, "put", keys, src, deadline, value_bytes,
+      [&](auto& k, auto& v, auto& st, auto dl, std::vector<std::size_t>&) { return s.put(k, v, st, dl); });
 }
 
 py::dict remote_stats(const kvtier::remote_store_stats& x) {
@@ -409,7 +449,10 @@ void bind_stores(py::module_& m) {
           "Reads each key's value into its destination: a list of writable buffers or contiguous CPU tensors "
           "(one per key, each exactly the value's size), or one buffer cut into len(keys) values of "
           "value_bytes "
-          "(default: its size / len(keys)). No copy on the way: bytes land in the caller's memory.\n\n"
+          "(default: its size / len(keys)). No copy on the way: bytes land in the caller's memory. Items "
+          "are bytes (uint8, int8) or a KV page's float16, bfloat16 or float8; another dtype raises "
+          "kvtier.InvalidArgument, and so does a destination of another size than the value stored "
+          "(MemoryStore, RemoteStore, ClusterStore: the message names both sizes).\n\n"
           "    store.get(keys, dst_tensor, kvtier.deadline_after(0.5), value_bytes=4096)")
       .def(
           "put", &call_put, py::arg("keys"), py::arg("src"), py::arg("deadline"), py::kw_only(),

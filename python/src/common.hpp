@@ -56,7 +56,9 @@ struct py_deadline {
 };
 
 /// Buffer views taken for one call; released (PyBuffer_Release) when it goes, with the GIL
-/// held. Keeps a reference to every tensor whose data_ptr() was taken.
+/// held. Keeps an alias (tensor.detach(): the same storage) of every tensor whose data_ptr() was
+/// taken, so that storage stays allocated while the hold lives even if the caller's tensor is
+/// moved onto other memory meanwhile (tensor.set_ on another thread).
 class buffer_hold {
  public:
   buffer_hold() = default;
@@ -65,6 +67,8 @@ class buffer_hold {
   ~buffer_hold();
   Py_buffer& add_view();
   void pop_view();
+  /// The view taken last (null when none was).
+  const Py_buffer* last_view() const { return views_.empty() ? nullptr : views_.back(); }
   void keep(py::handle obj) { objects_.push_back(py::reinterpret_borrow<py::object>(obj)); }
 
  private:
@@ -80,6 +84,12 @@ struct byte_region {
 /// The bytes of `obj` (buffer protocol or a contiguous CPU torch tensor), by pointer. `what`
 /// names the argument in the exception ("destination 2").
 byte_region bytes_of(py::handle obj, bool writable, const std::string& what, buffer_hold& hold);
+
+/// bytes_of for a store's values (a get's destination, a put's source): a buffer or tensor whose
+/// items are bytes (uint8, int8, unformatted) or a KV page's 8/16-bit floats (float16, bfloat16,
+/// float8). Any other dtype (float32, int64, float64, bool ...) raises kvtier.InvalidArgument
+/// naming it and what is accepted: its byte size is seldom the value size meant.
+byte_region value_bytes_of(py::handle obj, bool writable, const std::string& what, buffer_hold& hold);
 
 /// True when `obj` looks like a torch.Tensor (checked by attributes, torch not imported).
 bool is_tensor(py::handle obj);

@@ -1,6 +1,8 @@
 // python/src/connector_impl.hpp: the C++ side of kvtier.KvCacheView and the communicators that
-// kvtier.Connector takes. A view holds the Python page objects (tensors or buffers) and their
-// buffer views, so the pages live as long as the view and every connector that holds it.
+// kvtier.Connector takes. A view holds the Python page objects (tensors or buffers), their buffer
+// views and an alias of each page tensor (the same storage), so the pages' memory lives as long as
+// the view and every connector that holds it, even if a page tensor is moved onto other memory
+// (set_) meanwhile: the connector's mover and saver threads write and read it at any time.
 //
 //   auto v = std::make_shared<kvtier_py::py_view>();
 //   v->view = kvtier::kv_cache_view::per_layer(layout, ptrs);   // ptrs from bytes_of(page)
@@ -20,7 +22,7 @@
 
 namespace kvtier_py {
 
-/// A kv_cache_view over Python pages; `hold` keeps the pages (and their buffer views).
+/// A kv_cache_view over Python pages; `hold` keeps the pages' memory (buffer views, storage aliases).
 struct py_view {
   kvtier::kv_cache_view view;
   buffer_hold hold;

@@ -61,6 +61,8 @@ const char* errc_name(int v) {
       return "tls_failed";
     case kvtier::errc::resource_exhausted:
       return "resource_exhausted";
+    case kvtier::errc::store_threw:
+      return "store_threw";
   }
   return "unknown";
 }
@@ -229,7 +231,13 @@ bool is_tensor(py::handle obj) {
 
 namespace {
 
-// A tensor's bytes after the checks every use shares: CPU, strided, contiguous.
+// A tensor's bytes after the checks every use shares: CPU, strided, contiguous. What `hold` keeps
+// is an alias of the tensor (t.detach(): a new tensor object over the same storage), and the
+// pointer is read from that alias: its storage stays allocated for as long as `hold` lives, even
+// when another thread moves the caller's tensor onto other memory meanwhile (t.set_(...), which
+// frees a storage that only the tensor object referenced). Keeping `t` itself would not: set_
+// changes what the object points at. (A resize_ that grows the storage in place reallocates it;
+// torch has no way to lock a storage against that, so a tensor must not be resized during a call.)
 byte_region tensor_bytes(py::handle t, const std::string& what, buffer_hold& hold) {
   const std::string device = py::str(t.attr("device").attr("type"));
   if (device != "cpu")
@@ -238,12 +246,14 @@ byte_region tensor_bytes(py::handle t, const std::string& what, buffer_hold& hol
                   "to the GPU)");
   if (py::hasattr(t, "layout") && std::string(py::str(t.attr("layout"))) != "torch.strided")
     raise_invalid(what + " is a " + std::string(py::str(t.attr("layout"))) + " tensor: pass a dense one");
-  if (!t.attr("is_contiguous")().cast<bool>())
+  // From here on only the alias is read: the same storage, whatever happens to `t`.
+  const py::object a = py::hasattr(t, "detach") ? t.attr("detach")() : py::reinterpret_borrow<py::object>(t);
+  hold.keep(a);
+  if (!a.attr("is_contiguous")().cast<bool>())
     raise_invalid(what + " is a non-contiguous tensor: pass a contiguous one (tensor.contiguous() copies)");
-  const auto numel = t.attr("numel")().cast<std::size_t>();
-  const auto esize = t.attr("element_size")().cast<std::size_t>();
-  const auto ptr = t.attr("data_ptr")().cast<std::uintptr_t>();
-  hold.keep(t);
+  const auto numel = a.attr("numel")().cast<std::size_t>();
+  const auto esize = a.attr("element_size")().cast<std::size_t>();
+  const auto ptr = a.attr("data_ptr")().cast<std::uintptr_t>();
   return {reinterpret_cast<std::byte*>(ptr), numel * esize};
 }
 
@@ -304,7 +314,45 @@ void convert_any(const void* data, std::size_t n, std::size_t size, bool is_sign
   }
 }
 
+// The dtypes a store value may be seen as: bytes, or the 8/16-bit elements of a KV cache page.
+bool value_dtype(const std::string& dtype) {
+  static constexpr const char* ok[] = {"torch.uint8",           "torch.int8",           "torch.float16",
+                                       "torch.bfloat16",        "torch.float8_e4m3fn",  "torch.float8_e5m2",
+                                       "torch.float8_e4m3fnuz", "torch.float8_e5m2fnuz"};
+  for (const char* x : ok)
+    if (dtype == x) return true;
+  return false;
+}
+
+// The same for a buffer's struct format: unformatted (bytes), B, b, c, or e (float16).
+bool value_buffer_format(const char* fmt) {
+  if (fmt == nullptr) return true;
+  std::string_view f(fmt);
+  if (!f.empty() && std::strchr("@=<>!", f.front()) != nullptr) f.remove_prefix(1);
+  return f == "B" || f == "b" || f == "c" || f == "e";
+}
+
+const char* const value_kinds =
+    "a store value is bytes: pass uint8 or int8 (or a KV page's float16, bfloat16 or float8)";
+
 }  // namespace
+
+byte_region value_bytes_of(py::handle obj, bool writable, const std::string& what, buffer_hold& hold) {
+  if (is_tensor(obj) && !PyObject_CheckBuffer(obj.ptr())) {
+    const std::string dtype = py::str(obj.attr("dtype"));
+    if (!value_dtype(dtype))
+      raise_invalid(what + " is a tensor of dtype " + dtype + ": " + value_kinds +
+                    "; tensor.view(torch.uint8) is the same memory as bytes");
+    return bytes_of(obj, writable, what, hold);
+  }
+  const byte_region r = bytes_of(obj, writable, what, hold);
+  const Py_buffer* v = hold.last_view();
+  if (v != nullptr && !value_buffer_format(v->format))
+    raise_invalid(what + " (" + type_name(obj) + ") holds items of format '" + v->format + "' (" +
+                  std::to_string(v->itemsize) + "-byte): " + value_kinds +
+                  "; array.view(numpy.uint8) is the same memory as bytes");
+  return r;
+}
 
 byte_region bytes_of(py::handle obj, bool writable, const std::string& what, buffer_hold& hold) {
   if (obj.is_none()) raise_invalid(what + " is None");
@@ -432,7 +480,8 @@ PYBIND11_MODULE(_kvtier, m) {
       .value("collective_mismatch", kvtier::errc::collective_mismatch)
       .value("backend_error", kvtier::errc::backend_error)
       .value("tls_failed", kvtier::errc::tls_failed)
-      .value("resource_exhausted", kvtier::errc::resource_exhausted);
+      .value("resource_exhausted", kvtier::errc::resource_exhausted)
+      .value("store_threw", kvtier::errc::store_threw);
   kp::errors().errc = m.attr("Errc");
 
   py::class_<kp::py_deadline>(m, "Deadline",

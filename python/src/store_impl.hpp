@@ -37,11 +37,14 @@ class store_impl {
     if (closed_) return closed(status);
     return do_exists(keys, status, dl);
   }
+  /// `stored_bytes` (empty, or one entry per key): where the store can tell, the payload length of
+  /// each key stored with another length than dst[i] (reports_stored_bytes); other entries untouched.
   std::error_code get(std::span<const kvtier::chunk_key> keys, std::span<const std::span<std::byte>> dst,
-                      std::span<kvtier::chunk_status> status, kvtier::deadline dl) {
+                      std::span<kvtier::chunk_status> status, kvtier::deadline dl,
+                      std::span<std::size_t> stored_bytes = {}) {
     std::shared_lock lock(mu_);
     if (closed_) return closed(status);
-    return do_get(keys, dst, status, dl);
+    return do_get(keys, dst, status, dl, stored_bytes);
   }
   std::error_code put(std::span<const kvtier::chunk_key> keys,
                       std::span<const std::span<const std::byte>> src, std::span<kvtier::chunk_status> status,
@@ -84,7 +87,8 @@ class store_impl {
   virtual std::error_code do_exists(std::span<const kvtier::chunk_key>, std::span<kvtier::chunk_status>,
                                     kvtier::deadline) = 0;
   virtual std::error_code do_get(std::span<const kvtier::chunk_key>, std::span<const std::span<std::byte>>,
-                                 std::span<kvtier::chunk_status>, kvtier::deadline) = 0;
+                                 std::span<kvtier::chunk_status>, kvtier::deadline,
+                                 std::span<std::size_t>) = 0;
   virtual std::error_code do_put(std::span<const kvtier::chunk_key>,
                                  std::span<const std::span<const std::byte>>, std::span<kvtier::chunk_status>,
                                  kvtier::deadline) = 0;
@@ -119,6 +123,11 @@ struct store_ref {
   }
 };
 
+/// True for a store whose get() takes a fifth argument, stored_bytes (memory_store, remote_store,
+/// cluster_store: kvtier's get with stored_bytes); the composed ones (tiered, rendezvous) do not.
+template <class S>
+inline constexpr bool reports_stored_bytes = false;
+
 /// A store_impl owning a C++ store `S` (built in place), destroyed by close().
 template <class S>
 class owned_store : public store_impl {
@@ -136,8 +145,12 @@ class owned_store : public store_impl {
     return store_->exists(k, st, dl);
   }
   std::error_code do_get(std::span<const kvtier::chunk_key> k, std::span<const std::span<std::byte>> d,
-                         std::span<kvtier::chunk_status> st, kvtier::deadline dl) override {
-    return store_->get(k, d, st, dl);
+                         std::span<kvtier::chunk_status> st, kvtier::deadline dl,
+                         std::span<std::size_t> stored_bytes) override {
+    if constexpr (reports_stored_bytes<S>)
+      return store_->get(k, d, st, dl, stored_bytes);
+    else
+      return store_->get(k, d, st, dl);
   }
   std::error_code do_put(std::span<const kvtier::chunk_key> k, std::span<const std::span<const std::byte>> d,
                          std::span<kvtier::chunk_status> st, kvtier::deadline dl) override {

@@ -19,8 +19,20 @@ def layout():
     return kvtier.KvLayout.vllm_mla(LAYERS, num_blocks=BLOCKS, block_size=BLOCK_SIZE, elem_bytes=2, latent=LATENT)
 
 
-def namespace(world):
-    return kvtier.KeyNamespace("conn-test", "mla-f16", chunk_tokens=CHUNK_TOKENS, ownership=f"mod:{world}")
+def geometry(ownership, world):
+    """The key namespace's ownership for a Connector's `ownership` at `world` ranks (its policy's
+    geometry(): 'mod' -> 'mod:W', 'block:I' -> 'block:I:W', 'rendezvous[:S]' -> 'rendezvous:W:S')."""
+    if ownership == "mod":
+        return f"mod:{world}"
+    if ownership.startswith("block:"):
+        return f"block:{ownership[6:]}:{world}"
+    seed = ownership[len("rendezvous:"):] if ownership.startswith("rendezvous:") else "0"
+    return f"rendezvous:{world}:{seed}"
+
+
+def namespace(world, ownership="mod"):
+    return kvtier.KeyNamespace("conn-test", "mla-f16", chunk_tokens=CHUNK_TOKENS,
+                               ownership=geometry(ownership, world))
 
 
 def make_pages():
@@ -91,7 +103,7 @@ def run_rank(comm, store, data=None, tamper=None, ownership="mod", after_load=No
     world = comm.size
     pages = make_pages()
     view = kvtier.KvCacheView.per_layer(layout(), pages)
-    chunker = kvtier.Chunker(namespace(world))
+    chunker = kvtier.Chunker(namespace(world, ownership))
     tokens = list(range(1000, 1000 + PROMPT))
     res = {}
     conn = kvtier.Connector(chunker, store, comm, view, data=data, lookup_timeout=2.0,

@@ -127,7 +127,8 @@ def in_two_threads(body, options=lambda r: {}):
     out, errors = [None, None], []
 
     def rank(r):
-        conn = kvtier.Connector(kvtier.Chunker(namespace(2)), kvtier.MemoryStore(1 << 20), world.communicator(r),
+        conn = kvtier.Connector(kvtier.Chunker(namespace(2, options(r).get("ownership", "mod"))),
+                                kvtier.MemoryStore(1 << 20), world.communicator(r),
                                 kvtier.KvCacheView.per_layer(layout(), make_pages()), **options(r))
         try:
             out[r] = body(conn, r)

@@ -86,8 +86,24 @@ def test_buffer_too_small(store):
         store.get(KEYS, bytearray(15), 1.0)
     with pytest.raises(kvtier.InvalidArgument, match="too small"):
         store.put(KEYS, torch.zeros(15, dtype=torch.uint8), 1.0, value_bytes=8)
-    # One buffer per key: a value of the wrong size is that key's verdict, not a crash.
-    assert store.get(KEYS, [bytearray(8), bytearray(7)], 1.0) == [kvtier.Status.hit, kvtier.Status.corrupt]
+
+
+
+def test_destination_of_another_size_than_the_stored_value(store):
+    # The values are 8 bytes each. A destination of another size is the caller's error, named with
+    # both sizes (InvalidArgument, not CorruptValue or a corrupt status that points at the store);
+    # the batch's statuses ride on the exception.
+    with pytest.raises(kvtier.InvalidArgument,
+                       match="MemoryStore.get: key 1's stored value is 8 bytes, the destination gives 7") as e:
+        store.get(KEYS, [bytearray(8), bytearray(7)], 1.0)
+    assert e.value.code == kvtier.Errc.invalid_argument
+    assert e.value.status == [kvtier.Status.hit, kvtier.Status.corrupt]
+    with pytest.raises(kvtier.InvalidArgument,
+                       match="key 0's stored value is 8 bytes, the destination gives 16 \\(1 more key like it\\)"):
+        store.get(KEYS, bytearray(32), 1.0)  # one buffer cut in two: 16 bytes a key
+    with pytest.raises(kvtier.InvalidArgument, match="key 0's stored value is 8 bytes, the destination gives 4"):
+        store.get(KEYS, bytearray(8), 1.0, value_bytes=4)
+    assert store.get(KEYS, bytearray(16), 1.0) == [kvtier.Status.hit] * 2  # the right size still hits
 
 
 def test_wrong_dtype_and_types(store):
@@ -112,6 +128,28 @@ def test_wrong_dtype_and_types(store):
         store.get(KEYS, bytearray(16), 1.0, value_bytes=-1)
 
 
+def test_a_store_value_of_another_dtype_than_bytes(store):
+    # 16 bytes each time, so only the dtype is wrong: a float32, int64 or float64 buffer of the
+    # right byte size is refused, naming its dtype and what is accepted (bytes or a KV page's
+    # 8/16-bit floats); the same memory viewed as bytes is fine.
+    for bad, name in ((torch.zeros(4), "dtype torch.float32"), (torch.zeros(2, dtype=torch.int64), "dtype torch.int64"),
+                      (torch.zeros(16, dtype=torch.bool), "dtype torch.bool"),
+                      (np.zeros(4, dtype=np.float32), "format 'f'"), (np.zeros(2), "format 'd'"),
+                      (np.zeros(2, dtype=np.int64), "format '[lq]'"), (memoryview(bytearray(16)).cast("i"), "format 'i'")):
+        with pytest.raises(kvtier.InvalidArgument, match=f"destination .*{name}.*a store value is bytes: pass uint8 or "
+                                                         "int8 \\(or a KV page's float16, bfloat16 or float8\\)"):
+            store.get(KEYS, bad, 1.0)
+        with pytest.raises(kvtier.InvalidArgument, match=f"source .*{name}"):
+            store.put(KEYS, bad, 1.0)
+    with pytest.raises(kvtier.InvalidArgument, match="destination 1 .*format 'f'"):
+        store.get(KEYS, [bytearray(8), np.zeros(2, dtype=np.float32)], 1.0)
+    for good in (torch.zeros(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.int8), torch.zeros(8, dtype=torch.float16),
+                 torch.zeros(8, dtype=torch.bfloat16), torch.zeros(4).view(torch.uint8), np.zeros(16, dtype=np.int8),
+                 np.zeros(8, dtype=np.float16), np.zeros(2).view(np.uint8), memoryview(bytearray(16))):
+        assert store.get(KEYS, good, 1.0) == [kvtier.Status.hit] * 2, good
+        assert store.put(KEYS, good, 1.0) == [kvtier.Status.stored] * 2, good
+
+
 def test_read_only_and_grad(store):
     with pytest.raises(kvtier.InvalidArgument, match="read-only"):
         store.get(KEYS, b"\0" * 16, 1.0)
@@ -120,7 +158,7 @@ def test_read_only_and_grad(store):
     with pytest.raises(kvtier.InvalidArgument, match="read-only"):
         store.get(KEYS, ro, 1.0)
     assert store.put(KEYS, ro, 1.0) == [kvtier.Status.stored] * 2  # a source may be read-only
-    g = torch.zeros(4, requires_grad=True)
+    g = torch.zeros(8, dtype=torch.float16, requires_grad=True)
     with pytest.raises(kvtier.InvalidArgument, match="requires grad"):
         store.get(KEYS, g, 1.0)
     assert store.get(KEYS, g.detach(), 1.0) == [kvtier.Status.hit] * 2
@@ -176,3 +214,28 @@ def test_bad_constructor_arguments():
         kvtier.PrefillNode(0, 1)
     with pytest.raises(kvtier.InvalidArgument, match="a sample must be"):
         kvtier.fit_batches([(1, 2)])
+
+
+def test_connector_refuses_a_namespace_of_another_ownership():
+    # The namespace folds in the ownership geometry (KeyNamespace's default is 'mod:1'); a connector
+    # whose policy places chunks otherwise (another world size, block or rendezvous) refuses it,
+    # naming both, instead of sharing keys with deployments of that other geometry.
+    lay = kvtier.KvLayout.vllm_mla(1, num_blocks=8, block_size=16, elem_bytes=2, latent=64)
+    view = kvtier.KvCacheView.per_layer(lay, [torch.zeros(8, 16, 64, dtype=torch.float16)])
+    store = kvtier.MemoryStore(1 << 20)
+    comm = kvtier.InprocWorld(2).communicator(0)
+
+    def ns(ownership="mod:1"):
+        return kvtier.KeyNamespace("test-model", "fp8", chunk_tokens=16, ownership=ownership)
+
+    with pytest.raises(kvtier.InvalidArgument, match="key namespace's ownership 'mod:1' differs from the ownership "
+                                                     "policy's geometry 'mod:2' \\(world size 2\\)") as e:
+        kvtier.Connector(kvtier.Chunker(ns()), store, comm, view)  # the default namespace at W = 2
+    assert e.value.code == kvtier.Errc.invalid_argument
+    for own, geometry in (("mod", "mod:2"), ("block:4", "block:4:2"), ("rendezvous", "rendezvous:2:0"),
+                          ("rendezvous:9", "rendezvous:2:9")):
+        if own != "mod":
+            with pytest.raises(kvtier.InvalidArgument, match=f"'mod:2' differs from .* '{geometry}'"):
+                kvtier.Connector(kvtier.Chunker(ns("mod:2")), store, comm, view, ownership=own)
+        kvtier.Connector(kvtier.Chunker(ns(geometry)), store, comm, view, ownership=own).close()
+    kvtier.Connector(kvtier.Chunker(ns()), store, kvtier.InprocWorld(1).communicator(0), view).close()  # W = 1

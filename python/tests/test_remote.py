@@ -49,8 +49,32 @@ def test_corrupt_value_is_a_status_not_wrong_bytes(redis_server):
     dst = np.zeros_like(src)
     assert s.get(keys, dst, 2.0) == [H, kvtier.Status.corrupt]
     assert np.array_equal(dst[0], src[0]) and s.stats()["bad_checksum"] == 1
-    # A destination of the wrong size is that key's verdict too.
-    assert s.get(keys[:1], [bytearray(VB - 1)], 2.0) == [kvtier.Status.corrupt]
+
+
+@pytest.mark.parametrize("value_format", [1, 2])
+def test_a_destination_of_another_size_is_invalid_argument(redis_server, value_format):
+    # The stored values are VB bytes; a destination of another size is the caller's error, named
+    # with both sizes (not a corrupt status, which would point at the server). Both formats: the
+    # stored payload length comes from the value's length less its header (format 2: a table).
+    s = kvtier.RemoteStore(redis_server.url, NS, value_format=value_format,
+                           group_bytes=16 << 10 if value_format == 2 else 0)
+    keys, src = keys_of(3), payload(3)
+    assert s.put(keys, src, 2.0) == [S] * 3
+    with pytest.raises(kvtier.InvalidArgument,
+                       match=f"RemoteStore.get: key 2's stored value is {VB} bytes, the destination gives {VB // 2}") as e:
+        s.get(keys, [bytearray(VB), bytearray(VB), bytearray(VB // 2)], 2.0)
+    assert e.value.status == [H, H, kvtier.Status.corrupt]
+    with pytest.raises(kvtier.InvalidArgument, match=f"key 0's stored value is {VB} bytes, the destination "
+                                                     f"gives {2 * VB} \\(2 more keys like it\\)"):
+        s.get(keys, np.zeros((3, 2 * VB), dtype=np.uint8), 2.0)
+    assert s.stats()["wrong_length"] == 4
+    # A value damaged on the server (same length, a payload bit flipped) is still corrupt, not this.
+    value = bytearray(redis_server.call("GET", NS.remote_key(keys[1])))
+    value[-1] ^= 0xFF
+    redis_server.call("SET", NS.remote_key(keys[1]), bytes(value))
+    dst = np.zeros_like(src)
+    assert s.get(keys, dst, 2.0) == [H, kvtier.Status.corrupt, H]
+    s.close()
 
 
 def test_the_gil_is_released_during_a_slow_get(redis_server):
@@ -250,6 +274,9 @@ def test_cluster_round_trip(redis_cluster, placement):
     dst = torch.zeros(12, VB, dtype=torch.uint8)
     assert c.get(keys, dst, 10.0) == [H] * 12 and np.array_equal(dst.numpy(), src)
     assert c.exists(keys + keys_of(1, salt=5), 10.0) == [H] * 12 + [M]
+    with pytest.raises(kvtier.InvalidArgument, match=f"ClusterStore.get: key 0's stored value is {VB} bytes, "
+                                                     f"the destination gives {VB - 8} \\(11 more keys"):
+        c.get(keys, torch.zeros(12, VB - 8, dtype=torch.uint8), 10.0)  # another size: named, as RemoteStore
     c.close()
 
 

@@ -145,7 +145,7 @@ TEST_CASE("connector stream_groups: layers below a group the stores hold back la
     LOCKED_REQUIRE_FALSE(agreed);
     for (std::uint32_t l = 0; l < late; ++l) {
       const auto got =
-          conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10)));  // may wait for a peer
+          conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10))).ec;  // may wait for a peer
       LOCKED_CHECK_FALSE(got);
       LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T, l + 1) == 0);  // layers up to l are right already
     }
@@ -157,7 +157,7 @@ TEST_CASE("connector stream_groups: layers below a group the stores hold back la
     LOCKED_CHECK(conn.load_result(2)->complete());
     for (std::uint32_t l = 0; l < rig_layers; ++l) {
       const auto got =
-          conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10)));  // may wait for a peer
+          conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10))).ec;  // may wait for a peer
       LOCKED_CHECK_FALSE(got);
     }
     LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);
@@ -195,17 +195,17 @@ TEST_CASE("connector stream_groups: wait_for_layer agrees the groups itself, wit
     host_kv_cache::sequence seq;
     start_second_load(conn, cache, seq, prompt);
     for (std::uint32_t l = 0; l < late; ++l) {
-      const auto got = conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10)));  // a collective
+      const auto got = conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10))).ec;  // a collective
       LOCKED_CHECK_FALSE(got);
       LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T, l + 1) == 0);  // layers up to l of all 6 chunks
     }
     LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T, late + 1) > 0);
-    const auto held = conn.wait_for_layer(late, deadline_after(std::chrono::milliseconds(400)));
+    const auto held = conn.wait_for_layer(late, deadline_after(std::chrono::milliseconds(400))).ec;
     LOCKED_CHECK(held == errc::timeout);  // on every rank: the agreed word said so
     LOCKED_CHECK_FALSE(conn.load_result(2).has_value());
     store.hold.release();
     for (std::uint32_t l = 0; l < rig_layers; ++l) {
-      const auto got = conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10)));
+      const auto got = conn.wait_for_layer(l, deadline_after(std::chrono::seconds(10))).ec;
       LOCKED_CHECK_FALSE(got);
     }
     LOCKED_CHECK(wrong_bytes(cache, seq, 0, 6 * T) == 0);  // before the outcome: every layer is in

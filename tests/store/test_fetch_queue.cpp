@@ -346,9 +346,48 @@ TEST_CASE("fetch_queue: a throwing store still completes the request once", "[un
   auto h = q.lookup(1, keys_of(0, 2), chunk_layout::contiguous(0, 2, T), deadline_after(far));
   auto r = q.wait(h, deadline_after(limit)).value();
   q.on_complete(h, [&](const fetch_result&) { ++calls; });
-  REQUIRE(r.state == fetch_state::failed);
-  REQUIRE(r.ec == errc::backend_error);
+  // The store's exception is no cancel: every key error, the code and the words say it threw.
+  REQUIRE(r.state == fetch_state::done);
+  REQUIRE(r.ec == errc::store_threw);
+  REQUIRE(r.status == std::vector<chunk_status>(2, chunk_status::error));
+  REQUIRE(r.message == "the store threw: throwing_store");
+  REQUIRE(r.answer_tokens == 0);
   REQUIRE(calls == 1);
+}
+
+TEST_CASE("fetch_queue: a store that throws mid-load keeps what earlier calls landed", "[unit]") {
+  memory_store mem(1 << 20);
+  fill(mem, {0, 1, 2});
+  struct second_get_throws {  // the second get throws std::bad_alloc (a store out of memory)
+    memory_store& inner;
+    std::atomic<int> gets{0};
+    std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> s, deadline dl) {
+      return inner.exists(k, s, dl);
+    }
+    std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                        std::span<chunk_status> s, deadline dl) {
+      if (gets++ == 1) throw std::bad_alloc();
+      return inner.get(k, d, s, dl);
+    }
+    std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> d,
+                        std::span<chunk_status> s, deadline dl) {
+      return inner.put(k, d, s, dl);
+    }
+  } s{mem};
+  fetch_queue q(s, {.workers = 1, .max_batch_chunks = 1});
+  buffers out(3);
+  const auto h =
+      q.submit(1, keys_of(0, 3), out.spans, chunk_layout::contiguous(0, 3, T), deadline_after(far));
+  const auto r = q.wait(h, deadline_after(limit));
+  REQUIRE(r.has_value());
+  REQUIRE(r->state == fetch_state::done);
+  REQUIRE(r->ec == errc::store_threw);
+  REQUIRE(r->status ==
+          std::vector<chunk_status>{chunk_status::hit, chunk_status::error, chunk_status::error});
+  REQUIRE(r->answer_tokens == T);  // the first chunk landed before the throw, and stays landed
+  REQUIRE(r->message == "the store threw: std::bad_alloc");
+  REQUIRE(q.progress(h).answer_tokens == T);
+  REQUIRE(q.stats().requests_in_flight == 0);
 }
 
 TEST_CASE("fetch_queue: bad arguments are refused with a status", "[unit]") {
@@ -760,6 +799,7 @@ TEST_CASE("fetch_queue: bad_alloc in a worker fails the request, not the process
   REQUIRE(r.has_value());
   REQUIRE(r->state == fetch_state::failed);
   REQUIRE(r->ec == errc::backend_error);
+  REQUIRE(r->status == std::vector<chunk_status>{chunk_status::error});  // a failure, not a cancel
   REQUIRE(q.stats().requests_in_flight == 0);
   const auto r2 =
       q.wait(q.submit(2, keys_of(0, 1), out.spans, chunk_layout::contiguous(0, 1, T), deadline_after(far)),

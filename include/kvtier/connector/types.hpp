@@ -94,6 +94,41 @@ struct load_outcome {
   bool complete() const noexcept { return loaded_end_token == requested_end_token; }
 };
 
+/// What wait_for_layer(l) found for one load: layer l of tokens [first_token, ready_end_token)
+/// is in this rank's pages, verified. The engine computes layer l of the rest of the load's
+/// range itself (or recomputes those tokens later, from the outcome's end).
+struct layer_ready {
+  request_id id = 0;
+  std::uint64_t first_token = 0;          ///< the load's first token
+  std::uint64_t ready_end_token = 0;      ///< layer l holds [first_token, this) in the pages
+  std::uint64_t requested_end_token = 0;  ///< the load's end
+  bool complete() const noexcept { return ready_end_token == requested_end_token; }
+};
+
+/// connector::wait_for_layer's answer. With `ec` empty, every rank got the same answer (the
+/// ready ends are agreed) and each listed load's pages hold what its entry says. With an error
+/// (a deadline, a failed agreement, a failed move) the entries still say only what is in this
+/// rank's pages, but they are this rank's own: a peer may have more; the loads' agreed
+/// outcomes (load_result) account for the failure on every rank.
+///
+///   auto w = conn.wait_for_layer(l, dl);
+///   for (const kvtier::layer_ready& x : w.loads)
+///     if (!x.complete()) compute_layer_tokens(l, x.id, x.ready_end_token, x.requested_end_token);
+struct layer_wait {
+  std::error_code ec;
+  std::vector<layer_ready> loads;  ///< every load started and not yet finished, in begin_lookup order
+  /// The entry of request `id`, or nullptr when it has no load listed.
+  const layer_ready* find(request_id id) const noexcept {
+    for (const layer_ready& x : loads)
+      if (x.id == id) return &x;
+    return nullptr;
+  }
+  /// ec is empty and every listed load holds layer l of its whole range.
+  bool complete() const noexcept {
+    return !ec && std::all_of(loads.begin(), loads.end(), [](const layer_ready& x) { return x.complete(); });
+  }
+};
+
 struct finish_result {
   bool free_pages_now = true;  ///< false: saves still read the pages; wait for finished()
 };

@@ -63,6 +63,8 @@ inline std::pair<std::error_code, std::string> key_failure(chunk_status s, std::
 
 /// A store call's failure as request r's reason: its first key at index k of `chunks` (the
 /// prompt chunk of each key) whose status fails `ok`, else the call's error; none when neither.
+/// The queue's own words for the call's error, when it has some (a store that threw: "the
+/// store threw: <what()>"), replace the error code's.
 template <class Store, class Ok>
 std::optional<request_error> store_call_failure(const connector_request& r, request_error::stage what,
                                                 rank_t rank, const fetch_result& res,
@@ -70,11 +72,13 @@ std::optional<request_error> store_call_failure(const connector_request& r, requ
   if (chunks.empty()) return std::nullopt;
   for (std::size_t k = 0; k < res.status.size() && k < chunks.size(); ++k) {
     if (ok(res.status[k])) continue;
-    const auto [ec, why] = key_failure(res.status[k], res.ec);
+    auto [ec, why] = key_failure(res.status[k], res.ec);
+    if (ec == res.ec && !res.message.empty()) why = res.message;
     return describe_error(r.id, what, rank, chunks[k], ec, why, store_words(store));
   }
   if (!res.ec) return std::nullopt;
-  return describe_error(r.id, what, rank, chunks.front(), res.ec, res.ec.message(), store_words(store));
+  return describe_error(r.id, what, rank, chunks.front(), res.ec,
+                        res.message.empty() ? res.ec.message() : res.message, store_words(store));
 }
 
 /// This rank's reason for lookup r answering short: `res` is its result, or nullptr when the
@@ -93,12 +97,13 @@ std::optional<request_error> lookup_failure(const connector_request& r, const fe
 }
 
 /// This rank's reason for its fetch of load r ending short: `res` is its result, or nullptr
-/// when the load deadline passed first (`p`: its progress then). A fetch the engine cancelled
-/// (cancel_load) is no failure.
+/// when the load deadline passed first (`p`: its progress then). A load the engine cancelled
+/// (cancel_load: r.cancelled_by_engine) has no failure; any other fetch that ended short has
+/// one, whatever its statuses say (a store that threw completes error, never cancelled).
 template <class Store>
 std::optional<request_error> fetch_failure(const connector_request& r, const fetch_result* res,
                                            const fetch_progress& p, rank_t rank, Store& store) {
-  if (r.fetch_chunks.empty()) return std::nullopt;
+  if (r.fetch_chunks.empty() || r.cancelled_by_engine) return std::nullopt;
   if (!res) {
     std::size_t k = 0;  // the first key not landed
     while (k + 1 < r.fetch_chunks.size() && k < p.landed_keys.size() && p.landed_keys[k]) ++k;
@@ -107,21 +112,15 @@ std::optional<request_error> fetch_failure(const connector_request& r, const fet
                           make_error_code(errc::timeout),
                           "not fetched by the load deadline (" + std::to_string(ms) + " ms)");
   }
-  if (res->ec == errc::cancelled) return std::nullopt;
-  for (chunk_status s : res->status)
-    if (s == chunk_status::cancelled) return std::nullopt;
   return store_call_failure(
       r, request_error::stage::load, rank, *res, r.fetch_chunks,
       [](chunk_status s) { return s == chunk_status::hit; }, store);
 }
 
-/// A failed step agreement as request r's reason, with the communicator's words.
-template <class Comm>
-request_error agreement_failure(const connector_request& r, request_error::stage what, rank_t rank,
-                                std::size_t chunk, std::error_code ec, const Comm& comm) {
-  std::string why = "agreement failed: " + ec.message();
-  if (const std::string words(comm.last_error()); !words.empty() && words != ec.message())
-    why += " (" + words + ")";
+/// A failed step agreement as request r's reason: `why` is connector::last_step_error()'s
+/// words (the communicator's error, or which of the ranks' inputs differed).
+inline request_error agreement_failure(const connector_request& r, request_error::stage what, rank_t rank,
+                                       std::size_t chunk, std::error_code ec, std::string_view why) {
   return describe_error(r.id, what, rank, chunk, ec, why);
 }
 

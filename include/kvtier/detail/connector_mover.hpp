@@ -13,6 +13,12 @@
 // may still write a receive buffer after a call to it failed, e.g. MPI with
 // mpi_options::stage = false), the staging blocks of a failed batch are never reused or freed:
 // the communicator can then move bytes without staging copies of its own.
+//
+// Exceptions. Nothing a move throws (the data communicator, an allocation, a scatter's) leaves
+// the mover's threads, where it would end the process, nor step() when the moves run there: a
+// batch that throws fails like a batch whose communicator returned an error (its loads' moves
+// failed, their outcome agreed at the next step), with the exception's words as the reason
+// ("move of layer group 1: threw: <what()>"), and a scatter that throws fails its load's move.
 #pragma once
 
 #include <algorithm>
@@ -76,11 +82,16 @@ class connector_mover {
         keep_failed_(keep_failed),
         quarantined_(quarantined) {
     if (!threaded) return;
-    scatterer_.start([this](landed_group& job) {
-      for (const move_item& m : *job.batch)
-        if (m.moves(job.g)) scatter_group(*m.r, m.begin, m.end, job.g);
-    });
-    worker_.start([this](std::vector<move_item>& batch) { run(batch); });
+    scatterer_.start(
+        [this](landed_group& job) {
+          for (const move_item& m : *job.batch)
+            if (m.moves(job.g)) scatter_group(*m.r, m.begin, m.end, job.g);
+        },
+        [this](landed_group& job) {
+          if (job.batch) fail_bare(*job.batch);
+        });
+    worker_.start([this](std::vector<move_item>& batch) { run(batch); },
+                  [this](std::vector<move_item>& batch) { fail_bare(batch); });
   }
 
   /// Moves what a step agreed (every rank submits the same batches in the same order).
@@ -98,12 +109,38 @@ class connector_mover {
   }
 
  private:
+  // The job boundary: a batch that throws fails (see "Exceptions" at the top of this file).
   void run(const std::vector<move_item>& items) {
+    std::uint32_t g = 0;  // the layer group being moved
+    try {
+      run_groups(items, g);
+    } catch (...) {
+      const exception_words w = current_exception_words();
+      if (keep_failed_) {  // the communicator may still write the blocks of the call that threw
+        try {
+          keep_failed_blocks(items);
+        } catch (...) {  // out of memory: the blocks stay with their loads (and may be reused)
+        }
+      }
+      std::string why;
+      try {
+        why = "move of layer group " + std::to_string(g) + ": threw: " + w.what;
+      } catch (...) {
+      }
+      fail_batch(items,
+                 w.out_of_memory ? std::make_error_code(std::errc::not_enough_memory)
+                                 : make_error_code(errc::backend_error),
+                 why);
+    }
+  }
+
+  // Moves the batch group by group (`g`: the group being moved, for a reason if it throws).
+  void run_groups(const std::vector<move_item>& items, std::uint32_t& g) {
     const auto batch = std::make_shared<const std::vector<move_item>>(items);
     const auto me = static_cast<rank_t>(data_.rank());
     deadline dl = deadline::min();
     for (const move_item& m : *batch) dl = std::max(dl, m.r->load_dl);
-    for (std::uint32_t g = 0; g < geo_.groups; ++g) {
+    for (g = 0; g < geo_.groups; ++g) {
       // A group no item moves issues nothing (the batch is agreed: the same on every rank).
       if (std::none_of(batch->begin(), batch->end(), [g](const move_item& m) { return m.moves(g); }))
         continue;
@@ -122,14 +159,7 @@ class connector_mover {
         std::string why = "move of layer group " + std::to_string(g) + ": " + ec.message();
         if (const std::string words(data_.last_error()); !words.empty() && words != ec.message())
           why += " (" + words + ")";
-        std::lock_guard lock(shared_.mu);
-        for (const move_item& m : *batch) {
-          m.r->move_failed = true;
-          note_error_locked(*m.r, describe_error(m.r->id, request_error::stage::load, me,
-                                                 m.r->first_chunk + m.begin, ec, why));
-        }
-        shared_.landed.notify_all();
-        return;
+        return fail_batch(*batch, ec, why);
       }
       if (threaded_)
         scatterer_.submit({batch, g});
@@ -138,6 +168,27 @@ class connector_mover {
           if (m.moves(g)) scatter_group(*m.r, m.begin, m.end, g);
     }
   }
+
+  // Every load of a failed batch: its move failed, `why` (if any) its reason. Never throws (a
+  // reason that cannot be allocated is dropped; the failure stands).
+  void fail_batch(const std::vector<move_item>& batch, std::error_code ec, const std::string& why) noexcept {
+    const auto me = static_cast<rank_t>(data_.rank());
+    std::lock_guard lock(shared_.mu);
+    for (const move_item& m : batch) {
+      m.r->move_failed = true;
+      if (why.empty()) continue;
+      try {
+        note_error_locked(*m.r, describe_error(m.r->id, request_error::stage::load, me,
+                                               m.r->first_chunk + m.begin, ec, why));
+      } catch (...) {
+      }
+    }
+    shared_.landed.notify_all();
+  }
+
+  // serial_worker's last resort (run() and scatter_group() let nothing escape): the batch's
+  // loads fail, so none waits for moves that will not come.
+  void fail_bare(const std::vector<move_item>& batch) noexcept { fail_batch(batch, {}, {}); }
 
   // The failed batch's blocks (each once), out of the pool for good.
   void keep_failed_blocks(const std::vector<move_item>& batch) {
@@ -149,24 +200,37 @@ class connector_mover {
     keep_forever(std::move(blocks));
   }
 
-  void scatter_group(connector_request& r, std::size_t begin, std::size_t end, std::uint32_t g) {
+  // Scatters chunks [begin, end) of layer group g into the pages. Never throws: a scatter that
+  // throws (kv_scatter allocates) fails the load's move like one that returned an error.
+  void scatter_group(connector_request& r, std::size_t begin, std::size_t end, std::uint32_t g) noexcept {
     for (std::size_t i = begin; i < end; ++i) {
       std::error_code ec;
-      {
+      exception_words thrown;
+      bool threw = false;
+      try {
         std::lock_guard gate(r.scatter_mu);
         if (r.abandoned) return;
         ec = kv_scatter(geo_.cache, geo_.chunk_slots(r.slots, r.first_chunk + i), geo_.staged_group(r, i, g),
                         geo_.group_layers(g));
+      } catch (...) {
+        thrown = current_exception_words();
+        threw = true;
+        ec = thrown.out_of_memory ? std::make_error_code(std::errc::not_enough_memory)
+                                  : make_error_code(errc::backend_error);
       }
       std::lock_guard lock(shared_.mu);
       if (!ec) {
         r.group_landed[g] = i + 1;
       } else {
         r.move_failed = true;
-        note_error_locked(
-            r, describe_error(
-                   r.id, request_error::stage::load, static_cast<rank_t>(data_.rank()), r.first_chunk + i, ec,
-                   "scatter of layer group " + std::to_string(g) + " into the pages: " + ec.message()));
+        try {
+          note_error_locked(
+              r, describe_error(r.id, request_error::stage::load, static_cast<rank_t>(data_.rank()),
+                                r.first_chunk + i, ec,
+                                "scatter of layer group " + std::to_string(g) +
+                                    " into the pages: " + (threw ? "threw: " + thrown.what : ec.message())));
+        } catch (...) {  // out of memory: the failure stands without its reason
+        }
       }
       shared_.landed.notify_all();
       if (ec) return;

@@ -5,6 +5,13 @@
 // The saver calls the store itself rather than fetch_queue::put: a put on the queue would hold
 // one of the fetch workers for up to the save deadline (2 s by default), so a slow save could
 // delay a load's fetch past its own deadline and cut it short. Saves never delay loads here.
+//
+// Exceptions. Nothing a save throws (the buffer's allocation, a gather, the store's put) leaves
+// the saver thread, where it would end the process: the job that ends the save (a whole save;
+// the last group or the abandon of a save by layer) ends it failed, counted in save_failures,
+// its pending count down exactly once, with the exception as its reason ("save of chunk 3: the
+// store threw: <what()>", or "out of memory ..."); a group of a save by layer that throws makes
+// that save's last job end it failed, nothing put.
 #pragma once
 
 #include <algorithm>
@@ -38,10 +45,11 @@ namespace kvtier::detail {
 struct layer_save {
   std::vector<std::size_t> chunks;  // prompt indexes
   std::vector<std::int64_t> slots;
-  std::vector<std::byte> values;       // chunks.size() values, filled group by group (saver thread)
-  std::vector<bool> failed;            // per chunk: a gather failed (saver thread)
-  std::optional<request_error> why;    // its first failure (saver thread)
-  std::uint32_t gathered = 0;          // groups gathered (saver thread)
+  std::vector<std::byte> values;           // chunks.size() values, filled group by group (saver thread)
+  std::vector<bool> failed;                // per chunk: a gather failed (saver thread)
+  std::optional<request_error> why;        // its first failure (saver thread)
+  std::uint32_t gathered = 0;              // groups gathered (saver thread)
+  bool broken = false;                     // a group's job threw: the last one puts nothing (saver thread)
   std::vector<std::uint32_t> layers_left;  // per group: layers not yet reported (engine thread)
   std::vector<bool> layer_seen;            // per layer: reported (engine thread)
   std::uint32_t groups_submitted = 0;      // (engine thread)
@@ -58,6 +66,9 @@ struct save_job {
   std::shared_ptr<layer_save> by_layer;
   std::uint32_t group = 0;
   bool abandon = false;
+  bool ends = true;    // this job ends its save (false: a group of a save by layer before its last)
+  bool ended = false;  // end_save ran for it (saver thread)
+  std::optional<request_error> why;  // a whole save's first failure (saver thread)
   clock::time_point submitted = clock::now();
 };
 
@@ -72,24 +83,37 @@ class connector_saver {
         counters_(counters),
         save_timeout_(save_timeout),
         rank_(rank) {
-    worker_.start([this](save_job& job) { run(job); });
+    worker_.start([this](save_job& job) { run(job); }, [this](save_job& job) { escaped(job); });
   }
 
   /// Queues a save; the request counts it pending (under shared.mu) until it ended. A save by
   /// layer counts once, from open() until its last group's job or its abandon job ended.
+  /// If queueing it throws (out of memory), the count is taken back and the exception goes on.
   void submit(save_job job) {
-    if (!job.by_layer) {
+    const connector_request_ptr r = job.r;
+    const bool counted = !job.by_layer;
+    if (counted) {
       std::lock_guard lock(shared_.mu);
-      ++job.r->saves_pending;
+      ++r->saves_pending;
     }
-    worker_.submit(std::move(job));
+    try {
+      worker_.submit(std::move(job));
+    } catch (...) {
+      if (counted) {
+        std::lock_guard lock(shared_.mu);
+        --r->saves_pending;
+        shared_.saved.notify_all();
+      }
+      throw;
+    }
   }
 
   /// connector::begin_save of `job` (its chunks and slots): opens r's save by layer; pending
   /// once if it has chunks. errc::invalid_argument while one is still being reported.
   std::error_code begin_by_layer(save_job job) {
     const connector_request_ptr& r = job.r;
-    if (r->by_layer && r->by_layer->groups_submitted < geo_.groups) return make_error_code(errc::invalid_argument);
+    if (r->by_layer && r->by_layer->groups_submitted < geo_.groups)
+      return make_error_code(errc::invalid_argument);
     auto ls = std::make_shared<layer_save>();
     ls->chunks = std::move(job.chunks);
     ls->slots = std::move(job.slots);
@@ -115,7 +139,15 @@ class connector_saver {
     const std::uint32_t g = layer / geo_.per_group;
     if (--ls.layers_left[g] > 0) return {};
     ++ls.groups_submitted;
-    if (!ls.chunks.empty()) submit({.r = r, .by_layer = r->by_layer, .group = g});
+    if (ls.chunks.empty()) return {};
+    try {  // the last group's job ends the save: one that could not be queued is not reported
+      submit({.r = r, .by_layer = r->by_layer, .group = g, .ends = ls.groups_submitted == geo_.groups});
+    } catch (...) {
+      --ls.groups_submitted;
+      ++ls.layers_left[g];
+      ls.layer_seen[layer] = false;
+      throw;
+    }
     return {};
   }
 
@@ -180,18 +212,59 @@ class connector_saver {
   }
 
  private:
+  // What ends a save: the keys stored (their event), and whether it failed.
+  struct save_end {
+    std::vector<chunk_key> stored;
+    bool failed = false;
+  };
+
+  // The job boundary on the saver thread: see "Exceptions" at the top of this file.
   void run(save_job& job) {
-    if (job.by_layer) return run_layer(job);
+    bool in_store = false;  // the store's put is running: what throws now, the store threw
+    save_end end;
+    try {
+      if (!job.by_layer) {
+        run_whole(job, end, in_store);
+      } else if (!run_layer(job, end, in_store)) {
+        return;  // a group before the last of a save by layer: nothing ends yet
+      }
+    } catch (...) {
+      const exception_words w = current_exception_words();
+      if (job.by_layer) job.by_layer->broken = true;
+      if (std::optional<request_error>& why = reason_of(job); !why) why = thrown_reason(job, w, in_store);
+      if (!job.ends) return;  // a group before the last of a save by layer: the last one ends it
+      end.stored.clear();     // nothing is known stored, and no event says so
+      end.failed = true;
+    }
+    end_save(job, std::move(end));
+  }
+
+  // serial_worker's last resort, for what run() did not foresee (it lets nothing escape): a job
+  // that ends its save and has not yet ends it failed, so no pending count is lost.
+  void escaped(save_job& job) noexcept {
+    if (job.by_layer) job.by_layer->broken = true;
+    if (!job.ends || job.ended) return;
+    save_end end;
+    end.failed = true;
+    end_save(job, std::move(end));
+  }
+
+  // A save's first failure: a save by layer's, or a whole save's (in the job).
+  static std::optional<request_error>& reason_of(save_job& job) noexcept {
+    return job.by_layer ? job.by_layer->why : job.why;
+  }
+
+  void run_whole(save_job& job, save_end& end, bool& in_store) {
     std::vector<std::byte> values(job.chunks.size() * geo_.chunk_bytes);
     std::vector<bool> failed(job.chunks.size(), false);
-    std::optional<request_error> why;  // the first failure of this save, in words
     for (std::size_t k = 0; k < job.chunks.size(); ++k)
-      gather(job, job.chunks[k], job.slots, values, k, {}, failed, why);
-    put(job, job.chunks, values, failed, std::move(why));
+      gather(job, job.chunks[k], job.slots, values, k, {}, failed, job.why);
+    put(job, job.chunks, values, failed, job.why, end, in_store);
   }
 
   // One layer group of a save by layer; the last one puts (an abandon job: the save fails).
-  void run_layer(save_job& job) {
+  // True when this job ends the save (`end` says how).
+  bool run_layer(save_job& job, save_end& end, bool& in_store) {
     layer_save& ls = *job.by_layer;
     if (job.abandon) {
       if (!ls.why)
@@ -199,31 +272,44 @@ class connector_saver {
                          "finished before layer group " + std::to_string(ls.gathered) + " of " +
                              std::to_string(geo_.groups) + " was reported saved (save_layer): nothing stored",
                          false);
-      counters_.save_failures.add();
-      return end_save(job, {}, false, std::move(ls.why));
+      end.failed = true;
+      return true;
     }
-    if (ls.values.empty()) ls.values.resize(ls.chunks.size() * geo_.chunk_bytes), ls.failed.assign(ls.chunks.size(), false);
-    for (std::size_t k = 0; k < ls.chunks.size(); ++k)
-      if (!ls.failed[k]) gather(job, ls.chunks[k], ls.slots, ls.values, k, geo_.group_layers(job.group), ls.failed, ls.why);
-    if (++ls.gathered == geo_.groups) put(job, ls.chunks, ls.values, ls.failed, std::move(ls.why));
+    ++ls.gathered;
+    if (!ls.broken) {
+      if (ls.values.empty())
+        ls.values.resize(ls.chunks.size() * geo_.chunk_bytes), ls.failed.assign(ls.chunks.size(), false);
+      for (std::size_t k = 0; k < ls.chunks.size(); ++k)
+        if (!ls.failed[k])
+          gather(job, ls.chunks[k], ls.slots, ls.values, k, geo_.group_layers(job.group), ls.failed, ls.why);
+    }
+    if (!job.ends) return false;
+    if (ls.broken) {  // an earlier group's job threw: nothing is put (ls.why says why)
+      end.failed = true;
+      return true;
+    }
+    put(job, ls.chunks, ls.values, ls.failed, ls.why, end, in_store);
+    return true;
   }
 
   // Gathers layers `layers` of prompt chunk c into value k of `values`; a failure marks it.
-  void gather(const save_job& job, std::size_t c, std::span<const std::int64_t> slots, std::span<std::byte> values,
-              std::size_t k, layer_range layers, std::vector<bool>& failed, std::optional<request_error>& why) {
+  void gather(const save_job& job, std::size_t c, std::span<const std::int64_t> slots,
+              std::span<std::byte> values, std::size_t k, layer_range layers, std::vector<bool>& failed,
+              std::optional<request_error>& why) {
     const std::span<std::byte> v = values.subspan(k * geo_.chunk_bytes, geo_.chunk_bytes);
-    const std::span<std::byte> part = layers.last == UINT32_MAX
-                                          ? v
-                                          : chunk_layers(geo_.cache.layout, geo_.chunk_tokens, v, layers);
+    const std::span<std::byte> part =
+        layers.last == UINT32_MAX ? v : chunk_layers(geo_.cache.layout, geo_.chunk_tokens, v, layers);
     if (const std::error_code ec = kv_gather(geo_.cache, geo_.chunk_slots(slots, c), part, layers)) {
       failed[k] = true;
       if (!why) why = explain(job, c, ec, "gather from the pages: " + ec.message(), false);
     }
   }
 
-  // Puts the gathered chunks (those not failed) with the save deadline, and ends the save.
+  // Puts the gathered chunks (those not failed) with the save deadline: `end` gets the keys
+  // stored and whether the save failed, `why` its first failure.
   void put(const save_job& job, std::span<const std::size_t> chunks, std::span<const std::byte> values,
-           const std::vector<bool>& failed, std::optional<request_error> why) {
+           const std::vector<bool>& failed, std::optional<request_error>& why, save_end& end,
+           bool& in_store) {
     std::vector<chunk_key> keys;
     std::vector<std::size_t> chunk_of;  // the prompt chunk of each key
     std::vector<std::span<const std::byte>> src;
@@ -234,31 +320,63 @@ class connector_saver {
       src.push_back(values.subspan(k * geo_.chunk_bytes, geo_.chunk_bytes));
     }
     std::vector<chunk_status> st(keys.size(), chunk_status::error);
+    in_store = true;
     const std::error_code ec = store_.put(keys, src, st, deadline_after(save_timeout_));
-    std::vector<chunk_key> stored;
+    in_store = false;
     for (std::size_t k = 0; k < keys.size(); ++k) {
       if (st[k] == chunk_status::stored) {
-        stored.push_back(keys[k]);
+        end.stored.push_back(keys[k]);
       } else if (!why) {
         const auto [kec, text] = key_failure(st[k], ec, /*put=*/true);
         why = explain(job, chunk_of[k], kec, text, true);
       }
     }
-    counters_.chunks_saved.add(stored.size());
-    const bool bad = ec || stored.size() != chunks.size();
-    if (bad && !why) why = explain(job, chunks.front(), ec, ec.message(), true);
-    if (bad) counters_.save_failures.add();
-    end_save(job, std::move(stored), bad, std::move(why));
+    counters_.chunks_saved.add(end.stored.size());
+    end.failed = ec || end.stored.size() != chunks.size();
+    if (end.failed && !why) why = explain(job, chunks.front(), ec, ec.message(), true);
   }
 
-  // A save ended: its stored keys (an event), its failure, one pending save less.
-  void end_save(const save_job& job, std::vector<chunk_key> stored, bool failed, std::optional<request_error> why) {
+  // Why a save ended by an exception, naming its first chunk: the store's put threw
+  // (errc::store_threw, its words), or the save itself (its buffer: out of memory); empty when
+  // not even the words can be allocated.
+  std::optional<request_error> thrown_reason(const save_job& job, const exception_words& w,
+                                             bool in_store) noexcept {
+    try {
+      const std::vector<std::size_t>& chunks = job.by_layer ? job.by_layer->chunks : job.chunks;
+      const std::size_t c = chunks.empty() ? 0 : chunks.front();
+      if (in_store)
+        return explain(job, c, make_error_code(errc::store_threw), "the store threw: " + w.what, true);
+      if (w.out_of_memory)
+        return explain(job, c, std::make_error_code(std::errc::not_enough_memory),
+                       "out of memory preparing the save (" + w.what + ")", false);
+      return explain(job, c, make_error_code(errc::backend_error), "the save threw: " + w.what, false);
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+
+  // A save ended: its stored keys (an event), its failure (counted) and reason, one pending save
+  // less. Exactly once per save; never throws (what cannot be allocated is dropped: an event,
+  // the reason), so the count always goes down.
+  void end_save(save_job& job, save_end end) noexcept {
+    if (end.failed) counters_.save_failures.add();
+    std::optional<request_error>& why = reason_of(job);
     std::lock_guard lock(shared_.mu);
-    for (const chunk_key& k : stored) shared_.remember_stored_locked(k);
-    if (!stored.empty()) shared_.events.push_back({kv_event::kind::stored, rank_, std::move(stored)});
-    job.r->save_failed = job.r->save_failed || failed || job.abandon;
-    if (why) note_error_locked(*job.r, std::move(*why));
+    try {
+      for (const chunk_key& k : end.stored) shared_.remember_stored_locked(k);
+      if (!end.stored.empty())
+        shared_.events.push_back({kv_event::kind::stored, rank_, std::move(end.stored)});
+    } catch (...) {  // out of memory: the keys are stored, only the event is lost
+    }
+    job.r->save_failed = job.r->save_failed || end.failed;
+    if (why) {
+      try {
+        note_error_locked(*job.r, std::move(*why));
+      } catch (...) {  // out of memory: the failure stays counted, without its reason
+      }
+    }
     counters_.save_latency.observe(clock::now() - (job.by_layer ? job.by_layer->begun : job.submitted));
+    job.ended = true;
     --job.r->saves_pending;
     shared_.saved.notify_all();
   }

@@ -30,9 +30,16 @@ struct load_conclusion {
 /// agreed reach, appends the newly agreed chunks to `batch` (streamed: per layer group, units
 /// u = g * n + i), sets the target, and returns the outcome once it is agreed.
 inline std::optional<load_conclusion> settle_load_entry(const connector_request_ptr& r, bool failed,
-                                                        const load_words& agreed, bool streamed,
+                                                        load_words agreed, bool streamed,
                                                         connector_shared& shared, std::vector<move_item>& batch) {
-  if (!failed) r->agreed_reach = std::min(r->agreed_reach, agreed.reachable);
+  // A reach once agreed is final: a late hit (a store call that returns after the load's
+  // deadline with more than its rank reported) never extends it, so nothing already reported
+  // as the end of what the pages will hold (a layer wait's answer) is contradicted later.
+  if (!failed) {
+    r->agreed_reach = std::min(r->agreed_reach, agreed.reachable);
+    agreed.reachable = r->agreed_reach;
+    if (!streamed) agreed.fetched = std::min(agreed.fetched, r->agreed_reach);
+  }
   std::optional<std::size_t> loaded;
   bool sample = false;
   if (streamed) {
@@ -64,6 +71,16 @@ inline std::optional<load_conclusion> settle_load_entry(const connector_request_
 inline bool group_agreed(const connector_request& r, std::uint32_t g, bool streamed) noexcept {
   const std::size_t moved = streamed ? r.enqueued_group[g] : r.enqueued;
   return r.done || moved >= std::min(r.n, r.agreed_reach);
+}
+
+/// The chunks of load r whose layer group g every rank agreed to move and may still hold: those
+/// handed to the mover, below the agreed reach and the target (a limit_load or a cut can lower
+/// them after the move was agreed); the outcome's chunks once it is agreed. Agreed values only.
+/// Under shared.mu (enqueued_group).
+inline std::size_t group_agreed_chunks(const connector_request& r, std::uint32_t g, bool streamed) noexcept {
+  if (r.done) return r.loaded_chunks;
+  const std::size_t moved = streamed ? r.enqueued_group[g] : r.enqueued;
+  return std::min({moved, r.n, r.agreed_reach, r.target});
 }
 
 }  // namespace kvtier::detail

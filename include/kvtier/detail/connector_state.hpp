@@ -24,6 +24,7 @@
 #include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/detail/cv_wait.hpp"
+#include "kvtier/errc.hpp"
 #include "kvtier/fetch_types.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/kv_layout.hpp"
@@ -64,12 +65,14 @@ struct connector_request {
   deadline load_dl{};
   clock::time_point load_started{};
   std::size_t cap = std::numeric_limits<std::size_t>::max();  // limit_load: this rank's most
-  std::size_t enqueued = 0;                                   // chunks agreed fetched and given to the mover
+  bool cancelled_by_engine = false;         // cancel_load: its fetch ending short is no failure
+  std::size_t enqueued = 0;                 // chunks agreed fetched and given to the mover
   std::vector<std::size_t> enqueued_group;  // per layer group: chunks given to the mover (mover mutex)
-  std::size_t target = std::numeric_limits<std::size_t>::max();  // final agreed fetched prefix
+  std::size_t target = std::numeric_limits<std::size_t>::max();        // final agreed fetched prefix
   std::size_t agreed_reach = std::numeric_limits<std::size_t>::max();  // the most every rank can still reach
   bool done = false;                                             // the outcome is agreed
   std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
+  std::size_t loaded_chunks = 0;                                 // agreed: (loaded_end_token - first) / T
   bool reported = false;                                         // listed once by finished()
 
   // Mover (under the connector's mutex).
@@ -157,20 +160,36 @@ struct connector_shared {
   }
 
   /// connector::wait_for_layer: until layer group g of every chunk agreed so far for every
-  /// running load is in the pages (or its move failed); false when dl passed first.
-  bool wait_group_landed(std::size_t g, deadline dl) {
+  /// running load is in the pages (`agreed(r)`: how many, read under mu); errc::timeout when dl
+  /// passed first, a failed move's error (the first reason it noted) when one ended a wait.
+  template <class Agreed>
+  std::error_code wait_group_landed(std::size_t g, deadline dl, Agreed agreed) {
     std::unique_lock lock(mu);
-    return wait_until(landed, lock, dl, [&] {
+    const bool ended = wait_until(landed, lock, dl, [&] {
       return std::all_of(active_loads.begin(), active_loads.end(), [&](const connector_request_ptr& r) {
-        return r->move_failed || r->group_landed[g] >= r->enqueued_group[g];
+        return r->move_failed || r->group_landed[g] >= agreed(*r);
       });
     });
+    if (!ended) return make_error_code(errc::timeout);
+    for (const connector_request_ptr& r : active_loads) {
+      if (!r->move_failed || r->group_landed[g] >= agreed(*r)) continue;
+      for (const request_error& e : r->errors)
+        if (e.what == request_error::stage::load && e.ec) return e.ec;
+      return make_error_code(errc::backend_error);
+    }
+    return {};
   }
 
-  // Under mu: remembers a key this rank stored (the newest 65,536).
+  // Under mu: remembers a key this rank stored (the newest 65,536). Throws only bad_alloc, and
+  // then remembers nothing (the set and the order stay in step).
   void remember_stored_locked(const chunk_key& k) {
     if (!stored.insert(k).second) return;
-    stored_order.push_back(k);
+    try {
+      stored_order.push_back(k);
+    } catch (...) {
+      stored.erase(k);
+      throw;
+    }
     if (stored_order.size() > (std::size_t{1} << 16)) {
       stored.erase(stored_order.front());
       stored_order.pop_front();
@@ -181,6 +200,15 @@ struct connector_shared {
 /// One thread that runs run(job) for each submitted job, in submission order: the mover's and
 /// the saver's. stop() runs the jobs already submitted, then joins (idempotent). Declare it
 /// after everything run() touches, so it stops before those go.
+///
+/// Exceptions: run() must end its job's bookkeeping whatever the job throws (a pending save
+/// counted down, a load's move marked failed): the saver and the mover catch at their job
+/// boundary, where that state can be ended properly. An exception that escapes run() anyway
+/// would end the process on this thread (std::terminate), so the loop has a last resort: it
+/// calls escaped(job), which must end what run() left of the job without throwing (a save's
+/// pending count goes down, a batch's loads fail), then goes on with the next job. A catch that
+/// only swallowed would leave a pending count up for good (wait_for_save would time out and
+/// finished() never list the request) and loads waiting for moves that never come.
 template <class Job>
 class serial_worker {
  public:
@@ -189,8 +217,9 @@ class serial_worker {
   serial_worker& operator=(const serial_worker&) = delete;
   ~serial_worker() { stop(); }
 
-  void start(std::function<void(Job&)> run) {
+  void start(std::function<void(Job&)> run, std::function<void(Job&)> escaped) {
     run_ = std::move(run);
+    escaped_ = std::move(escaped);
     thread_ = std::thread([this] { loop(); });
   }
   bool running() const noexcept { return thread_.joinable(); }
@@ -221,11 +250,18 @@ class serial_worker {
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
-      run_(job);
+      try {
+        run_(job);
+      } catch (...) {  // the last resort (see the class comment): the job's state ends here
+        try {
+          escaped_(job);
+        } catch (...) {  // escaped() must not throw; if it does, the thread still lives
+        }
+      }
     }
   }
 
-  std::function<void(Job&)> run_;
+  std::function<void(Job&)> run_, escaped_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
@@ -247,6 +283,28 @@ std::string connector_setup_problem(const Own& own, const Control& ctrl, const D
       !(opt.node.prefill_tokens_per_s > 0 && opt.node.kv_bytes_per_token > 0))
     return "the cost and split policies need node figures";
   return {};
+}
+
+/// A key namespace folded under another ownership geometry than the connector's policy (empty:
+/// they match): its keys would be shared with deployments of that other geometry, which place
+/// the chunks on other ranks. Both named; the namespace's ownership must be own.geometry().
+template <class Own>
+std::string connector_namespace_problem(const Own& own, const key_namespace& ns) {
+  if (ns.ownership == own.geometry()) return {};
+  return "the key namespace's ownership '" + ns.ownership +
+         "' differs from the ownership policy's geometry '" + own.geometry() + "' (world size " +
+         std::to_string(own.world_size()) + "): build the namespace with ownership = '" + own.geometry() +
+         "'";
+}
+
+/// connector_setup_problem, and the chunker's namespace against the ownership policy
+/// (connector_namespace_problem).
+template <class Own, class Control, class Data>
+std::string connector_setup_problem(const Own& own, const Control& ctrl, const Data& data,
+                                    const kv_cache_view& cache, const connector_options& opt,
+                                    const key_namespace& ns) {
+  if (std::string why = connector_setup_problem(own, ctrl, data, cache, opt); !why.empty()) return why;
+  return connector_namespace_problem(own, ns);
 }
 
 /// Starts this rank's fetch of its owned chunks of load r into their staging slots (an empty

@@ -25,32 +25,57 @@
 
 namespace kvtier::detail {
 
-/// One step's agreement: a header [entries, fp, ~fp], five words per entry, then the engine's
-/// own words (connector::step(dl, words)), all reduced by min. The fingerprint folds every
-/// entry's request id and kind and the engine's word count, so ranks whose request lists
-/// differ fail the agreement together instead of pairing one request's values with another's.
-/// A word that must be reduced by max travels as its complement.
+/// One step's agreement, all reduced by min. The body is five words per waiting entry, then
+/// the engine's own words (connector::step(dl, words)); the header says what every rank must
+/// share before the body means anything:
+///
+///   [body, ~body, fp, ~fp, deployment, ~deployment]
+///
+/// `body` is the body's length in words, `fp` folds every entry's request id and kind and the
+/// engine's word count (ranks whose request lists differ fail together instead of pairing one
+/// request's values with another's), `deployment` folds every setting that shapes a collective
+/// or decides what a key means (connector::deployment_word). A value and its complement reduced
+/// by min give min and ~max: they agree exactly when every rank holds the same value.
+///
+/// The element count of every collective is agreed before it is issued: the first round is
+/// always header + inline_body words (the body padded with zeros), so ranks that disagree on
+/// the body's length still issue the same round and all learn it (MPI aborts a job whose ranks
+/// pass different counts). Only a body longer than inline_body needs a second round, for the
+/// rest, and its length is the agreed one. A word reduced by max travels as its complement.
 struct step_message {
-  static constexpr std::size_t header = 3, words = 5;
+  static constexpr std::size_t header = 6, words = 5, inline_body = 48;
   std::vector<std::uint64_t> v;
-  std::size_t entries = 0;
+  std::size_t entries = 0, body = 0;
 
   step_message(std::size_t n, std::span<const std::uint64_t> engine_words)
-      : v(header + words * n + engine_words.size(), 0), entries(n) {
-    v[0] = n;
+      : v(header + std::max(words * n + engine_words.size(), inline_body), 0),
+        entries(n),
+        body(words * n + engine_words.size()) {
+    v[0] = body, v[1] = ~std::uint64_t{body};
     std::copy(engine_words.begin(), engine_words.end(),
               v.begin() + static_cast<std::ptrdiff_t>(header + words * n));
   }
   std::span<std::uint64_t> entry(std::size_t i) noexcept {
     return std::span(v).subspan(header + words * i, words);
   }
+  /// The first round: always header + inline_body words.
+  std::span<std::uint64_t> first_round() noexcept { return std::span(v).first(header + inline_body); }
+  /// The second round, after a first round whose body length every rank shares: the rest of
+  /// the body (empty when it fitted inline).
+  std::span<std::uint64_t> second_round() noexcept { return std::span(v).subspan(header + inline_body); }
   /// The engine's words after the reduction, or 0s after a failed one.
   void agreed_words(std::error_code ec, std::span<std::uint64_t> out) const noexcept {
     if (ec) return std::fill(out.begin(), out.end(), 0);
-    std::copy(v.begin() + static_cast<std::ptrdiff_t>(header + words * entries), v.end(), out.begin());
+    const auto first = v.begin() + static_cast<std::ptrdiff_t>(header + words * entries);
+    std::copy(first, first + static_cast<std::ptrdiff_t>(out.size()), out.begin());
   }
-  void seal(std::uint64_t fp) noexcept { v[1] = fp, v[2] = ~fp; }
-  bool consistent(std::size_t entries) const noexcept { return v[0] == entries && v[1] == ~v[2]; }
+  void seal(std::uint64_t fp, std::uint64_t deployment) noexcept {
+    v[2] = fp, v[3] = ~fp, v[4] = deployment, v[5] = ~deployment;
+  }
+  // After the first round (reduced):
+  bool same_shape() const noexcept { return v[0] == ~v[1] && v[0] == body; }
+  bool same_deployment() const noexcept { return v[4] == ~v[5]; }
+  bool same_requests() const noexcept { return v[2] == ~v[3]; }
 };
 
 inline std::uint64_t step_fp_mix(std::uint64_t h, std::uint64_t x) noexcept {
@@ -213,6 +238,7 @@ inline void end_load(connector_request& r, std::size_t chunks, std::size_t chunk
     if (chunks < r.n) r.abandoned = true;
   }
   r.done = true;
+  r.loaded_chunks = chunks;
   counters.load_latency.observe(clock::now() - r.load_started);
   r.loaded_end_token = r.range_first_token + static_cast<std::uint64_t>(chunks) * chunk_tokens;
   counters.tokens_loaded.add(r.loaded_end_token - r.range_first_token);

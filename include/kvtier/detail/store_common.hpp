@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <exception>
+#include <new>
 #include <span>
 #include <string>
 #include <system_error>
@@ -48,6 +50,38 @@ std::string store_words(const Store& s) {
     return std::string(s.last_error());
   else
     return {};
+}
+
+/// What a caught exception says, for a reason in words: its what() ("std::bad_alloc" for an
+/// allocation that failed), or "an exception of unknown type"; out_of_memory for std::bad_alloc.
+struct exception_words {
+  std::string what;  // empty when even these words could not be allocated
+  bool out_of_memory = false;
+};
+
+/// Only inside a catch handler: the words of the exception being handled. Never throws.
+inline exception_words current_exception_words() noexcept {
+  exception_words w;
+  try {
+    throw;
+  } catch (const std::bad_alloc& e) {
+    w.out_of_memory = true;
+    try {
+      w.what = e.what();
+    } catch (...) {
+    }
+  } catch (const std::exception& e) {
+    try {
+      w.what = e.what();
+    } catch (...) {
+    }
+  } catch (...) {
+    try {
+      w.what = "an exception of unknown type";
+    } catch (...) {
+    }
+  }
+  return w;
 }
 
 }  // namespace kvtier::detail

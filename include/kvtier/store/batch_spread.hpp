@@ -87,13 +87,15 @@ class lane_crew {
   }
 
   /// Runs lane(k) for every k < ids.size(), in parallel, and returns when all have returned.
-  /// `lane` must not throw.
+  /// `lane` must not throw. Throws (std::bad_alloc) only before any lane started: once one
+  /// runs on a worker, nothing here unwinds the call its lanes use.
   template <class Lane>
   void run(std::span<const std::size_t> ids, Lane& lane) {
     call c;
     c.fn = [](void* ctx, std::size_t k) noexcept { (*static_cast<Lane*>(ctx))(k); };
     c.ctx = &lane;
     std::vector<std::size_t> inline_lanes;
+    inline_lanes.reserve(ids.size());  // the only allocation: push_back below never throws
     for (std::size_t k = 1; k < ids.size(); ++k)
       if (!post(ids[k], c, k)) inline_lanes.push_back(k);
     lane(0);
@@ -119,18 +121,19 @@ class lane_crew {
     std::thread thread;
   };
 
-  // Hands lane k of c to connection id's worker (started on first use). False: no worker.
-  bool post(std::size_t id, call& c, std::size_t k) {
+  // Hands lane k of c to connection id's worker (started on first use). False: no worker (one
+  // that cannot be allocated or started: the lane runs on the calling thread). Never throws.
+  bool post(std::size_t id, call& c, std::size_t k) noexcept {
     if (id >= workers_.size()) return false;
     auto& w = workers_[id];
     if (!w) {
-      auto fresh = std::make_unique<worker>();
       try {
+        auto fresh = std::make_unique<worker>();
         fresh->thread = std::thread([p = fresh.get()] { loop(*p); });
-      } catch (const std::system_error&) {
+        w = std::move(fresh);
+      } catch (...) {  // std::system_error, std::bad_alloc
         return false;
       }
-      w = std::move(fresh);
     }
     {
       std::lock_guard<std::mutex> lock(c.mu);

@@ -108,15 +108,26 @@ class cluster_store {
   /// Reads each key's payload into dst[i] and verifies it (as remote_store::get).
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
+    return get(keys, dst, status, dl, std::span<std::size_t>());
+  }
+
+  /// get(), with the stored payload length of each key whose value has another length than
+  /// dst[i] in stored_bytes[i] (as remote_store::get with stored_bytes).
+  std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                      std::span<chunk_status> status, deadline dl, std::span<std::size_t> stored_bytes) {
     if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
+    if (!stored_bytes.empty() && stored_bytes.size() != keys.size())
+      return make_error_code(errc::invalid_argument);
     return run(
         keys, status, dl, size_class(dst), value_bytes(dst),
         [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
           codec_.add_get(s, j, keys[i], name, dst[i]);
         },
         [&](const detail::remote_scratch& s, std::size_t j, std::size_t i, const resp::value& r,
-            const node& n,
-            const std::string& name) { return codec_.get_status(r, s, j, keys[i], dst[i], n.where, name); });
+            const node& n, const std::string& name) {
+          return codec_.get_status(r, s, j, keys[i], dst[i], n.where, name,
+                                   stored_bytes.empty() ? nullptr : &stored_bytes[i]);
+        });
   }
 
   /// Stores src[i] under keys[i]. hit = stored.

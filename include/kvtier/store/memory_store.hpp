@@ -87,6 +87,17 @@ class basic_memory_store {
   /// concurrent gets copy in parallel and an eviction meanwhile frees the bytes after.
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                       std::span<chunk_status> status, deadline dl) {
+    return get(keys, dst, status, dl, std::span<std::size_t>());
+  }
+
+  /// get(), and for each key stored with another length than dst[i] (corrupt), that length in
+  /// stored_bytes[i]; the other entries are left as they were. `stored_bytes` is empty or has one
+  /// entry per key (else invalid_argument). How a caller tells a destination of the wrong size
+  /// apart (kvtier.Store.get in Python raises InvalidArgument then).
+  std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                      std::span<chunk_status> status, deadline dl, std::span<std::size_t> stored_bytes) {
+    if (!stored_bytes.empty() && stored_bytes.size() != keys.size())
+      return make_error_code(errc::invalid_argument);
     if (auto ec = detail::store_precheck(keys.size(), dst.size(), status, dl)) return ec;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       block ref;
@@ -101,6 +112,7 @@ class basic_memory_store {
         entry& e = *it->second;
         if (e.size != dst[i].size()) {
           status[i] = chunk_status::corrupt;
+          if (!stored_bytes.empty()) stored_bytes[i] = e.size;
           ++stats_.corrupt;
           continue;
         }

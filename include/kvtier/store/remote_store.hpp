@@ -12,7 +12,8 @@
 // Every value is framed by a value_header (kvtier/store/value_header.hpp). A get reads the
 // header into a small buffer and the payload into the caller's span, and checks the header
 // before a single payload byte reaches that span:
-//  - a stored value of another total length is discarded in the parser (span untouched);
+//  - a stored value of another total length is discarded in the parser (span untouched; get's
+//    stored_bytes says the payload length it has, for a caller to name a destination of another size);
 //  - a value of the right length whose header fails check_value_header() (bad magic, version
 //    or header checksum, another namespace, another chunk key, another payload length) is
 //    refused by a parser gate that runs as soon as the 56 header bytes are in, before the
@@ -47,6 +48,11 @@
 //   std::vector<kvtier::chunk_status> st(keys.size());
 //   std::error_code ec = l2.get(keys, dst_spans, st, kvtier::deadline_after(std::chrono::milliseconds(200)));
 //
+// Exceptions: a call never throws. What its own bookkeeping throws (an allocation that fails:
+// the batch's pieces, its connections, a value's framing), or get_by_group's on_round, fails
+// every key of the call (chunk_status::error) with std::errc::not_enough_memory
+// (errc::backend_error for any other exception), named in last_error().
+//
 // Thread safety: calls from several threads run in parallel, each on a connection of the
 // store's pool (kvtier/resp/pool.hpp; default 4 connections, one kept for small calls such as
 // exists, so an EXISTS never waits behind a batch of 12 MB GETs). A call that finds no free
@@ -65,6 +71,7 @@
 
 #include "kvtier/chunker.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/detail/store_common.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/resp/connection.hpp"
 #include "kvtier/resp/pool.hpp"
@@ -103,28 +110,48 @@ class remote_store {
   static constexpr std::size_t small_request_bytes = 64 << 10;
 
   /// Presence of each key (one EXISTS per key, one round trip). hit = present, miss = absent.
-  std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status, deadline dl) {
+  std::error_code exists(std::span<const chunk_key> keys, std::span<chunk_status> status,
+                         deadline dl) noexcept {
     if (keys.size() != status.size()) return make_error_code(errc::invalid_argument);
-    return run(
-        keys, status, dl, resp::request_size::small, {},
-        [&](detail::remote_scratch& s, std::size_t, std::size_t, const std::string& name) {
-          codec_.add_exists(s.batch, name);
-        },
-        [&](detail::remote_scratch&, std::size_t, std::size_t, const resp::value& r,
-            const std::string& name) { return codec_.exists_status(r, where_, name); });
+    return guarded(status, "EXISTS", [&] {
+      return run(
+          keys, status, dl, resp::request_size::small, {},
+          [&](detail::remote_scratch& s, std::size_t, std::size_t, const std::string& name) {
+            codec_.add_exists(s.batch, name);
+          },
+          [&](detail::remote_scratch&, std::size_t, std::size_t, const resp::value& r,
+              const std::string& name) { return codec_.exists_status(r, where_, name); });
+    });
   }
 
   /// Reads each key's payload into dst[i] (its size is the expected length) and verifies it.
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
-                      std::span<chunk_status> status, deadline dl) {
+                      std::span<chunk_status> status, deadline dl) noexcept {
+    return get(keys, dst, status, dl, std::span<std::size_t>());
+  }
+
+  /// get(), and for each key whose stored value has another payload length than dst[i] (status
+  /// corrupt, dst[i] untouched), that length in stored_bytes[i] (from the value's length on the
+  /// server less its header); the other entries are left as they were. `stored_bytes` is empty
+  /// or has one entry per key (else invalid_argument). How a caller tells a destination of the
+  /// wrong size from a damaged value (kvtier.Store.get in Python raises InvalidArgument then).
+  std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+                      std::span<chunk_status> status, deadline dl, std::span<std::size_t> stored_bytes) noexcept {
     if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
-    return run(
-        keys, status, dl, size_class(dst), value_bytes(dst),
-        [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
-          codec_.add_get(s, j, keys[i], name, dst[i]);
-        },
-        [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const resp::value& r,
-            const std::string& name) { return codec_.get_status(r, s, j, keys[i], dst[i], where_, name); });
+    if (!stored_bytes.empty() && stored_bytes.size() != keys.size())
+      return make_error_code(errc::invalid_argument);
+    return guarded(status, "GET", [&] {
+      return run(
+          keys, status, dl, size_class(dst), value_bytes(dst),
+          [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
+            codec_.add_get(s, j, keys[i], name, dst[i]);
+          },
+          [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const resp::value& r,
+              const std::string& name) {
+            return codec_.get_status(r, s, j, keys[i], dst[i], where_, name,
+                                     stored_bytes.empty() ? nullptr : &stored_bytes[i]);
+          });
+    });
   }
 
   /// Layer groups of a payload of `bytes` bytes as get_by_group reads it (1 in format 1).
@@ -147,79 +174,85 @@ class remote_store {
   ///   l2.get_by_group(keys, dst, st, dl, [&](std::span<const std::size_t> landed) {
   ///     for (std::size_t i = 0; i < landed.size(); ++i) publish(i, landed[i]);  // layers below it usable
   ///   });
-  std::error_code get_by_group(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
-                               std::span<chunk_status> status, deadline dl,
-                               const std::function<void(std::span<const std::size_t>)>& on_round = {}) {
+  std::error_code get_by_group(
+      std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
+      std::span<chunk_status> status, deadline dl,
+      const std::function<void(std::span<const std::size_t>)>& on_round = {}) noexcept {
     if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
-    const std::size_t n = keys.size();
-    std::vector<value_check> checks(n);
-    std::vector<std::vector<std::byte>> headers(n);
-    std::vector<std::size_t> landed(n, 0), alive(n);
-    std::size_t rounds = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      alive[i] = i;
-      checks[i].expect(codec_.format(), codec_.ns().fingerprint(), keys[i], dst[i].size());
-      headers[i].resize(codec_.format().header_size(dst[i].size()));
-      rounds = std::max(rounds, groups_of(dst[i].size()));
-    }
-    std::error_code first_ec;
-    std::vector<chunk_key> round_keys;
-    std::vector<std::span<std::byte>> round_parts;
-    std::vector<chunk_status> round_status;
-    for (std::size_t g = 0; g < rounds && !alive.empty(); ++g) {
-      round_keys.clear();
-      round_parts.clear();
-      for (std::size_t i : alive) {
-        round_keys.push_back(keys[i]);
-        round_parts.push_back(codec_.format().group(dst[i], g));
+    return guarded(status, "GETRANGE", [&]() -> std::error_code {
+      const std::size_t n = keys.size();
+      std::vector<value_check> checks(n);
+      std::vector<std::vector<std::byte>> headers(n);
+      std::vector<std::size_t> landed(n, 0), alive(n);
+      std::size_t rounds = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        alive[i] = i;
+        checks[i].expect(codec_.format(), codec_.ns().fingerprint(), keys[i], dst[i].size());
+        headers[i].resize(codec_.format().header_size(dst[i].size()));
+        rounds = std::max(rounds, groups_of(dst[i].size()));
       }
-      round_status.assign(alive.size(), chunk_status::error);
-      std::vector<std::size_t> bytes(alive.size());  // what each range puts in flight (group 0: + header)
-      for (std::size_t k = 0; k < alive.size(); ++k)
-        bytes[k] = round_parts[k].size() + (g == 0 ? headers[alive[k]].size() : 0);
-      const std::error_code ec = run(
-          round_keys, round_status, dl, size_class(std::span<const std::span<std::byte>>(round_parts)), bytes,
-          [&](detail::remote_scratch& s, std::size_t j, std::size_t k, const std::string& name) {
-            const std::size_t i = alive[k];
-            codec_.add_get_range(s, j, checks[i], headers[i], name, dst[i], g);
-          },
-          [&](detail::remote_scratch&, std::size_t, std::size_t k, const resp::value& r,
-              const std::string& name) {
-            const std::size_t i = alive[k];
-            return codec_.range_status(r, checks[i], headers[i], keys[i], dst[i], g,
-                                       g + 1 == groups_of(dst[i].size()), where_, name);
-          });
-      if (ec && !first_ec) first_ec = ec;
-      std::size_t kept = 0;
-      for (std::size_t k = 0; k < alive.size(); ++k) {
-        const std::size_t i = alive[k];
-        if (round_status[k] != chunk_status::hit) {
-          status[i] = round_status[k];
-          continue;
+      std::error_code first_ec;
+      std::vector<chunk_key> round_keys;
+      std::vector<std::span<std::byte>> round_parts;
+      std::vector<chunk_status> round_status;
+      for (std::size_t g = 0; g < rounds && !alive.empty(); ++g) {
+        round_keys.clear();
+        round_parts.clear();
+        for (std::size_t i : alive) {
+          round_keys.push_back(keys[i]);
+          round_parts.push_back(codec_.format().group(dst[i], g));
         }
-        landed[i] = g + 1;
-        if (landed[i] == groups_of(dst[i].size()))
-          status[i] = chunk_status::hit;
-        else
-          alive[kept++] = i;
+        round_status.assign(alive.size(), chunk_status::error);
+        std::vector<std::size_t> bytes(alive.size());  // what each range puts in flight (group 0: + header)
+        for (std::size_t k = 0; k < alive.size(); ++k)
+          bytes[k] = round_parts[k].size() + (g == 0 ? headers[alive[k]].size() : 0);
+        const std::error_code ec = run(
+            round_keys, round_status, dl, size_class(std::span<const std::span<std::byte>>(round_parts)),
+            bytes,
+            [&](detail::remote_scratch& s, std::size_t j, std::size_t k, const std::string& name) {
+              const std::size_t i = alive[k];
+              codec_.add_get_range(s, j, checks[i], headers[i], name, dst[i], g);
+            },
+            [&](detail::remote_scratch&, std::size_t, std::size_t k, const resp::value& r,
+                const std::string& name) {
+              const std::size_t i = alive[k];
+              return codec_.range_status(r, checks[i], headers[i], keys[i], dst[i], g,
+                                         g + 1 == groups_of(dst[i].size()), where_, name);
+            });
+        if (ec && !first_ec) first_ec = ec;
+        std::size_t kept = 0;
+        for (std::size_t k = 0; k < alive.size(); ++k) {
+          const std::size_t i = alive[k];
+          if (round_status[k] != chunk_status::hit) {
+            status[i] = round_status[k];
+            continue;
+          }
+          landed[i] = g + 1;
+          if (landed[i] == groups_of(dst[i].size()))
+            status[i] = chunk_status::hit;
+          else
+            alive[kept++] = i;
+        }
+        alive.resize(kept);
+        if (on_round) on_round(landed);
       }
-      alive.resize(kept);
-      if (on_round) on_round(landed);
-    }
-    return first_ec;
+      return first_ec;
+    });
   }
 
   /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
-                      std::span<chunk_status> status, deadline dl) {
+                      std::span<chunk_status> status, deadline dl) noexcept {
     if (auto ec = codec_.check_batch(keys, src, status)) return ec;
-    return run(
-        keys, status, dl, size_class(src), value_bytes(src),
-        [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
-          codec_.add_put(s, j, keys[i], name, src[i]);
-        },
-        [&](detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r,
-            const std::string& name) { return codec_.put_status(r, src[i].size(), where_, name); });
+    return guarded(status, "SET", [&] {
+      return run(
+          keys, status, dl, size_class(src), value_bytes(src),
+          [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
+            codec_.add_put(s, j, keys[i], name, src[i]);
+          },
+          [&](detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r,
+              const std::string& name) { return codec_.put_status(r, src[i].size(), where_, name); });
+    });
   }
 
   /// A snapshot of the counters.
@@ -239,6 +272,28 @@ class remote_store {
 
  private:
   using lease = typename resp::connection_pool<Connection>::lease;
+
+  // A call's body, never throwing (see "Exceptions" in the file comment): what it throws fails
+  // every key of the call (chunk_status::error: a put's key is then "unknown", a get's unread). The lanes
+  // have all returned by then (lane_crew::run throws only before it starts one, and a lane catches its own).
+  template <class Body>
+  std::error_code guarded(std::span<chunk_status> status, const char* command, Body&& body) noexcept {
+    try {
+      return body();
+    } catch (...) {
+      const detail::exception_words w = detail::current_exception_words();
+      detail::store_fill(status, chunk_status::error);  // even a key answered: the caller sees a failed call
+      const std::error_code ec = w.out_of_memory ? std::make_error_code(std::errc::not_enough_memory)
+                                                 : make_error_code(errc::backend_error);
+      try {
+        codec_.count_call(ec,
+                          where_ + ": " + command + ": " +
+                              (w.out_of_memory ? "out of memory preparing the call" : "threw: " + w.what));
+      } catch (...) {  // out of memory: the call is failed, unexplained
+      }
+      return ec;
+    }
+  }
 
   template <class Span>
   static resp::request_size size_class(Span spans) noexcept {
@@ -307,7 +362,10 @@ class remote_store {
         } catch (const std::bad_alloc&) {
           ec = std::make_error_code(std::errc::not_enough_memory);
           for (std::size_t i = first; i < last; ++i) status[i] = chunk_status::error;
-          codec_.count_call(ec, where_ + ": out of memory preparing a batch");
+          try {  // the lane is noexcept: not even the words may throw out of it
+            codec_.count_call(ec, where_ + ": out of memory preparing a batch");
+          } catch (...) {
+          }
         }
         if (ec) {  // this connection stops here: the other lanes take the pieces left
           failed[k] = ec;

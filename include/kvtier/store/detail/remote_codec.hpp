@@ -11,6 +11,7 @@
 //   status[i] = codec.get_status(s.batch.reply(k), s, j, key, dst[i], where, name);
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -185,9 +186,12 @@ class remote_codec {
   }
 
   /// Verdict on a GET reply whose bytes went to s.headers[j] + dst (or did not). A corrupt
-  /// value is counted and named in last_error(): the key, its chunk and why.
+  /// value is counted and named in last_error(): the key, its chunk and why. `stored_bytes` (if
+  /// set) gets the payload length of a stored value whose length differs from header + dst
+  /// (stored_payload()); it is left alone otherwise.
   chunk_status get_status(const resp::value& r, const remote_scratch& s, std::size_t j, const chunk_key& key,
-                          std::span<std::byte> dst, std::string_view where, std::string_view name) {
+                          std::span<std::byte> dst, std::string_view where, std::string_view name,
+                          std::size_t* stored_bytes = nullptr) {
     const std::span<const std::byte> header(s.headers[j]);
     if (r.is_null()) {
       bump(stats_.misses);
@@ -198,6 +202,7 @@ class remote_codec {
       // A version-1 value read by a version-2 store: another length, so refused here.
       const bool v1_value = format_.version != 1 && r.length == value_header::size + dst.size();
       bump(v1_value ? stats_.other_format : stats_.wrong_length);
+      if (stored_bytes && !v1_value) *stored_bytes = stored_payload(r.length);
       return corrupt(where, name, key,
                      v1_value ? std::string("a version-1 value (this store reads version 2)")
                               : "stored length " + std::to_string(r.length) + ", expected " +
@@ -224,6 +229,25 @@ class remote_codec {
     bump(stats_.hits);
     bump(stats_.bytes_fetched, dst.size());
     return chunk_status::hit;
+  }
+
+  /// The payload length that a stored value of `total` bytes (header + payload) has in this
+  /// store's format, or SIZE_MAX when no payload length frames to `total`: what a get tells
+  /// apart from a destination of another size (the value's length is all the reply says before
+  /// it is discarded).
+  std::size_t stored_payload(std::size_t total) const noexcept {
+    std::size_t lo = 0, hi = total;  // P + header_size(P) grows with P where the format frames P
+    if (format_.version != 1 && format_.group_bytes != 0)
+      hi = static_cast<std::size_t>(
+          std::min<std::uint64_t>(hi, value_format::max_groups * format_.group_bytes));
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (mid + format_.header_size(mid) < total)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    return format_.valid_for(lo) && lo + format_.header_size(lo) == total ? lo : SIZE_MAX;
   }
 
   /// A key the call could not finish.
