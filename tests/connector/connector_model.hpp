@@ -35,8 +35,8 @@
 // as a regression test (test_connector_model.cpp has the ones the suite found).
 //
 // Knobs (environment): KVTIER_PROPERTY_CASES (cases), KVTIER_MODEL_WITHOUT=a,b (features the
-// generator leaves out, to look past a known bug), KVTIER_MODEL_PUT_THROWS=1 (a put_fault::throws
-// throws instead of failing), KVTIER_MODEL_TRACE=1 (each command's agreed values, per rank),
+// generator leaves out, to look past a known bug), KVTIER_MODEL_PUT_THROWS=0 (a put_fault::throws
+// fails the put instead of throwing), KVTIER_MODEL_TRACE=1 (each command's agreed values, per rank),
 // KVTIER_MODEL_PROFILE=1 (time per command kind).
 #pragma once
 
@@ -829,12 +829,12 @@ inline model_stats& stats() {
   return s;
 }
 
-/// Whether the adversary's put may throw (the saver's put may throw without ending the process:
-/// KVTIER_MODEL_PUT_THROWS=1; else a put_fault::throws fails the put instead).
+/// Whether the adversary's put throws (put_fault::throws; KVTIER_MODEL_PUT_THROWS=0: it fails the
+/// put instead, for a connector where a throwing put ends the process).
 inline bool& allow_put_throws() {
   static bool allowed = [] {
     const char* e = std::getenv("KVTIER_MODEL_PUT_THROWS");
-    return e && *e == '1';
+    return !(e && *e == '0');
   }();
   return allowed;
 }
@@ -1000,17 +1000,13 @@ class rank_runner {
     bool release_pending = false;  // finished with saves reading its pages: freed once finished() lists them
     host_kv_cache::sequence seq;
     std::vector<std::int64_t> slots;
-    bool loading = false, load_ok = false;
+    bool loading = false;
     std::uint64_t load_first = 0, load_end = 0;
     deadline load_dl{};
     std::optional<load_outcome> outcome;
-    std::vector<std::vector<bool>> valid;  // [layer][position]: holds the reference bytes
-    std::array<std::string, 3> reasons;    // the first errors(id) message of each stage seen
-    struct snapshot {
-      std::uint32_t layer;
-      std::vector<std::size_t> wrong;  // chunks whose layer was not in the pages at an ok wait
-    };
-    std::vector<snapshot> snapshots;
+    std::vector<std::vector<bool>> valid;               // [layer][position]: holds the reference bytes
+    std::array<std::string, 3> reasons;                 // the first errors(id) message of each stage seen
+    std::array<std::optional<std::uint64_t>, 4> ready;  // per layer: the agreed layer answer's ready end
   };
 
   static std::vector<comm_fault> faults_for(const model_case& c, rank_t r, bool data) {
@@ -1178,21 +1174,25 @@ class rank_runner {
     if (!all_agreed()) o.violations.push_back("settle: lookups or loads still not agreed after 4000 steps");
   }
 
-  std::vector<std::int64_t> slots_for(const command& k, const rq& q, const load_range& lr, bool& ok) const {
+  // The slots this rank passes for [lr.first, lr.end): its pages, with `kind`'s fault; `bad` is
+  // the position left without a page (npos: none).
+  static constexpr std::uint64_t npos = ~std::uint64_t{0};
+  std::vector<std::int64_t> slots_for(slots_kind kind, std::uint8_t where, const rq& q, const load_range& lr,
+                                      std::uint64_t& bad) const {
     std::vector<std::int64_t> s = q.slots;
-    const slots_kind kind = on_me(k.rank) ? k.slots : slots_kind::ok;
-    ok = kind == slots_kind::ok || kind == slots_kind::block_table;
     const std::uint64_t span = lr.end > lr.first ? lr.end - lr.first : 0;
-    const std::uint64_t at = span ? lr.first + (k.b * 7 + 3) % span : 0;
+    const std::uint64_t at = span ? lr.first + (where * 7 + 3) % span : npos;
+    bad = npos;
     switch (kind) {
       case slots_kind::short_slots:
         s.resize(lr.end ? lr.end - 1 : 0);
+        bad = lr.end ? lr.end - 1 : npos;
         break;
       case slots_kind::out_of_range:
-        if (span) s[at] = static_cast<std::int64_t>(num_blocks * block_size + 3);
+        if (span) s[at] = static_cast<std::int64_t>(num_blocks * block_size + 3), bad = at;
         break;
       case slots_kind::minus_one:
-        if (span) s[at] = -1;
+        if (span) s[at] = -1, bad = at;
         break;
       default:
         break;
@@ -1207,20 +1207,22 @@ class rank_runner {
     const std::optional<load_plan> plan = conn_->lookup(id(i));
     const load_range lr = resolve_load(plan, k);
     const bool loadable = plan && plan->tokens_to_load() > 0 && !q.loading;
-    bool slots_ok = true;
-    const std::vector<std::int64_t> slots = slots_for(k, q, lr, slots_ok);
-    const slots_kind kind = on_me(k.rank) ? k.slots : slots_kind::ok;
+    slots_kind kind = on_me(k.rank) ? k.slots : slots_kind::ok;
+    const bool table = kind == slots_kind::block_table || kind == slots_kind::short_table;
+    if (table && !lr.whole) kind = slots_kind::ok;  // a range load takes slots
+    std::uint64_t bad = npos;
+    const std::vector<std::int64_t> slots = slots_for(kind, k.b, q, lr, bad);
     std::error_code ec;
     bool threw = false;
     try {
       if (lr.whole && (kind == slots_kind::block_table || kind == slots_kind::short_table)) {
-        std::vector<std::int32_t> table = q.seq.blocks;
+        std::vector<std::int32_t> blocks = q.seq.blocks;
         if (kind == slots_kind::short_table) {
           const std::size_t need = (lr.end + block_size - 1) / block_size;
-          table.resize(need ? need - 1 : 0);
-          slots_ok = need == 0;
+          blocks.resize(need ? need - 1 : 0);
+          if (need) bad = (need - 1) * block_size;
         }
-        ec = conn_->load(id(i), std::span<const std::int32_t>(table));
+        ec = conn_->load(id(i), std::span<const std::int32_t>(blocks));
       } else if (lr.whole) {
         ec = conn_->load(id(i), std::span<const std::int64_t>(slots));
       } else {
@@ -1231,17 +1233,25 @@ class rank_runner {
       if (!(loadable && lr.throws))
         o.violations.push_back("invariant 5: load threw invalid_argument for a valid range");
     }
+    const bool slots_ok = bad == npos;
     if (loadable && lr.throws && !threw)
       o.violations.push_back("invariant 5: load of a range that is not whole chunks did not throw");
     if (!loadable && !threw && ec != errc::invalid_argument)
       o.violations.push_back("load with nothing to load returned '" + ec.message() + "'");
+    if (loadable && !threw && !slots_ok && ec != errc::invalid_argument)
+      o.violations.push_back("invariant 5: load of [" + std::to_string(lr.first) + ", " +
+                             std::to_string(lr.end) + ") with no page for position " + std::to_string(bad) +
+                             " (slots_kind::" + name(kind) + ") returned '" + (ec ? ec.message() : "ok") +
+                             "', not invalid_argument");
+    if (loadable && !threw && slots_ok && ec)
+      o.violations.push_back("load of [" + std::to_string(lr.first) + ", " + std::to_string(lr.end) +
+                             ") with good slots returned '" + ec.message() + "'");
     req_obs& ro = obs_req(o, i);
     ro.load_called = true;
     ro.load_ec = threw ? make_error_code(errc::invalid_argument) : ec;
     ro.load_slots_ok = slots_ok;
     if (loadable && !threw) {
       q.loading = true;
-      q.load_ok = !ec;
       q.load_first = lr.first, q.load_end = lr.end;
       q.load_dl = clock::now() + opt_.load_deadline.after(lr.end - lr.first);
     }
@@ -1258,76 +1268,70 @@ class rank_runner {
 
   void wait_layer(const command& k, rank_obs& o) {
     const std::uint32_t l = k.layer % c_.layers;
-    std::vector<std::size_t> running;  // loads this rank started and whose outcome it had not seen
-    for (std::size_t i = 0; i < reqs_.size(); ++i)
-      if (reqs_[i].loading && reqs_[i].load_ok && !reqs_[i].finished && !reqs_[i].outcome)
-        running.push_back(i);
     const deadline dl = dl_of(k);
     const deadline bound = collective_bound(dl);
-    auto res = conn_->wait_for_layer(l, dl);
+    const layer_wait res = conn_->wait_for_layer(l, dl);
     timed(o, "wait_for_layer", bound, clock::now());
     o.layer_wait = true;
-    layer_answer(l, res, running, o);
+    o.layer_ec = res.ec;
+    if (!res.ec && r_ == 0) stats().layer_ok++;
+    // Per load: layer l of [first, ready_end) is in this rank's pages (whatever ec says) and
+    // stays there; with ec empty the answer is agreed, the reach behind it final, and the engine
+    // computes layer l of the rest itself (the connector never writes it).
+    for (const layer_ready& lr : res.loads) {
+      o.ready.push_back({lr.id, lr.first_token, lr.ready_end_token, lr.requested_end_token});
+      const std::string what =
+          "wait_for_layer(" + std::to_string(l) + ") of request " + std::to_string(lr.id) + ": ready [" +
+          std::to_string(lr.first_token) + ", " + std::to_string(lr.ready_end_token) + ") of [" +
+          std::to_string(lr.first_token) + ", " + std::to_string(lr.requested_end_token) + ")";
+      if (lr.id == 0 || lr.id > max_requests || !reqs_[lr.id - 1].loading || reqs_[lr.id - 1].finished) {
+        o.violations.push_back(what + ": no load of it is running");
+        continue;
+      }
+      const std::size_t i = lr.id - 1;
+      rq& q = reqs_[i];
+      if (lr.first_token != q.load_first || lr.requested_end_token != q.load_end ||
+          lr.ready_end_token < lr.first_token || lr.ready_end_token > lr.requested_end_token ||
+          (lr.ready_end_token - lr.first_token) % T) {
+        o.violations.push_back(what + " is not whole chunks of its load [" + std::to_string(q.load_first) +
+                               ", " + std::to_string(q.load_end) + ")");
+        continue;
+      }
+      stats().layer_checked_chunks += (lr.ready_end_token - lr.first_token) / T;
+      if (!layer_right(i, l, lr.first_token, lr.ready_end_token)) {
+        o.violations.push_back("invariant 2: " + what + ": layer " + std::to_string(l) +
+                               " of that range is not in the pages");
+        continue;
+      }
+      for (std::uint64_t t = lr.first_token; t < lr.ready_end_token; ++t) q.valid[l][t] = true;
+      if (res.ec) continue;
+      // Invariant 6: an agreed answer never lists more for a layer than an earlier one did.
+      std::optional<std::uint64_t>& before = q.ready[l];
+      if (before && lr.ready_end_token > *before)
+        o.violations.push_back("invariant 6: " + what + ", an earlier agreed answer listed only up to " +
+                               std::to_string(*before) + " (an agreed reach that grew again)");
+      if (!before || lr.ready_end_token < *before) before = lr.ready_end_token;
+      if (q.outcome && q.outcome->loaded_end_token > lr.ready_end_token)
+        o.violations.push_back("invariant 2: " + what + " lists less than its outcome " + show(q.outcome));
+      compute_layer(i, l, lr.ready_end_token, lr.requested_end_token);
+    }
   }
 
-  // Checks the layer wait's answer (templated: today's std::error_code, or the layer_wait result).
-  template <class Result>
-  void layer_answer(std::uint32_t l, const Result& res, const std::vector<std::size_t>& running,
-                    rank_obs& o) {
-    if constexpr (std::is_same_v<Result, std::error_code>) {
-      // Today's answer: ok means layer l of every chunk of every running load is in the pages,
-      // or that load's agreed reach ended below it. Which chunks were not is kept; the outcome
-      // later must not count one of them loaded (the reach only shrinks).
-      o.layer_ec = res;
-      if (res) return;
-      if (r_ == 0) stats().layer_ok++;
-      // With two communicators a chunk the answer does not cover may still be scattered by the
-      // mover (a later group's move failed: the wait ends while an earlier group's scatter is
-      // queued), and reading it would race; the moves of one communicator ran in the step.
-      if (c_.two_comms) return;
-      for (std::size_t i : running) {
-        rq& q = reqs_[i];
-        typename rq::snapshot snap{l, {}};
-        for (std::uint64_t t = q.load_first; t < q.load_end; t += T)
-          if (!layer_right(i, l, t, t + T)) snap.wrong.push_back(t / T);
-        stats().layer_checked_chunks += (q.load_end - q.load_first) / T;
-        if (trace())
-          o.notes.push_back("layer " + std::to_string(l) + " of request " + std::to_string(id(i)) +
-                            ": chunks not in the pages " + show_list(snap.wrong));
-        if (!snap.wrong.empty()) q.snapshots.push_back(std::move(snap));
+  // The engine computes layer l of [first, end) of request i (past an agreed layer answer).
+  void compute_layer(std::size_t i, std::uint32_t l, std::uint64_t first, std::uint64_t end) {
+    rq& q = reqs_[i];
+    const prompt_ref& p = *prompt(i);
+    for (std::uint64_t t = first; t < end;) {
+      if (q.valid[l][t]) {
+        ++t;
+        continue;
       }
-    } else {
-      // The layer wait's answer: for each load, layer l of [first, ready_end) is in the pages.
-      o.layer_ec = res.ec;
-      if (!res.ec && r_ == 0) stats().layer_ok++;
-      for (const auto& lr : res.loads) {
-        o.ready.push_back({lr.id, lr.first_token, lr.ready_end_token, lr.requested_end_token});
-        if (lr.id == 0 || lr.id > max_requests) {
-          o.violations.push_back("wait_for_layer: a load of an unknown request " + std::to_string(lr.id));
-          continue;
-        }
-        const std::size_t i = lr.id - 1;
-        rq& q = reqs_[i];
-        if (!q.loading || lr.first_token != q.load_first || lr.requested_end_token != q.load_end ||
-            lr.ready_end_token < lr.first_token || lr.ready_end_token > lr.requested_end_token) {
-          o.violations.push_back("wait_for_layer(" + std::to_string(l) + "): request " +
-                                 std::to_string(lr.id) + " ready [" + std::to_string(lr.first_token) + ", " +
-                                 std::to_string(lr.ready_end_token) + ") of [" +
-                                 std::to_string(lr.first_token) + ", " +
-                                 std::to_string(lr.requested_end_token) + ") is not inside its load [" +
-                                 std::to_string(q.load_first) + ", " + std::to_string(q.load_end) + ")");
-          continue;
-        }
-        stats().layer_checked_chunks += (lr.ready_end_token - lr.first_token) / T;
-        if (!layer_right(i, l, lr.first_token, lr.ready_end_token)) {
-          o.violations.push_back("invariant 2: wait_for_layer(" + std::to_string(l) + ") said layer " +
-                                 std::to_string(l) + " of [" + std::to_string(lr.first_token) + ", " +
-                                 std::to_string(lr.ready_end_token) + ") of request " +
-                                 std::to_string(lr.id) + " is in the pages; it is not");
-          continue;
-        }
-        for (std::uint64_t t = lr.first_token; t < lr.ready_end_token; ++t) q.valid[l][t] = true;
-      }
+      std::uint64_t e = t;
+      while (e < end && !q.valid[l][e]) ++e;
+      if (cache_.scatter(q.seq, t, e - t, p.layer_run(l, t, e - t), {l, l + 1}))
+        throw std::logic_error("harness: compute scatter failed");
+      for (std::uint64_t x = t; x < e; ++x) q.valid[l][x] = true;
+      t = e;
     }
   }
 
@@ -1337,20 +1341,7 @@ class rank_runner {
     const prompt_ref* p = prompt(i);
     if (!p || !q.known || q.finished || q.computed) return;
     if (q.loading && !q.outcome) return;  // its load still writes the pages
-    for (std::uint32_t l = 0; l < c_.layers; ++l) {
-      for (std::uint64_t t = 0; t < p->P;) {
-        if (q.valid[l][t]) {
-          ++t;
-          continue;
-        }
-        std::uint64_t e = t;
-        while (e < p->P && !q.valid[l][e]) ++e;
-        if (cache_.scatter(q.seq, t, e - t, p->layer_run(l, t, e - t), {l, l + 1}))
-          throw std::logic_error("harness: compute scatter failed");
-        for (std::uint64_t x = t; x < e; ++x) q.valid[l][x] = true;
-        t = e;
-      }
-    }
+    for (std::uint32_t l = 0; l < c_.layers; ++l) compute_layer(i, l, 0, p->P);
     q.computed = true;
   }
 
@@ -1363,9 +1354,14 @@ class rank_runner {
       first = std::min<std::uint64_t>(k.a % (p->keys.size() + 1) * T, p->P);
       end = std::min<std::uint64_t>(first + (k.b + 1) * T, p->P);
     }
-    load_range lr{true, first, end, false};
-    bool ok = true;
-    const std::vector<std::int64_t> slots = slots_for(k, q, lr, ok);
+    const slots_kind kind = on_me(k.rank) ? k.slots : slots_kind::ok;
+    std::uint64_t bad = npos;
+    const std::vector<std::int64_t> slots = slots_for(kind, k.b, q, load_range{true, first, end, false}, bad);
+    // Refused, nothing queued, when a position of a full chunk it covers has no page.
+    const std::uint64_t covered_end = std::min<std::uint64_t>(end / T, p->keys.size()) * T;
+    const std::uint64_t covered_first = std::min(covered_end, (first + T - 1) / T * T);
+    const bool refused = kind == slots_kind::short_slots || (bad >= covered_first && bad < covered_end);
+    const bool open = q.open_by_layer;  // begin_save while a save by layer is reported: refused
     std::error_code ec;
     if (k.what == op::save) {
       ec = conn_->save(id(i), slots, first, end);
@@ -1377,9 +1373,14 @@ class rank_runner {
           if (auto e = conn_->save_layer(id(i), l))
             o.violations.push_back("save_layer(" + std::to_string(l) + ") failed: " + e.message());
     }
-    if (ok && ec && k.what == op::save)
-      o.violations.push_back("save with good slots of [" + std::to_string(first) + ", " +
-                             std::to_string(end) + ") returned '" + ec.message() + "'");
+    const std::string what = std::string(k.what == op::save ? "save" : "begin_save") + " of [" +
+                             std::to_string(first) + ", " + std::to_string(end) + ")";
+    if (refused && ec != errc::invalid_argument)
+      o.violations.push_back("invariant 5: " + what + " with no page for position " + std::to_string(bad) +
+                             " (slots_kind::" + name(kind) + ") returned '" + (ec ? ec.message() : "ok") +
+                             "', not invalid_argument");
+    if (!refused && !(k.what == op::save_by_layer && open) && ec)
+      o.violations.push_back(what + " with good slots returned '" + ec.message() + "'");
     if (!ec) q.saving = true;
   }
 
@@ -1444,15 +1445,13 @@ class rank_runner {
       }
       for (std::uint64_t t = out.load_first_token; t < out.loaded_end_token; ++t) q.valid[l][t] = true;
     }
-    for (const auto& snap : q.snapshots)
-      for (std::size_t c : snap.wrong)
-        if (c * T < out.loaded_end_token)
-          o.violations.push_back("invariant 2: wait_for_layer(" + std::to_string(snap.layer) +
-                                 ") returned ok while layer " + std::to_string(snap.layer) + " of chunk " +
-                                 std::to_string(c) + " of request " + std::to_string(id(i)) +
-                                 " was not in the pages, and the outcome " + show(std::optional(out)) +
-                                 " counts that chunk loaded (an agreed reach that grew again)");
-    q.snapshots.clear();
+    for (std::uint32_t l = 0; l < c_.layers; ++l)  // an agreed layer answer bounds the outcome
+      if (q.ready[l] && out.loaded_end_token > *q.ready[l])
+        o.violations.push_back("invariant 2: request " + std::to_string(id(i)) + "'s outcome " +
+                               show(std::optional(out)) + " counts loaded tokens past " +
+                               std::to_string(*q.ready[l]) + ", where an agreed wait_for_layer(" +
+                               std::to_string(l) + ") said layer " + std::to_string(l) +
+                               " ended (an agreed reach that grew again)");
   }
 
   // Invariant 2, later: every page that held its bytes still does.
@@ -1581,7 +1580,7 @@ struct main_req {
   bool slots_ok = true;                // every rank's load() took its slots
   std::uint64_t failures_at_load = 0;  // agreement failures when it started (rank 0)
   std::uint64_t failures_at_lookup = 0;
-  std::optional<std::size_t> lb;       // chunks stored at begin_lookup (no adversary)
+  std::optional<std::size_t> lb;  // chunks stored at begin_lookup (no adversary)
 };
 
 class driver {

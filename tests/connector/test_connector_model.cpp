@@ -448,9 +448,8 @@ TEST_CASE("connector model regression: a store that throws during a load leaves 
                  .commands = {begin_lookup(0), settle(), load(0), settle()}});
 }
 
-TEST_CASE("connector model regression: a put that throws fails the save", "[.][connector][regression]") {
-  // Bug 4: the saver's put throws on the saver thread: std::terminate. Hidden until the fix is in
-  // (it would end the test binary); the property runs this adversary with KVTIER_MODEL_PUT_THROWS=1.
+TEST_CASE("connector model regression: a put that throws fails the save", "[connector][regression]") {
+  // Bug 4: the saver's put threw on the saver thread: std::terminate.
   allow_put_throws() = true;
   expect_passes({.world = 1,
                  .layers = 2,
@@ -459,5 +458,4 @@ TEST_CASE("connector model regression: a put that throws fails the save", "[.][c
                  .prompts = {{.family = 0, .chunks = 1}},
                  .faults = {{.puts = {put_fault::throws}}},
                  .commands = {begin_lookup(0), compute(0), save(0)}});
-  allow_put_throws() = false;
 }
