@@ -241,7 +241,11 @@ rc::Gen<model_case> gen_case() {
       c.lookup_ms = 20;
       for (std::size_t r = 0; r < c.world; ++r) {
         rank_faults f;
+        // Faults often after a call or two that work: a late hit after chunks that landed in
+        // time is what makes a reach grow again.
+        const std::size_t lead = *weightedElement<std::size_t>({{2, 0}, {2, 1}, {1, 2}});
         const std::size_t gets = *weightedElement<std::size_t>({{2, 0}, {3, 1}, {2, 2}, {1, 3}});
+        if (gets) f.gets.resize(lead);
         for (std::size_t i = 0; i < gets; ++i) f.gets.push_back(*gen_get_fault(c.streamed));
         const std::size_t puts = *weightedElement<std::size_t>({{4, 0}, {1, 1}});
         for (std::size_t i = 0; i < puts; ++i)
