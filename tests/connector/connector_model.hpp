@@ -980,6 +980,9 @@ class rank_runner {
       });
     }
     if (!pending.empty()) o.violations.push_back("the saves did not end within 30 s of finish()");
+    // Every page is free now (no save reads it): freed, so a late write shows below.
+    for (std::size_t i = 0; i < reqs_.size() && pending.empty(); ++i)
+      if (reqs_[i].known && !reqs_[i].seq.blocks.empty()) release(i);
     const int failed_puts = s_.stores[r_]->failed_puts();
     const std::uint64_t save_failures = conn_->counters().save_failures.value();
     if (save_failures < static_cast<std::uint64_t>(failed_puts))
@@ -1050,6 +1053,7 @@ class rank_runner {
         if (!p || q.finished) return;
         if (!q.known) {
           if (!cache_.reserve(q.seq, p->P)) throw std::logic_error("harness: cache too small");
+          for (std::int32_t b : q.seq.blocks) free_fill_[static_cast<std::size_t>(b)] = -1;
           q.slots = slots_of(cache_, q.seq, p->P);
           q.valid.assign(c_.layers, std::vector<bool>(p->P, false));
         }
@@ -1142,6 +1146,7 @@ class rank_runner {
   // connector that still wrote them (after finish) would overwrite that request's bytes.
   void release(std::size_t i) {
     rq& q = reqs_[i];
+    for (std::int32_t b : q.seq.blocks) fill_block(static_cast<std::size_t>(b), freed_fill);
     cache_.release(q.seq);
     q.valid.clear();
     q.release_pending = false;
@@ -1454,8 +1459,39 @@ class rank_runner {
                                " ended (an agreed reach that grew again)");
   }
 
+  // A free block (never reserved: zeros; freed: freed_fill) is written by no one; each check
+  // reads it straight from the cache's memory (one plane per layer in this layout).
+  static constexpr int freed_fill = 0xA5;
+  std::span<std::byte> block_bytes(std::size_t b, std::uint32_t l) const {
+    const kv_layout& lay = cache_.layout();
+    return {cache_.view().plane(l, 0) + b * lay.block_stride, std::size_t{lay.block_size} * lay.token_stride};
+  }
+  void fill_block(std::size_t b, int fill) {
+    for (std::uint32_t l = 0; l < c_.layers; ++l)
+      std::memset(block_bytes(b, l).data(), fill, block_bytes(b, l).size());
+    free_fill_[b] = fill;
+  }
+  void check_free_blocks(rank_obs& o) const {
+    for (std::size_t b = 0; b < free_fill_.size(); ++b) {
+      if (free_fill_[b] < 0) continue;
+      for (std::uint32_t l = 0; l < c_.layers; ++l) {
+        const std::span<std::byte> v = block_bytes(b, l);
+        const auto wrong =
+            std::count_if(v.begin(), v.end(), [&](std::byte x) { return x != std::byte(free_fill_[b]); });
+        if (wrong) {
+          o.violations.push_back("invariant 2: layer " + std::to_string(l) + " of page block " +
+                                 std::to_string(b) +
+                                 (free_fill_[b] ? ", freed by a finished request," : ", never reserved,") +
+                                 " was written (" + std::to_string(wrong) + " bytes)");
+          return;
+        }
+      }
+    }
+  }
+
   // Invariant 2, later: every page that held its bytes still does.
   void check_pages(rank_obs& o) {
+    check_free_blocks(o);
     for (std::size_t i = 0; i < reqs_.size(); ++i) {
       const rq& q = reqs_[i];
       if (!q.known || q.valid.empty()) continue;
@@ -1509,7 +1545,8 @@ class rank_runner {
   connector_options opt_;
   std::vector<rq> reqs_;
   std::vector<std::byte> buf_;
-  std::unique_ptr<conn_t> conn_;  // last: it goes first
+  std::vector<int> free_fill_ = std::vector<int>(num_blocks, 0);  // per block: its fill while free, -1 in use
+  std::unique_ptr<conn_t> conn_;                                  // last: it goes first
 };
 
 // ---- the driver -------------------------------------------------------------------------------
