@@ -187,7 +187,7 @@ rc::Gen<get_fault_spec> gen_get_fault(bool streamed) {
     get_fault_spec f;
     f.f = *rc::gen::weightedElement<get_fault>(
         {{4, get_fault::none},
-         {unless("late_hits", 3), get_fault::late_hits},
+         {unless("late_hits", 5), get_fault::late_hits},
          {unless("stall", 2), get_fault::stall},
          {unless("get_throws", 2), get_fault::throws},
          {unless("corrupt", 2), get_fault::corrupt},
