@@ -12,16 +12,20 @@
 //      finished().loads, the layer wait's ready ends; at the end, every rank's recorded
 //      collectives (control and data);
 //   2. what an answer says is in the pages is, when it says so: an outcome's [first, loaded_end)
-//      (all layers), a layer wait's range of layer l (today's error_code answer: a chunk whose
-//      layer l was not in the pages at an ok wait must not be in the later outcome); and a page
+//      (all layers), a layer wait's [first_token, ready_end_token) of layer l; an outcome never
+//      counts loaded a token past an agreed layer answer's ready end; and a page
 //      that held its bytes keeps them, also once freed at finish and reused by a later request;
+//      a free page block (never reserved, or freed) is never written;
 //   3. every known key in every store holds exactly its reference bytes (or is absent);
 //   4. step, wait_for_layer, wait_local and wait_for_save return by their deadline plus `margin`
 //      (with one communicator, step and wait_for_layer move inside: by the loads' deadlines);
 //   5. no exception escapes (std::invalid_argument only where documented: a load range that is
-//      not whole chunks), and begin_lookup of a known id is errc::invalid_argument;
+//      not whole chunks); begin_lookup of a known id, and load / save / begin_save with slots
+//      that leave a token they cover without a page, are errc::invalid_argument (with good slots
+//      they succeed);
 //   6. an agreed plan, outcome or load_errors never changes once reported, nor a rank's first
-//      reason of a stage (errors(id));
+//      reason of a stage (errors(id)); an agreed layer answer never lists more than an earlier
+//      one for the same load and layer;
 //   7. a load agreed short that the engine did not cut (limit_load / cancel_load) has a load
 //      reason (errors(id)) on at least one rank; a put that failed counts as a save failure;
 //      no plan counts a chunk its owner never held;
@@ -29,8 +33,9 @@
 //   covers the prefix that was stored at begin_lookup, and a load of a fully stored range with
 //   good slots, uncut and with no failed agreement, ends complete.
 //
-// The engine computes (writes the model's bytes into) exactly what it did not load, saves only
-// what it computed, and frees a request's pages at finish (or once finished() lists its saves).
+// The engine computes (writes the model's bytes into) exactly what it did not load (and layer l
+// past an agreed layer answer's ready end), saves only what it computed, and frees a request's
+// pages at finish (or once finished() lists its saves).
 // A counterexample prints as C++ (operator<< of model_case): paste it into run_case() to keep it
 // as a regression test (test_connector_model.cpp has the ones the suite found).
 //
