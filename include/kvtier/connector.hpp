@@ -113,7 +113,9 @@ class connector {
  public:
   /// Throws std::invalid_argument naming what is wrong: ownership world != communicator size,
   /// control and data of different worlds, an invalid cache view, a cost or split policy
-  /// without node figures. `store`, `ctrl` and `data` must outlive the connector.
+  /// without node figures, a key namespace whose `ownership` is not `own.geometry()` (its keys
+  /// would be shared with deployments that place chunks on other ranks). `store`, `ctrl` and
+  /// `data` must outlive the connector.
   connector(chunker<> chunk, Own own, Store& store, Control& ctrl, Data& data, kv_cache_view cache,
             connector_options opt = {})
       : chunk_(std::move(chunk)),
@@ -132,7 +134,8 @@ class connector {
         mover_(data_, own_, geo_, shared_, separate_data(), opt_.data_writes_after_failure,
                counters_.quarantined_blocks),
         saver_(store_, geo_, shared_, counters_, opt_.save_timeout, rank()) {
-    if (std::string why = detail::connector_setup_problem(own_, ctrl_, data_, cache_, opt_); !why.empty())
+    if (std::string why = detail::connector_setup_problem(own_, ctrl_, data_, cache_, opt_, chunk_.ns());
+        !why.empty())
       throw std::invalid_argument("kvtier::connector: " + why);
     deployment_word_ = compute_deployment_word();
   }

@@ -302,3 +302,26 @@ TEST_CASE("connector step: more requests than the first round holds agree in a s
   });
   CHECK(calls[0] == calls[1]);
 }
+
+TEST_CASE("connector: a key namespace folded under another ownership is refused at construction",
+          "[connector]") {
+  // Two ranks sharing keys with a deployment of another geometry would load chunks that rank
+  // layout placed elsewhere; the Python binding refused this, the C++ constructor now does too.
+  constexpr rank_t W = 2;
+  comm::inproc_world world(W);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    memory_store mem(1 << 20);
+    host_kv_cache cache(rig_layout());
+    bool refused = false;
+    try {
+      connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(W), mem, c, cache.view(), rig_options());
+    } catch (const std::invalid_argument& e) {
+      refused = std::string(e.what()).find("ownership 'mod:1' differs from the ownership policy's geometry 'mod:2'") !=
+                std::string::npos;
+    }
+    LOCKED_CHECK(refused);
+    // The matching namespace is accepted.
+    connector ok(chunker<>(rig_ns("mod:2")), modulo_ownership(W), mem, c, cache.view(), rig_options());
+    LOCKED_CHECK(ok.rank() == c.rank());
+  });
+}
