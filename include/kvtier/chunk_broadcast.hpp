@@ -85,6 +85,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvtier/comm/broadcast_group.hpp"
 #include "kvtier/comm/communicator.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
@@ -358,23 +359,16 @@ std::error_code move_chunks(C& comm, const P& owners, B& buffers, const broadcas
       break;
     case broadcast_mode::grouped:
       for (rank_t o = 0; o < world; ++o) {
-        bool opened = false;
-        std::error_code first;
-        for (std::size_t c = begin; c < end; ++c) {
-          if (static_cast<rank_t>(owners.owner(c)) != o) continue;
-          if (!opened) {
-            opened = true;
-            ++res.collectives;
-            // A refused group_start opened no group (e.g. the communicator is poisoned):
-            // queue nothing and never call group_end, which would overwrite the first error.
-            if (auto ec = comm.group_start()) return fail(ec, "grouped broadcast");
-          }
-          if (auto ec = comm.broadcast(source(c, o), buffers.destination(c), o, dl); ec && !first) first = ec;
-        }
-        if (!opened) continue;
-        // Always close an opened group so every rank submits it (queueing errors surface on all ranks here).
-        if (auto ec = comm.group_end(dl); ec && !first) first = ec;
-        if (first) return fail(first, "grouped broadcast");
+        const auto owns = [&](std::size_t c) { return static_cast<rank_t>(owners.owner(c)) == o; };
+        bool any = false;
+        for (std::size_t c = begin; c < end && !any; ++c) any = owns(c);
+        if (!any) continue;  // an owner with no chunk below the prefix: no group (agreed on every rank)
+        ++res.collectives;
+        const std::error_code ec = kvtier::comm::broadcast_group(comm, [&](auto&& broadcast) {
+          for (std::size_t c = begin; c < end; ++c)
+            if (owns(c)) broadcast(source(c, o), buffers.destination(c), o);
+        }, dl);
+        if (ec) return fail(ec, "grouped broadcast");
       }
       break;
     case broadcast_mode::gathered: {

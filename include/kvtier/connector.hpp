@@ -59,10 +59,10 @@
 // wait_for_layer while a group is not yet agreed, are collectives: every rank calls them).
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
-// they decide in detail/connector_step.hpp; what an agreed load entry does (moves, target,
-// outcome) in detail/connector_settle.hpp; the moves in detail/connector_mover.hpp; the saves
-// (by request and by layer) in detail/connector_saver.hpp; the per-request state in
-// detail/connector_state.hpp. This file is the public API with its examples in place (about a
+// they decide in connector/detail/step.hpp; what an agreed load entry does (moves, target,
+// outcome) in connector/detail/settle.hpp; the moves in connector/detail/mover.hpp; the saves
+// (by request and by layer) in connector/detail/saver.hpp; the per-request state in
+// connector/detail/state.hpp. This file is the public API with its examples in place (about a
 // third of its lines are comments) and the engine thread's glue between those parts.
 #pragma once
 
@@ -88,12 +88,12 @@
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/deployment_check.hpp"
-#include "kvtier/detail/connector_errors.hpp"
-#include "kvtier/detail/connector_mover.hpp"
-#include "kvtier/detail/connector_saver.hpp"
-#include "kvtier/detail/connector_settle.hpp"
-#include "kvtier/detail/connector_state.hpp"
-#include "kvtier/detail/connector_step.hpp"
+#include "kvtier/connector/detail/errors.hpp"
+#include "kvtier/connector/detail/mover.hpp"
+#include "kvtier/connector/detail/saver.hpp"
+#include "kvtier/connector/detail/settle.hpp"
+#include "kvtier/connector/detail/state.hpp"
+#include "kvtier/connector/detail/step.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/kv_copy.hpp"

@@ -20,6 +20,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "comm/faulty.hpp"
 #include "connector/connector_rig.hpp"
 #include "kvtier/comm/inproc.hpp"
 #include "kvtier/comm/recording.hpp"
@@ -324,4 +325,43 @@ TEST_CASE("connector: a key namespace folded under another ownership is refused 
     connector ok(chunker<>(rig_ns("mod:2")), modulo_ownership(W), mem, c, cache.view(), rig_options());
     LOCKED_CHECK(ok.rank() == c.rank());
   });
+}
+
+TEST_CASE("connector: a poisoned data communicator fails the moves with its first error, never a misused group",
+          "[connector]") {
+  // The mover and chunk_broadcast share one move primitive (comm::broadcast_group): a refused
+  // group_start queues nothing and calls no group_end (the old mover queued the broadcasts and
+  // closed the unopened group anyway, one misuse a broadcast and a group).
+  constexpr rank_t W = 2;
+  const std::vector<token_id> prompt = rig_prompt(4 * T + 3, 14);
+  comm::inproc_world world(W), data_world(W);
+  std::vector<int> misuses(W, -1);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    const rank_t r = c.rank();
+    test::poisoned<comm::inproc_communicator> data(data_world.communicator_for(r), "timeout in request 9");
+    memory_store mem(64 << 20);
+    host_kv_cache cache(rig_layout());
+    {
+      connector conn(chunker<>(rig_ns("mod:2")), modulo_ownership(W), mem, c, data, cache.view(), rig_options());
+      const bool saved = compute_and_save(conn, cache, 1, prompt);
+      LOCKED_REQUIRE(saved);
+      const auto plan = lookup_agreed(conn, 2, prompt);
+      LOCKED_REQUIRE(plan);
+      LOCKED_REQUIRE(plan->load_end_token == 4 * T);
+      host_kv_cache::sequence seq;
+      LOCKED_REQUIRE(cache.reserve(seq, prompt.size()));
+      const std::error_code ec = conn.load(2, slots_of(cache, seq, prompt.size()));
+      LOCKED_CHECK_FALSE(ec);
+      const bool done = step_until(conn, [&] { return conn.load_result(2).has_value(); });
+      LOCKED_REQUIRE(done);
+      LOCKED_CHECK(conn.load_result(2)->loaded_end_token == 0);
+      const auto why = conn.errors(2);
+      LOCKED_REQUIRE_FALSE(why.empty());
+      LOCKED_CHECK(why[0].message.find("poisoned by an earlier failure: timeout in request 9") != std::string::npos);
+      conn.finish(2);
+      cache.release(seq);
+    }
+    misuses[r] = data.misuses();
+  });
+  CHECK(misuses == std::vector<int>(W, 0));
 }

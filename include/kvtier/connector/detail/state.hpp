@@ -1,4 +1,4 @@
-// kvtier/detail/connector_state.hpp: the per-request state behind kvtier::connector
+// kvtier/connector/detail/state.hpp: the per-request state behind kvtier::connector
 // (kvtier/connector.hpp), what its engine thread shares with the mover and saver threads, and
 // its staging blocks. Not public API.
 #pragma once
@@ -33,7 +33,7 @@
 
 namespace kvtier::detail {
 
-struct layer_save;  // detail/connector_saver.hpp
+struct layer_save;  // connector/detail/saver.hpp
 
 /// One request as this rank's connector sees it. Fields marked "mover" are written by the
 /// mover and saver threads under the connector's mutex; the rest belong to the engine thread.

@@ -1,4 +1,4 @@
-// kvtier/detail/connector_mover.hpp: the moves of kvtier::connector (kvtier/connector.hpp):
+// kvtier/connector/detail/mover.hpp: the moves of kvtier::connector (kvtier/connector.hpp):
 // the chunks a step agreed go owner -> every rank in one grouped broadcast per layer group on
 // the data communicator, into the load's staging block, and each layer group is kv_scatter'ed
 // into the pages as soon as its broadcast ended. Not public API.
@@ -31,10 +31,11 @@
 #include <utility>
 #include <vector>
 
+#include "kvtier/comm/broadcast_group.hpp"
 #include "kvtier/comm/communicator.hpp"
 #include "kvtier/deadline.hpp"
-#include "kvtier/detail/connector_errors.hpp"
-#include "kvtier/detail/connector_state.hpp"
+#include "kvtier/connector/detail/errors.hpp"
+#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/metrics.hpp"
 #include "kvtier/ownership.hpp"
@@ -144,16 +145,15 @@ class connector_mover {
       // A group no item moves issues nothing (the batch is agreed: the same on every rank).
       if (std::none_of(batch->begin(), batch->end(), [g](const move_item& m) { return m.moves(g); }))
         continue;
-      std::error_code ec = data_.group_start();
-      for (const move_item& m : *batch)
-        for (std::size_t i = m.begin; i < m.end && m.moves(g); ++i) {
-          const auto owner = static_cast<rank_t>(own_.owner(m.r->first_chunk + i));
-          const std::span<std::byte> s = geo_.staged_group(*m.r, i, g);
-          const std::error_code b = data_.broadcast(
-              owner == me ? std::span<const std::byte>(s) : std::span<const std::byte>{}, s, owner, dl);
-          if (b && !ec) ec = b;
-        }
-      if (std::error_code e = data_.group_end(dl); e && !ec) ec = e;
+      // Every owner's chunks in one group, each broadcast in place in its staging block.
+      const std::error_code ec = kvtier::comm::broadcast_group(data_, [&](auto&& broadcast) {
+        for (const move_item& m : *batch)
+          for (std::size_t i = m.begin; i < m.end && m.moves(g); ++i) {
+            const auto owner = static_cast<rank_t>(own_.owner(m.r->first_chunk + i));
+            const std::span<std::byte> s = geo_.staged_group(*m.r, i, g);
+            broadcast(owner == me ? std::span<const std::byte>(s) : std::span<const std::byte>{}, s, owner);
+          }
+      }, dl);
       if (ec) {  // no later group of this batch runs: its failure is agreed at the next step
         if (keep_failed_) keep_failed_blocks(*batch);
         std::string why = "move of layer group " + std::to_string(g) + ": " + ec.message();

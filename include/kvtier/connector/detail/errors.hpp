@@ -1,4 +1,4 @@
-// kvtier/detail/connector_errors.hpp: this rank's reasons (kvtier::request_error) for what
+// kvtier/connector/detail/errors.hpp: this rank's reasons (kvtier::request_error) for what
 // ended short in kvtier::connector (kvtier/connector.hpp): a lookup's or a fetch's failed keys,
 // a deadline that passed, a failed move, scatter or save, each in words that name the rank, the
 // stage and the chunk, with the store's own words when it keeps them. Local only: no reason is
@@ -17,7 +17,7 @@
 #include "kvtier/chunk_status.hpp"
 #include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
-#include "kvtier/detail/connector_state.hpp"
+#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/detail/store_common.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_types.hpp"

@@ -1,4 +1,4 @@
-// kvtier/detail/connector_step.hpp: the step agreement of kvtier::connector
+// kvtier/connector/detail/step.hpp: the step agreement of kvtier::connector
 // (kvtier/connector.hpp): the words each rank contributes per waiting request, their
 // encoding in the one all-reduce (min) of a step, and what the agreed words decide: a
 // lookup's plan after the policy, and a load's next moves and outcome. Pure functions of
@@ -20,7 +20,7 @@
 #include "kvtier/connector/types.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
-#include "kvtier/detail/connector_state.hpp"
+#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/fetch_types.hpp"
 
 namespace kvtier::detail {

@@ -1,4 +1,4 @@
-// kvtier/detail/connector_saver.hpp: the saves of kvtier::connector (kvtier/connector.hpp):
+// kvtier/connector/detail/saver.hpp: the saves of kvtier::connector (kvtier/connector.hpp):
 // a thread of its own gathers an owner's chunks from the pages and puts them in the store with
 // the save deadline, one save at a time in the order save() was called. Not public API.
 //
@@ -30,8 +30,8 @@
 
 #include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
-#include "kvtier/detail/connector_errors.hpp"
-#include "kvtier/detail/connector_state.hpp"
+#include "kvtier/connector/detail/errors.hpp"
+#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/kv_copy.hpp"

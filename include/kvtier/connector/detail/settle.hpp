@@ -1,4 +1,4 @@
-// kvtier/detail/connector_settle.hpp: what one agreed load entry of a step does to a running
+// kvtier/connector/detail/settle.hpp: what one agreed load entry of a step does to a running
 // load of kvtier::connector (kvtier/connector.hpp): the moves it hands to the mover, its target
 // and agreed reach, and its outcome once agreed. Both load modes (whole chunks, and
 // stream_groups' units); pure functions of agreed values apart from the mover's mutex, so every
@@ -12,9 +12,9 @@
 #include <optional>
 #include <vector>
 
-#include "kvtier/detail/connector_mover.hpp"
-#include "kvtier/detail/connector_state.hpp"
-#include "kvtier/detail/connector_step.hpp"
+#include "kvtier/connector/detail/mover.hpp"
+#include "kvtier/connector/detail/state.hpp"
+#include "kvtier/connector/detail/step.hpp"
 
 namespace kvtier::detail {
 
