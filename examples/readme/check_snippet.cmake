@@ -1,10 +1,10 @@
-# cmake -DREADME=README.md -DSOURCE=readme.cpp [-DMUTATE=ON] -P check_snippet.cmake
+# cmake -DREADME=README.md -DSOURCE=examples/readme/readme.cpp|readme.py [-DMUTATE=ON] -P check_snippet.cmake
 #
 # Fails unless the code block that follows the marker line
-#   <!-- snippet: examples/readme/readme.cpp -->
+#   <!-- snippet: examples/readme/readme.cpp -->   (or readme.py)
 # in README is byte-identical to the lines between "// README-BEGIN" and
-# "// README-END" in SOURCE. MUTATE=ON changes one byte of the source region
-# first, to show the check catches a one-byte drift.
+# "// README-END" in SOURCE ("# README-BEGIN" / "# README-END" in Python). MUTATE=ON
+# changes one byte of the source region first, to show the check catches a one-byte drift.
 # Strings only (no CMake lists), so ';' and brackets in C++ survive.
 foreach(var README SOURCE)
   if(NOT EXISTS "${${var}}")
@@ -30,15 +30,26 @@ function(between text begin end out what)
   set(${out} "${region}" PARENT_SCOPE)
 endfunction()
 
+get_filename_component(name "${SOURCE}" NAME)
+if(name MATCHES "\\.py$")
+  set(comment "#")
+  set(lang python)
+  set(mutate_line "import threading")
+else()
+  set(comment "//")
+  set(lang cpp)
+  set(mutate_line "#include <chrono>")
+endif()
+set(marker "<!-- snippet: examples/readme/${name} -->")
 file(READ "${SOURCE}" source_text)
 file(READ "${README}" readme_text)
-between("${source_text}" "// README-BEGIN" "// README-END" code "${SOURCE}")
-between("${readme_text}" "<!-- snippet: examples/readme/readme.cpp -->\n```cpp" "```" block "${README}")
+between("${source_text}" "${comment} README-BEGIN" "${comment} README-END" code "${SOURCE}")
+between("${readme_text}" "${marker}\n```${lang}" "```" block "${README}")
 if(MUTATE)
   set(before "${code}")
-  string(REPLACE "#include <chrono>\n" "#include <chrono> \n" code "${code}")
+  string(REPLACE "${mutate_line}\n" "${mutate_line} \n" code "${code}")
   if(code STREQUAL before)
-    message(FATAL_ERROR "check_snippet: MUTATE found no '#include <chrono>' line to change")
+    message(FATAL_ERROR "check_snippet: MUTATE found no '${mutate_line}' line to change")
   endif()
 endif()
 
@@ -59,9 +70,9 @@ if(NOT code STREQUAL block)
     endif()
     math(EXPR i "${i} + 1")
   endwhile()
-  message(FATAL_ERROR "check_snippet: README.md's code block differs from readme.cpp at line ${line}: "
-                      "copy the lines between '// README-BEGIN' and '// README-END' of ${SOURCE} "
-                      "into the ```cpp block after '<!-- snippet: examples/readme/readme.cpp -->' in ${README}")
+  message(FATAL_ERROR "check_snippet: README.md's code block differs from ${name} at line ${line}: "
+                      "copy the lines between '${comment} README-BEGIN' and '${comment} README-END' of ${SOURCE} "
+                      "into the ```${lang} block after '${marker}' in ${README}")
 endif()
 string(LENGTH "${code}" nc)
 message(STATUS "check_snippet: README.md's code block matches ${SOURCE} (${nc} bytes)")
