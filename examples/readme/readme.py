@@ -21,7 +21,7 @@ def rank_main(comm, tokens, out):
     ns = kvtier.KeyNamespace("my-model", "mla-bf16", chunk_tokens=T, ownership=f"mod:{W}")
     pages = [torch.zeros(BLOCKS, PAGE, 576, dtype=torch.bfloat16) for _ in range(LAYERS)]
     view = kvtier.KvCacheView.per_layer(kvtier.KvLayout.vllm_mla(LAYERS, BLOCKS, PAGE), pages)
-    l2 = kvtier.MemoryStore(64 << 20)  # an engine: kvtier.RemoteStore(f"resp://10.0.0.5:{6400 + rank}", ns)
+    l2 = kvtier.MemoryStore(64 << 20)  # an engine: kvtier.RemoteStore(f"resp://10.0.0.5:{6400 + comm.rank}", ns)
     store = kvtier.TieredStore(kvtier.MemoryStore(64 << 20), l2)
     with kvtier.Connector(kvtier.Chunker(ns), store, comm, view, lookup_timeout=2.0) as conn:
         conn.check_deployment(10.0)  # every rank configured alike, else InvalidArgument naming the field
