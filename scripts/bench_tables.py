@@ -237,36 +237,59 @@ def render_connector(runs):
                                "forward ends ms: whole chunks / streamed"], rows)
 
 
-def render_headline(results):
-    """The README's three figures, from the latest run of each benchmark."""
-    rows = []
-    js = load_runs(results, "bench_l2_floor")[-1]
+def headline_get(js):
+    """The largest batched GET of an l2_floor run against the one-per-round-trip floor, or None."""
     gets = [r for r in js["rows"] if r["op"] == "get" and "raw_per_rtt" in r["clients"]]
-    if gets:
-        r = max(gets, key=lambda r: (r["batch"] > 1, r["value_bytes"]))  # the largest batched GET
-        c = r["clients"]
+    if not gets:
+        return None
+    r = max(gets, key=lambda r: (r["batch"] > 1, r["value_bytes"]))
+    c = r["clients"]
+    ratios = [c[n]["gbps"] / c["raw_per_rtt"]["gbps"] for n in ("kvtier_asio", "kvtier_uring")]
+    return r, c, ratios
+
+
+def spread(values, what=""):
+    """' (N runs: a–b)' over every recorded run, when there is more than one."""
+    values = [v for v in values if v is not None]
+    return "" if len(values) < 2 else " (%s%d runs: %s–%s)" % (what, len(values), ratio(min(values)), ratio(max(values)))
+
+
+def render_headline(results):
+    """The README's three figures: the latest run of each benchmark, and the range over every run."""
+    rows = []
+    runs = load_runs(results, "bench_l2_floor")
+    got = [headline_get(js) for js in runs]
+    if got[-1]:
+        r, c, (asio, uring) = got[-1]
         rows.append(["[GET %d × %s, remote_store over Asio / io_uring](#bench_l2_floor)"
                      % (r["batch"], size_label(r["value_bytes"])),
                      "%s / %s GB/s" % (f2(c["kvtier_asio"]["gbps"]), f2(c["kvtier_uring"]["gbps"])),
                      "one GET per round trip (LMCache's pattern): %s GB/s" % f2(c["raw_per_rtt"]["gbps"]),
-                     "%s / %s" % (ratio(c["kvtier_asio"]["gbps"] / c["raw_per_rtt"]["gbps"]),
-                                  ratio(c["kvtier_uring"]["gbps"] / c["raw_per_rtt"]["gbps"])), run_label(js)])
-    js = load_runs(results, "bench_chunker")[-1]
-    chunks = js["tokens"] // js["chunk_tokens"]
-    if js.get("sha256_chain_us"):
+                     "%s / %s%s" % (ratio(asio), ratio(uring), spread([g[2][0] for g in got if g and
+                                                                       g[0]["value_bytes"] == r["value_bytes"]], "Asio, ")),
+                     run_label(runs[-1])])
+    runs = [js for js in load_runs(results, "bench_chunker") if js.get("sha256_chain_us")]
+    if runs:
+        js = runs[-1]
+        chunks = js["tokens"] // js["chunk_tokens"]
         rows.append(["[chunk keys of a %dk-token prompt, XXH3-128 chain](#bench_chunker)" % (js["tokens"] // 1000),
                      "%s µs per chunk" % f3(js["xxh3_chain_us"] / chunks),
                      "SHA-256 chain: %s µs per chunk" % f3(js["sha256_chain_us"] / chunks),
-                     "%s faster" % ratio(js["ratio_sha256_over_xxh3"]), run_label(js)])
-    js = load_runs(results, "bench_connector")[-1]
+                     "%s faster%s" % (ratio(js["ratio_sha256_over_xxh3"]),
+                                      spread([j["ratio_sha256_over_xxh3"] for j in runs])), run_label(js)])
+    runs = load_runs(results, "bench_connector")
     for store in ("memory", "redis"):
-        s = js.get(store, {})
+        both = [j[store] for j in runs if j.get(store, {}).get("connector_ms") and j[store].get("hand_ms")]
+        s = runs[-1].get(store, {})
         if s.get("connector_ms") and s.get("hand_ms"):
             rows.append(["[a load of 64 × 2 MiB at W = 2, %s stores, through the connector](#bench_connector)"
                          % ("in-process" if store == "memory" else "redis-server"),
                          "%s ms" % f2(s["connector_ms"]), "composed by hand: %s ms" % f2(s["hand_ms"]),
-                         "%s the time" % ratio(s["connector_ms"] / s["hand_ms"]), run_label(js)])
-    return table(["figure", "kvtier", "baseline, same run", "ratio", "run"], rows)
+                         "%s the time%s" % (ratio(s["connector_ms"] / s["hand_ms"]),
+                                            spread([b["connector_ms"] / b["hand_ms"] for b in both])),
+                         run_label(runs[-1])])
+    return table(["figure", "kvtier", "baseline, same run", "ratio (latest run; range over every run)", "latest run"],
+                 rows)
 
 
 RENDER = {
