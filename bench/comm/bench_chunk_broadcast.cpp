@@ -25,6 +25,7 @@
 #include "kvtier/chunk_broadcast.hpp"
 #include "kvtier/comm/inproc.hpp"
 
+#include "../support/machine.hpp"
 #include "../support/stats.hpp"
 
 using namespace kvtier;
@@ -227,18 +228,18 @@ int main(int argc, char** argv) {
       pipe.push_back(fetch_rep(W, N, cb, mode, true, fetch_us));
     }
     const double a = median(one), b = median(pipe);
+    const std::string name(to_string(mode));  // a string_view: printf's %s needs the terminator
     std::printf(
         "fetch %d us/chunk (%zu chunks/rank) + %s, chunk %zu B: one-shot %8.3f ms | pipelined %8.3f ms "
         "(%.2fx)\n",
-        fetch_us, N / W, to_string(mode), cb, a, b, a / b);
+        fetch_us, N / W, name.c_str(), cb, a, b, a / b);
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   "%s{\"mode\":\"%s\",\"chunk_bytes\":%zu,\"fetch_us_per_chunk\":%d,\"one_shot_ms\":%.4f,"
                   "\"pipelined_ms\":%.4f,\"pipelined_speedup\":%.3f}",
-                  first ? "" : ",", to_string(mode), cb, fetch_us, a, b, a / b);
+                  first ? "" : ",", name.c_str(), cb, fetch_us, a, b, a / b);
     json += buf;
     first = false;
   }
-  json += "]}";
-  std::printf("%s\n", json.c_str());
+  std::printf("%s],\"loadavg_1m\":%.2f}\n", json.c_str(), kvtier_bench::load_average());
 }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/machine.hpp"
 #include "../support/stats.hpp"
 #include "kvtier/chunker.hpp"
 
@@ -169,6 +170,7 @@ int main(int argc, char** argv) {
   std::printf("sha256 variants skipped: built without OpenSSL\n");
   js += ",\"ratio_sha256_over_xxh3\":null";
 #endif
-  std::printf("%s,\"sink\":%llu}\n", js.c_str(), static_cast<unsigned long long>(g_sink % 1000));
+  std::printf("%s,\"sink\":%llu,\"loadavg_1m\":%.2f}\n", js.c_str(),
+              static_cast<unsigned long long>(g_sink % 1000), kvtier_bench::load_average());
   return 0;
 }

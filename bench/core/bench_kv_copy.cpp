@@ -18,6 +18,7 @@
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/kv_layout.hpp"
 
+#include "../support/machine.hpp"
 #include "../support/stats.hpp"
 
 namespace {
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
   std::printf(
       "ratios: median over repetitions of memcpy time / copy time in the same repetition (1.0 = as fast as\n"
       "memcpy of the same bytes; target >= 0.7); paired, so load from other processes cancels out\n");
-  std::printf("%s],\"ok\":%s}\n", json.c_str(), ok ? "true" : "false");
+  std::printf("%s],\"ok\":%s,\"loadavg_1m\":%.2f}\n", json.c_str(), ok ? "true" : "false",
+              kvtier_bench::load_average());
   return ok ? 0 : 1;
 }

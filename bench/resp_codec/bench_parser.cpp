@@ -20,6 +20,7 @@
 
 #include "kvtier/resp/parser.hpp"
 
+#include "../support/machine.hpp"
 #include "../support/stats.hpp"
 
 namespace {
@@ -129,8 +130,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\":\"resp_parser\",\"value_bytes\":%zu,\"batch\":%zu,\"read_bytes\":%zu,\"reps\":%zu,"
       "\"dest_gb_per_s\":%.3f,\"string_gb_per_s\":%.3f,\"memcpy_gb_per_s\":%.3f,"
-      "\"ratio_dest_over_memcpy\":%.3f,\"ratio_string_over_memcpy\":%.3f}\n",
+      "\"ratio_dest_over_memcpy\":%.3f,\"ratio_string_over_memcpy\":%.3f,\"loadavg_1m\":%.2f}\n",
       bytes, batch, read, reps, dest_gbps, string_gbps, copy_gbps, dest_gbps / copy_gbps,
-      string_gbps / copy_gbps);
+      string_gbps / copy_gbps, kvtier_bench::load_average());
   return 0;
 }

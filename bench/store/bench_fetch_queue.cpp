@@ -23,6 +23,7 @@
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/store/memory_store.hpp"
 
+#include "../support/machine.hpp"
 #include "../support/stats.hpp"
 
 using namespace kvtier;
@@ -179,7 +180,7 @@ int main() {
       "\"req64_direct_us\":%.3f,\"req64_queue_us\":%.3f,\"queue_overhead_ns_per_chunk\":%.1f,"
       "\"pipelined_direct_us\":%.3f,\"pipelined_queue_us\":%.3f,"
       "\"l1_get_64k_gbs\":%.3f,\"memcpy_64k_gbs\":%.3f,\"ratio_get_memcpy_64k\":%.3f,"
-      "\"l1_get_12m_gbs\":%.3f,\"memcpy_12m_gbs\":%.3f,\"ratio_get_memcpy_12m\":%.3f}\n",
+      "\"l1_get_12m_gbs\":%.3f,\"memcpy_12m_gbs\":%.3f,\"ratio_get_memcpy_12m\":%.3f,\"loadavg_1m\":%.2f}\n",
       reps, d1 * 1e6, q1 * 1e6, overhead_req_us, d64 * 1e6, q64 * 1e6, overhead_chunk_ns, pipe_direct * 1e6,
-      pipe_queue * 1e6, g64k, c64k, g64k / c64k, g12m, c12m, g12m / c12m);
+      pipe_queue * 1e6, g64k, c64k, g64k / c64k, g12m, c12m, g12m / c12m, kvtier_bench::load_average());
 }

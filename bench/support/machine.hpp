@@ -1,5 +1,6 @@
 // bench/support/machine.hpp: what a benchmark reports beside its figures about the machine it
-// ran on: the 1-minute load average, this process's CPU seconds, a redis-server's CPU seconds.
+// ran on: the 1-minute load average (every bench's JSON line carries it as "loadavg_1m"), this
+// process's CPU seconds, a redis-server's CPU seconds.
 //
 //   const double s0 = kvtier_bench::server_cpu_s(srv), c0 = kvtier_bench::cpu_self_s();
 //   ... timed part ...
@@ -13,8 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-
-#include "support/redis_server.hpp"
 
 namespace kvtier_bench {
 
@@ -38,8 +37,10 @@ inline double cpu_self_s() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
-/// used_cpu_sys + used_cpu_user of the server (INFO cpu), seconds.
-inline double server_cpu_s(const kvtier::test::redis_server& srv) {
+/// used_cpu_sys + used_cpu_user of the server (INFO cpu), seconds. A template over the server
+/// (kvtier::test::redis_server) so that benches without a server include this header too.
+template <class Server>
+double server_cpu_s(const Server& srv) {
   const std::string info = srv.call({"INFO", "cpu"});
   auto field = [&](const char* name) {
     const std::size_t at = info.find(name);
