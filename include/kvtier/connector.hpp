@@ -132,7 +132,7 @@ class connector {
                        .stream_groups = streamed_}),
         estimator_(opt_.prior),
         mover_(data_, own_, geo_, shared_, separate_data(), opt_.data_writes_after_failure,
-               counters_.quarantined_blocks),
+               counters_.quarantined_blocks, opt_.move_timeout),
         saver_(store_, geo_, shared_, counters_, opt_.save_timeout, rank()) {
     if (std::string why = detail::connector_setup_problem(own_, ctrl_, data_, cache_, opt_, chunk_.ns());
         !why.empty())

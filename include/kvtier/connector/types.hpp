@@ -51,6 +51,13 @@ struct connector_options {
   load_timeout load_deadline{};    ///< per load, from load()
   std::chrono::milliseconds lookup_timeout{50};
   std::chrono::milliseconds save_timeout{2000};
+  /// The least time an agreed move gets, counted from when the mover starts it. Moves are
+  /// agreed on every rank, so they must not fail for being late: a move that started after its
+  /// load's deadline (the reach agreed as the deadline passed) would fail at once, and a failed
+  /// call poisons an MPI or NCCL data communicator for every later load. A move's deadline is
+  /// the later of its load's deadline and this. With one communicator the moves run inside
+  /// step(), so a step can run this much past its own deadline.
+  std::chrono::milliseconds move_timeout{1000};
   save_policy saves = save_policy::write_through;
   std::uint32_t save_after_lookups = 2;  ///< selective: lookups of a chunk before it is saved
   std::uint32_t layers_per_group = 0;    ///< layers moved and scattered together (0: all)

@@ -9,6 +9,11 @@
 // broadcast of group g + 1 (mostly waiting on the peers and the transport) is in flight. With
 // one communicator the moves run inside step(), one group after the other.
 //
+// A move's deadline. Moves are agreed on every rank, so being late must not fail them: a batch
+// gets the later of its loads' deadlines and connector_options::move_timeout from its start
+// (a reach agreed as a load's deadline passed is moved after it; with the load's deadline the
+// move failed at once, and over MPI or NCCL poisoned the data communicator for every later load).
+//
 // A failed move. With connector_options::data_writes_after_failure (a data communicator that
 // may still write a receive buffer after a call to it failed, e.g. MPI with
 // mpi_options::stage = false), the staging blocks of a failed batch are never reused or freed:
@@ -73,15 +78,18 @@ class connector_mover {
   /// `threaded`: run the moves on threads of the mover's own (a data communicator distinct
   /// from the control one); else submit() runs them at once, in the caller's thread.
   /// `keep_failed`: a failed batch's staging blocks are kept forever (counted in `quarantined`).
+  /// `move_timeout`: the least time a batch gets from its start (connector_options::move_timeout).
   connector_mover(Data& data, const Own& own, const connector_geometry& geo, connector_shared& shared,
-                  bool threaded, bool keep_failed, counter& quarantined)
+                  bool threaded, bool keep_failed, counter& quarantined,
+                  clock::duration move_timeout = std::chrono::seconds(1))
       : data_(data),
         own_(own),
         geo_(geo),
         shared_(shared),
         threaded_(threaded),
         keep_failed_(keep_failed),
-        quarantined_(quarantined) {
+        quarantined_(quarantined),
+        move_timeout_(move_timeout) {
     if (!threaded) return;
     scatterer_.start(
         [this](landed_group& job) {
@@ -139,7 +147,8 @@ class connector_mover {
   void run_groups(const std::vector<move_item>& items, std::uint32_t& g) {
     const auto batch = std::make_shared<const std::vector<move_item>>(items);
     const auto me = static_cast<rank_t>(data_.rank());
-    deadline dl = deadline::min();
+    // Agreed moves must not fail for being late (see connector_options::move_timeout).
+    deadline dl = deadline_after(move_timeout_);
     for (const move_item& m : *batch) dl = std::max(dl, m.r->load_dl);
     for (g = 0; g < geo_.groups; ++g) {
       // A group no item moves issues nothing (the batch is agreed: the same on every rank).
@@ -243,6 +252,7 @@ class connector_mover {
   connector_shared& shared_;
   const bool threaded_, keep_failed_;
   counter& quarantined_;
+  clock::duration move_timeout_;
   // Last, the scatterer before the worker that feeds it: they stop (worker first) before the
   // members above go.
   serial_worker<landed_group> scatterer_;
