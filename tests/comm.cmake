@@ -15,14 +15,22 @@ kvtier_add_test(test_comm_conformance SOURCES comm/test_comm_conformance.cpp LAB
 # MPI backend, one process per rank (label mpi). The oversubscribe and run-as-root
 # flags let 4 ranks run on a 2-core CI machine as root; users run plain `mpiexec -n W`.
 if(TARGET kvtier::mpi AND KVTIER_SANITIZE STREQUAL "")
+  # RANKS W: the test `name` under mpiexec -n W. RANKS W1 W2 ...: one test per count, `name`_nW.
   function(kvtier_add_mpi_test name)
-    cmake_parse_arguments(T "" "RANKS;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+    cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;RANKS" ${ARGN})
     add_executable(${name} ${T_SOURCES})
     target_link_libraries(${name} PRIVATE Catch2::Catch2 rapidcheck kvtier::mpi ${T_LIBS})
     target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-    add_test(NAME ${name} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${T_RANKS} --oversubscribe
-                                  --allow-run-as-root ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT ${T_TIMEOUT} PROCESSORS ${T_RANKS})
+    list(LENGTH T_RANKS counts)
+    foreach(ranks ${T_RANKS})
+      set(test ${name})
+      if(counts GREATER 1)
+        set(test ${name}_n${ranks})
+      endif()
+      add_test(NAME ${test} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} --oversubscribe
+                                    --allow-run-as-root ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
+      set_tests_properties(${test} PROPERTIES LABELS mpi TIMEOUT ${T_TIMEOUT} PROCESSORS ${ranks})
+    endforeach()
   endfunction()
   kvtier_add_mpi_test(test_comm_mpi SOURCES comm/test_comm_mpi.cpp RANKS 4 TIMEOUT 240)
   kvtier_add_mpi_test(test_comm_mpi_recovery SOURCES comm/test_comm_mpi_recovery.cpp RANKS 3 TIMEOUT 120)

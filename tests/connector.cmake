@@ -24,3 +24,8 @@ kvtier_add_test(test_connector_api SOURCES connector/test_connector_api.cpp LABE
 # Issue 26: random engine call sequences against a reference model, with scripted adversaries
 # (connector_model.hpp); 10,000 cases in Release, fewer under the sanitizers (KVTIER_PROPERTY_CASES).
 kvtier_add_test(test_connector_model SOURCES connector/test_connector_model.cpp LABELS property tsan TIMEOUT 900)
+# The same model with ranks that are MPI processes (label mpi; mpiexec -n 2 and -n 3): what MPI
+# cannot survive is left out (gen_options::mpi); KVTIER_MPI_PROPERTY_CASES sets the cases.
+if(COMMAND kvtier_add_mpi_test)
+  kvtier_add_mpi_test(test_connector_model_mpi SOURCES connector/test_connector_model_mpi.cpp RANKS 2 3 TIMEOUT 300)
+endif()
