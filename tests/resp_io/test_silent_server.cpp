@@ -1,5 +1,5 @@
 // A silent server trips the pool's circuit breaker (resp/pool.hpp), against real servers: a black
-// hole (a loopback listener that accepts and reads but never answers) on every transport, and a
+// hole (a loopback listener that accepts but never reads or answers) on every transport, and a
 // SIGSTOPped redis-server (plain and TLS), one rendezvous_store instance among live ones. After
 // `timeouts_to_trip` calls in a row time out, every call fails at once (no batch sent, no new
 // timeout counted) with errc::timeout and the last error in words; after the backoff one probe is
@@ -8,7 +8,6 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <string>
@@ -22,7 +21,6 @@
 #include "kvtier/store/remote_store.hpp"
 #include "resp_io/io_test_util.hpp"
 #include "resp_io/store_test_util.hpp"
-#include "support/loopback_acceptor.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #if KVTIER_TEST_TLS
@@ -37,22 +35,13 @@ using kvtier::errc;
 using kvtier::remote_store;
 using kvtier::resp::asio_connection;
 using kvtier::resp::uring_connection;
+using kvtier::test::black_hole_server;  // accepts, never reads or answers: a hung host
 using kvtier::test::keys_n;
 using kvtier::test::options_for;
 using kvtier::test::redis_server;
 using kvtier::test::test_ns;
 
 namespace {
-
-// Accepts, reads and drops every byte, never answers: a hung host behind a live accept queue.
-struct black_hole {
-  kvtier::test::loopback_acceptor acceptor{[](int fd) {
-    char buf[4096];
-    while (::recv(fd, buf, sizeof buf, 0) > 0) {
-    }
-  }};
-  std::string url() const { return "resp://127.0.0.1:" + std::to_string(acceptor.port()); }
-};
 
 // SIGSTOPs a server for the scope (SIGCONT on the way out, so its destructor can stop it).
 class stopped {
@@ -128,7 +117,7 @@ void require_trips_then_fails_fast(Store& store) {
 
 TEMPLATE_TEST_CASE("silent server: a black hole trips the breaker after two timeouts, then calls fail at once",
                    "[integration]", asio_connection, uring_connection) {
-  black_hole hole;
+  black_hole_server hole;
   remote_store<TestType> store(test_ns(), options_for(hole.url()), pool_of(60s));
   require_trips_then_fails_fast(store);
 }
@@ -169,7 +158,7 @@ TEST_CASE("silent server: a SIGSTOPped redis-server trips the breaker; a half-op
 TEST_CASE("silent server: one silent rendezvous_store instance fails fast; the others keep serving",
           "[integration]") {
   redis_server live;
-  black_hole hole;
+  black_hole_server hole;
   remote_store<asio_connection> a(test_ns(), options_for(live.url()), pool_of(60s));
   remote_store<asio_connection> b(test_ns(), options_for(hole.url()), pool_of(60s));
   kvtier::rendezvous_store<remote_store<asio_connection>> l2({&a, &b});
