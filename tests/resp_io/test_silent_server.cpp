@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvtier/metrics.hpp"
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/resp/uring_connection.hpp"
 #include "kvtier/store/cluster_store.hpp"
@@ -107,6 +108,11 @@ void require_trips_then_fails_fast(Store& store) {
   REQUIRE(after.connect_failures == before.connect_failures);
   REQUIRE(store.stats().down_refusals == 10);
   REQUIRE(store.pool().breaker().refusals == 10);
+  std::string text;  // and in the metrics
+  kvtier::write_prometheus(text, store.stats(), "kvtier_l2", "rank=\"0\"");
+  INFO(text);
+  REQUIRE(text.find("kvtier_l2_down_refusals_total{rank=\"0\"} 10\n") != std::string::npos);
+  REQUIRE(text.find("kvtier_l2_breaker_trips_total{rank=\"0\"} 1\n") != std::string::npos);
   const std::string why = store.last_error();
   INFO(why);
   REQUIRE(why.find("server down (silent") != std::string::npos);
