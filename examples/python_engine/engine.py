@@ -88,6 +88,8 @@ class Engine:
             kv = [self.cache.read(l, self.cache.slots(table, 0, n)).clone() for l in range(self.cfg.n_layers)] \
                 if keep_kv else []
             out = greedy_decode(self.model, self.comm, logits, n, self.cache, table, steps)
+            if conn is not None:  # the saves ran during the decode; steps (on every rank) until they ended
+                conn.settle()
             t_end = time.perf_counter()
         finally:
             self.cache.free(table)

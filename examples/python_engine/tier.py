@@ -13,7 +13,9 @@ only turns that into the calls the engine makes once per request:
     tier.start_load(tokens, table, first=front, upto=min(hit, n - 1), deadline=deadline)
     agreed = tier.agreed_tokens()                           # step() until load_result(id)
     logits = cp_forward(model, comm, tokens[agreed:], agreed, cache, table, tier.wait_for_layer)
-    tier.save(tokens, table, from_token=agreed, deadline=deadline)   # save + finish, pages free after
+    tier.save(tokens, table, from_token=agreed, deadline=deadline)   # save + finish: returns at once
+    ...                                                     # decode while the saver reads the pages
+    tier.settle()                                           # steps (every rank) until no save runs
 
 Every rank makes the same calls in the same order; the step() loops end on agreed values (an
 agreed plan, an agreed load outcome), so every rank runs the same number of steps. A miss, a
@@ -29,6 +31,7 @@ import torch
 import kvtier
 
 MAX_STEPS = 5000  # step() loops: bounded in count (and in time by the deadline of each step)
+ALL_ONES = (1 << 64) - 1  # a step's words agree the min over ranks: of ALL_ONES - x, the max of x
 
 
 class BoundTier:
@@ -48,7 +51,8 @@ class BoundTier:
         self.conn.check_deployment(10.0)
         self.rank, self.world = ctrl.rank, ctrl.size
         self._next_id, self.id, self.plan, self.outcome = 0, None, None, None
-        self._finished_saves: set[int] = set()
+        self._saving: set[int] = set()  # requests whose saves still read their pages (finished() frees)
+        self._saving_anywhere = 0  # agreed at each step: the most such requests on any rank
         self.last_load_errors: list[int] = []
         self.last_events: list = []
         self.layer_waits: list[int] = []
@@ -56,7 +60,9 @@ class BoundTier:
 
     def _step_until(self, done, what: str):
         for _ in range(MAX_STEPS):
-            self.conn.step(self.step_timeout_s)
+            words = self.conn.step(self.step_timeout_s, [ALL_ONES - len(self._saving)])
+            self._saving_anywhere = ALL_ONES - words[0]
+            self._saving.difference_update(self.conn.finished().saves)  # vLLM's get_finished
             if done():
                 return
             time.sleep(0.001)  # let the fetch workers answer
@@ -122,25 +128,22 @@ class BoundTier:
         for layer in range(self.cache.cfg.n_layers):  # nothing lands in pages freed afterwards
             self.conn.wait_for_layer(layer, self.layer_wait_s)
 
-    def save(self, tokens: torch.Tensor, table: list[int], from_token: int, deadline) -> int:
-        """PUTs this rank's owned full chunks at or after from_token and finishes the request; returns
-        once the pages are free again (the saver thread is done with them). Returns the chunks stored."""
+    def save(self, tokens: torch.Tensor, table: list[int], from_token: int, deadline=None) -> None:
+        """PUTs this rank's owned full chunks at or after from_token (the saver thread, by the
+        connector's save_timeout) and finishes the request; returns at once. The pages stay until
+        settle() says no rank's saves run any more: this rank never waits for its save alone (a
+        peer's step would wait for it)."""
         n = tokens.numel()
-        saved_before = self.conn.counters()["chunks_saved"]
         if from_token < n // self.chunk_tokens * self.chunk_tokens:
             self.conn.save(self.id, self.cache.slots(table, 0, n), from_token, n)
-        if not self.conn.finish(self.id):
-            end = time.monotonic() + max(0.0, deadline.remaining())
-            while self.id not in self._finished_saves:
-                self._finished_saves.update(self.conn.finished().saves)
-                if self.id in self._finished_saves:
-                    break
-                if time.monotonic() > end:
-                    raise RuntimeError(f"rank {self.rank}: request {self.id}: the save did not finish in time")
-                time.sleep(0.002)
-            self._finished_saves.discard(self.id)
+        if not self.conn.finish(self.id):  # the saves still read the pages: a later step frees them
+            self._saving.add(self.id)
+
+    def settle(self) -> None:
+        """Steps, every rank together, until no rank has a save running (an agreed condition, so every
+        rank takes the same steps); then every page this tier held for saves is free again."""
+        self._step_until(lambda: self._saving_anywhere == 0, "the end of the saves")
         self.last_events = self.conn.drain_events()
-        return self.conn.counters()["chunks_saved"] - saved_before
 
     def counters(self) -> dict:
         return self.conn.counters()

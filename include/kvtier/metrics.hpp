@@ -11,6 +11,8 @@
 //   ...
 //   std::string text = kvtier::to_prometheus(m, "kvtier", "rank=\"3\"");
 //   // kvtier_lookups_total{rank="3"} 1234 ...
+//   kvtier::write_prometheus(text, l2.stats(), "kvtier_l2", "rank=\"3\"");  // a remote store's counters
+//   // kvtier_l2_breaker_trips_total{rank="3"} 1   (a silent server tripped its breaker once)
 #pragma once
 
 #include <array>
@@ -25,6 +27,7 @@
 
 #include "kvtier/chunk_status.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/store/remote_stats.hpp"
 
 namespace kvtier {
 
@@ -241,6 +244,27 @@ inline void write_prometheus(std::string& out, const metrics& m, std::string_vie
   hist("load_latency_seconds", "Load latency, submit to completion.", m.load_latency);
   hist("put_latency_seconds", "Put (write-back) latency, submit to completion.", m.put_latency);
   hist("queue_wait_seconds", "Time from submit until a worker picks the request up.", m.queue_wait);
+}
+
+/// Appends a remote store's counters (remote_store, cluster_store: stats()) as Prometheus
+/// counters `<prefix>_<name>_total`, among them down_refusals (calls refused at once while the
+/// server was down) and breaker_trips (times a silent server tripped its breaker).
+inline void write_prometheus(std::string& out, const remote_store_stats& s, std::string_view prefix = "kvtier_l2",
+                             std::string_view labels = {}) {
+  const auto counter = [&](std::string_view name, std::string_view help, std::uint64_t v) {
+    const std::string full = std::string(name) + "_total";
+    detail::store_prom_header(out, prefix, full, "counter", help);
+    detail::store_prom_line(out, prefix, full, labels, {}, static_cast<double>(v));
+  };
+  counter("hits", "Values delivered verified.", s.hits);
+  counter("misses", "Keys absent.", s.misses);
+  counter("corrupt", "Values rejected by their length, header or checksum.", s.corrupt);
+  counter("timeouts", "Calls that hit their deadline (refusals while down included).", s.timeouts);
+  counter("errors", "Calls lost to connection or protocol errors, and error replies.", s.errors);
+  counter("fetched_bytes", "Payload bytes of hits.", s.bytes_fetched);
+  counter("stored_bytes", "Payload bytes of successful puts.", s.bytes_stored);
+  counter("down_refusals", "Calls refused at once, without I/O, while their server was down.", s.down_refusals);
+  counter("breaker_trips", "Times a server's breaker tripped on timeouts in a row.", s.breaker_trips);
 }
 
 /// write_prometheus() into a new string.
