@@ -37,17 +37,14 @@ int main() {
 
   kvtier::comm::inproc_world world(W);  // in an engine: kvtier::comm::mpi_communicator
   kvtier::comm::run_ranks(world, [&](kvtier::comm::inproc_communicator& comm) {
-    kvtier::memory_store l1(64 << 20), l2(64 << 20);  // L2 in an engine: this rank's own server,
-    // kvtier::remote_store<kvtier::resp::asio_connection> l2(chunk.ns(), {.server = url_of_rank_r});
+    kvtier::memory_store l1(64 << 20), l2(64 << 20);  // L2 in an engine: a remote_store per rank
     kvtier::tiered_store tiers(l1, l2);
     kvtier::host_kv_cache cache(kvtier::kv_layout::vllm_mla(/*layers=*/4, /*blocks=*/256, page));
-    // Deadlines: a lookup or load that runs out only shortens the agreed prefix (recompute from
-    // there). Generous here, where 4 ranks share a laptop's cores; an engine derives them from its
-    // prefill speed (defaults: 50 ms a lookup, 200 ms + 20 ms per 1,000 tokens a load).
+    // A lookup or load that runs out only shortens the agreed prefix; generous deadlines here (4
+    // ranks share a laptop's cores), an engine derives them from its prefill speed.
     const kvtier::connector_options opt{.load_deadline = {.base = 2s}, .lookup_timeout = 1s};
     kvtier::connector conn(chunk, own, tiers, comm, cache.view(), opt);  // rank r loads, saves its chunks
-    // Pages that saves still read, freed once finished() lists their request (vLLM's
-    // get_finished): never wait for a save, a peer's step would wait for this rank.
+    // Pages saves still read, freed once finished() lists them: never wait on a save (peers would).
     std::map<kvtier::request_id, kvtier::host_kv_cache::sequence> saving;
     std::uint64_t saving_anywhere = 0;  // agreed: the most pages held for saves on any rank
     // An engine calls step() once per engine step on every rank; here: until the agreed state holds.

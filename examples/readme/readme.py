@@ -3,19 +3,16 @@
 # README-BEGIN
 import threading
 
+import kvtier
 import torch
 
-import kvtier
-
 W, T, PAGE, LAYERS, BLOCKS = 2, 256, 64, 4, 128  # ranks (threads here), tokens per chunk and page
-
 
 def compute(pages, slots, first, end):
     """The model: the KV of positions [first, end) into the pages (the same on every rank)."""
     kv = torch.arange(first, end, dtype=torch.float32)[:, None].expand(-1, 576)
     for layer, page in enumerate(pages):
         page.view(-1, 576)[slots[first:end]] = (kv + layer).to(torch.bfloat16)
-
 
 def rank_main(comm, tokens, out):
     ns = kvtier.KeyNamespace("my-model", "mla-bf16", chunk_tokens=T, ownership=f"mod:{W}")
@@ -43,7 +40,6 @@ def rank_main(comm, tokens, out):
             while conn.step(2.0, words=[rid in saved])[0] == 0:  # the min over ranks: all saved
                 saved.update(conn.finished().saves)  # never blocks; free the pages of what it lists
             out[comm.rank].append((rid, loaded, len(tokens) - loaded))
-
 
 tokens = [i * 7919 % 151552 for i in range(10 * T + 100)]  # 10 full chunks and a tail
 world, out = kvtier.InprocWorld(W), [[] for _ in range(W)]
