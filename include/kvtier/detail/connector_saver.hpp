@@ -257,7 +257,11 @@ class connector_saver {
   }
 
   void run_whole(save_job& job, save_end& end, bool& in_store) {
-    std::vector<std::byte> values(job.chunks.size() * geo_.chunk_bytes);
+    // One buffer for every whole save (saves run one at a time on this thread): no fresh pages
+    // to fault in and zero per save. Every byte a put sends is gathered first (or its chunk failed).
+    if (whole_values_.size() < job.chunks.size() * geo_.chunk_bytes)
+      whole_values_.resize(job.chunks.size() * geo_.chunk_bytes);
+    const std::span<std::byte> values = std::span(whole_values_).first(job.chunks.size() * geo_.chunk_bytes);
     std::vector<bool> failed(job.chunks.size(), false);
     std::vector<value_hasher> hashers(hashing() ? job.chunks.size() : 0);
     for (std::size_t k = 0; k < job.chunks.size(); ++k) {
@@ -266,7 +270,11 @@ class connector_saver {
              hashers.empty() ? nullptr : &hashers[k]);
     }
     put(job, job.chunks, values, failed, job.why, end, in_store, hashers);
+    if (whole_values_.size() > kept_buffer_bytes) std::vector<std::byte>().swap(whole_values_);
   }
+
+  // run_whole's buffer is kept between saves up to this size (a larger one is given back).
+  static constexpr std::size_t kept_buffer_bytes = std::size_t{256} << 20;
 
   // The store takes checksums computed in the gather (one pass over the bytes: copy and hash).
   static constexpr bool hashing() noexcept { return prehashed_put_store<Store>; }
@@ -324,6 +332,9 @@ class connector_saver {
     const std::span<std::byte> part =
         layers.last == UINT32_MAX ? v : chunk_layers(geo_.cache.layout, geo_.chunk_tokens, v, layers);
     const auto chunk_slots = geo_.chunk_slots(slots, c);
+    // A skipped token's rows are not gathered: zeros, as in a fresh buffer, never an older save's bytes.
+    if (std::any_of(chunk_slots.begin(), chunk_slots.end(), [](std::int64_t s) { return s < 0; }))
+      std::fill(part.begin(), part.end(), std::byte{0});
     const std::error_code ec =
         hasher == nullptr
             ? kv_gather(geo_.cache, chunk_slots, part, layers)
@@ -441,6 +452,7 @@ class connector_saver {
   rank_t rank_;
   std::vector<connector_request_ptr> finishing_;  // finished with saves pending (under shared.mu)
   std::vector<request_error> ended_errors_;       // of requests whose saves had ended at finish()
+  std::vector<std::byte> whole_values_;           // run_whole's buffer, kept between saves (saver thread)
   serial_worker<save_job> worker_;                // last: it stops before the members above go
 };
 
