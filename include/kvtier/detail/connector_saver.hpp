@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -256,23 +257,57 @@ class connector_saver {
     return job.by_layer ? job.by_layer->why : job.why;
   }
 
+  // A whole save in slices of about slice_bytes: each slice is gathered (and hashed, in the
+  // gather) while the slice before it is put, on a helper thread, so a save costs about its put
+  // plus one slice's gather. One deadline for every slice's put.
   void run_whole(save_job& job, save_end& end, bool& in_store) {
+    const std::size_t n = job.chunks.size(), cb = geo_.chunk_bytes;
     // One buffer for every whole save (saves run one at a time on this thread): no fresh pages
     // to fault in and zero per save. Every byte a put sends is gathered first (or its chunk failed).
-    if (whole_values_.size() < job.chunks.size() * geo_.chunk_bytes)
-      whole_values_.resize(job.chunks.size() * geo_.chunk_bytes);
-    const std::span<std::byte> values = std::span(whole_values_).first(job.chunks.size() * geo_.chunk_bytes);
-    std::vector<bool> failed(job.chunks.size(), false);
-    std::vector<value_hasher> hashers(hashing() ? job.chunks.size() : 0);
-    for (std::size_t k = 0; k < job.chunks.size(); ++k) {
-      if (!hashers.empty()) hashers[k].begin(store_format(), geo_.chunk_bytes);
-      gather(job, job.chunks[k], job.slots, values, k, {}, failed, job.why,
-             hashers.empty() ? nullptr : &hashers[k]);
+    if (whole_values_.size() < n * cb) whole_values_.resize(n * cb);
+    const std::span<std::byte> values = std::span(whole_values_).first(n * cb);
+    std::vector<bool> failed(n, false);
+    std::vector<value_hasher> hashers(hashing() ? n : 0);
+    const deadline dl = deadline_after(save_timeout_);
+    const std::size_t per = std::max<std::size_t>(1, slice_bytes / std::max<std::size_t>(cb, 1));
+    std::optional<request_error> put_why;  // the puts' first failure (the helper's while one runs)
+    save_end slice_end;                    // the slice in flight's outcome (the helper's while it runs)
+    std::future<void> in_flight;           // last: a gather that throws waits here for the put it overlaps
+    auto settle = [&] {  // the put in flight ended: its outcome joins the save's
+      if (!in_flight.valid()) return;
+      in_store = true;
+      in_flight.get();  // rethrows what the put threw
+      in_store = false;
+      end.stored.insert(end.stored.end(), slice_end.stored.begin(), slice_end.stored.end());
+      end.failed |= slice_end.failed;
+      slice_end = {};
+    };
+    for (std::size_t first = 0; first < n; first += per) {
+      const std::size_t last = std::min(n, first + per);
+      for (std::size_t k = first; k < last; ++k) {
+        if (!hashers.empty()) hashers[k].begin(store_format(), cb);
+        gather(job, job.chunks[k], job.slots, values, k, {}, failed, job.why,
+               hashers.empty() ? nullptr : &hashers[k]);
+      }
+      settle();
+      in_flight = std::async(
+          std::launch::async,
+          [&, first, last, slice_failed = std::vector<bool>(failed.begin() + static_cast<std::ptrdiff_t>(first),
+                                                            failed.begin() + static_cast<std::ptrdiff_t>(last))] {
+            bool helper_in_store = false;
+            put(job, std::span(job.chunks).subspan(first, last - first), values.subspan(first * cb, (last - first) * cb),
+                slice_failed, put_why, slice_end, helper_in_store,
+                hashers.empty() ? std::span<const value_hasher>() : std::span<const value_hasher>(hashers).subspan(first, last - first),
+                dl);
+          });
     }
-    put(job, job.chunks, values, failed, job.why, end, in_store, hashers);
+    settle();
+    if (!job.why) job.why = put_why;
     if (whole_values_.size() > kept_buffer_bytes) std::vector<std::byte>().swap(whole_values_);
   }
 
+  // A whole save is put in slices of about this many bytes, each while the next is gathered.
+  static constexpr std::size_t slice_bytes = std::size_t{8} << 20;
   // run_whole's buffer is kept between saves up to this size (a larger one is given back).
   static constexpr std::size_t kept_buffer_bytes = std::size_t{256} << 20;
 
@@ -319,7 +354,7 @@ class connector_saver {
       end.failed = true;
       return true;
     }
-    put(job, ls.chunks, ls.values, ls.failed, ls.why, end, in_store, ls.hashers);
+    put(job, ls.chunks, ls.values, ls.failed, ls.why, end, in_store, ls.hashers, deadline_after(save_timeout_));
     return true;
   }
 
@@ -352,7 +387,7 @@ class connector_saver {
   // values when every one is complete (else the store hashes).
   void put(const save_job& job, std::span<const std::size_t> chunks, std::span<const std::byte> values,
            const std::vector<bool>& failed, std::optional<request_error>& why, save_end& end,
-           bool& in_store, std::span<const value_hasher> hashers) {
+           bool& in_store, std::span<const value_hasher> hashers, deadline dl) {
     std::vector<chunk_key> keys;
     std::vector<std::size_t> chunk_of;  // the prompt chunk of each key
     std::vector<std::span<const std::byte>> src;
@@ -368,7 +403,6 @@ class connector_saver {
     if (!hashed) digests.clear();
     std::vector<chunk_status> st(keys.size(), chunk_status::error);
     in_store = true;
-    const deadline dl = deadline_after(save_timeout_);
     std::error_code ec;
     if constexpr (prehashed_put_store<Store>)
       ec = store_.put_prehashed(keys, src, digests, st, dl);
