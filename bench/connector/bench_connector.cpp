@@ -18,6 +18,10 @@
 //             then steps until the outcome (forward_rows.hpp, shared with bench_connector_mpi).
 //             Whole-chunk and streamed; times from load() to layer 0 ready, the last layer
 //             ready, the forward's end and the agreed outcome, and streamed / whole.
+//   save      the connector's save of the whole prompt (write-through form: each owner gathers
+//             its chunks from the pages, hashing them in the gather, and puts them with the
+//             checksums known) against a plain store put of the same chunks already gathered
+//             (the store hashes them itself): save / put, target <= 1.1x (issue 28).
 // Stores: memory_store, and (when redis-server is installed) one redis-server per rank (value
 // format 2, a checksum per layer group). The warm-up round checks the pages byte for byte.
 // Ranks as processes: bench_connector_mpi.
@@ -54,6 +58,7 @@ constexpr rank_t W = 2;
 
 struct figures {
   std::vector<double> fetch, hand, conn, streamed;
+  std::vector<double> save, plain_put;  // the connector's save of the prompt; a put of the gathered bytes
   kvtier_bench::forward_samples forward;
 };
 
@@ -119,6 +124,23 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
       return b.agreed_tokens;
     };
     auto by_connector = [&](request_id id) { return kvtier_bench::connector_load(conn, id, prompt, slots); };
+    auto save_prompt = [&](request_id id) -> std::uint64_t {
+      if (conn.save(id, prompt, slots, 0, prompt.size()) || conn.wait_for_save(id, dl())) return 0;
+      const bool failed = !conn.errors(id).empty();
+      conn.finish(id);
+      return failed ? 0 : C * T;
+    };
+    auto plain_put = [&](request_id) -> std::uint64_t {
+      const auto mine = view.owned_chunks(C);
+      const auto mine_keys = view.owned_keys(keys);
+      std::vector<std::span<const std::byte>> src;
+      for (std::size_t k : mine) src.push_back(chunk_kv[k]);
+      std::vector<chunk_status> st(src.size());
+      if (store.put(mine_keys, src, st, dl())) return 0;
+      for (auto x : st)
+        if (x != chunk_status::stored) return 0;
+      return C * T;
+    };
     auto streamed = [&](request_id id) { return kvtier_bench::connector_load(conn_s, id, prompt, slots); };
     auto time = [&](auto&& f, request_id id, std::vector<double>& out) {
       barrier(c);
@@ -144,6 +166,12 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
         if (r == 0 && i > 0) fig.streamed.push_back(s[0]);
       }
       if (r == 0 && i > 0) fig.fetch.push_back(f[0]), fig.hand.push_back(h[0]), fig.conn.push_back(k[0]);
+      // Saves: the connector's (gather from the pages, hashed in the gather, put) against a plain
+      // put of the same chunks already gathered (chunk_kv holds them after the loads above).
+      std::vector<double> sv, pp;
+      time(save_prompt, 300000 + i, sv);
+      time(plain_put, 0, pp);
+      if (r == 0 && i > 0) fig.save.push_back(sv[0]), fig.plain_put.push_back(pp[0]);
       const auto n = kvtier_bench::forward_round(
           conn, conn_s, 100000 + 8 * i, rig, cache.view(), slots, streams, i == 0, [&] { barrier(c); },
           r == 0 && i > 0 ? &fig.forward : nullptr);
@@ -162,6 +190,10 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
     std::printf("%-12s streamed connector %7.1f ms | streamed / connector %.2fx | streamed / fetch %.2fx\n",
                 label, s * 1e3, s / k, s / f);
   }
+  const double sv = kvtier_bench::median(fig.save), pp = kvtier_bench::median(fig.plain_put);
+  std::printf("%-12s save (gather + hash + put) %7.1f ms | plain put of the gathered bytes %7.1f ms | "
+              "save / put %.2fx (target <= 1.10x)\n",
+              label, sv * 1e3, pp * 1e3, sv / pp);
   kvtier_bench::print_forward(label, fig.forward);
 }
 
@@ -200,11 +232,12 @@ int main(int argc, char** argv) {
       "{\"bench\":\"connector\",\"chunks\":%zu,\"chunk_bytes\":%zu,\"ranks\":%u,\"reps\":%d,"
       "\"memory\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f},"
       "\"redis\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f,\"streamed_ms\":%.2f,"
+      "\"save_ms\":%.2f,\"plain_put_ms\":%.2f,"
       "\"forward_end_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]},"
       "\"first_layer_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]}},"
       "\"load_average\":%.2f}\n",
       load_rig::C, load_rig::chunk_bytes(), W, reps, m(mem.fetch), m(mem.hand), m(mem.conn), m(red.fetch),
-      m(red.hand), m(red.conn), m(red.streamed), fm(0, 0, &ft::forward_end), fm(0, 1, &ft::forward_end),
+      m(red.hand), m(red.conn), m(red.streamed), m(red.save), m(red.plain_put), fm(0, 0, &ft::forward_end), fm(0, 1, &ft::forward_end),
       fm(1, 0, &ft::forward_end), fm(1, 1, &ft::forward_end), fm(0, 0, &ft::first_layer),
       fm(0, 1, &ft::first_layer), fm(1, 0, &ft::first_layer), fm(1, 1, &ft::first_layer),
       kvtier_bench::load_average());

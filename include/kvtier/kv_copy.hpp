@@ -195,10 +195,16 @@ inline std::error_code block_table_check(const kv_layout& lay, const block_table
   return make_error_code(errc::invalid_argument);
 }
 
-// The one copy loop of gather (ToChunk) and scatter.
-template <bool ToChunk>
+// Nothing to do after a plane was copied.
+struct kv_no_sink {
+  void operator()(std::span<const std::byte>) const noexcept {}
+};
+
+// The one copy loop of gather (ToChunk) and scatter. `on_plane` sees each plane's chunk bytes
+// once they are written (in chunk order, still in cache: a gather hashes them there).
+template <bool ToChunk, class OnPlane = kv_no_sink>
 void kv_copy_runs(const kv_cache_view& cache, std::span<const kv_run> runs, std::size_t tokens,
-                  std::byte* chunk, layer_range r) noexcept {
+                  std::byte* chunk, layer_range r, OnPlane&& on_plane = {}) noexcept {
   const kv_layout& lay = cache.layout;
   const std::uint64_t row = std::uint64_t{lay.heads} * lay.head_bytes;  // one token, one plane
   const std::uint64_t plane_bytes = row * tokens;
@@ -224,21 +230,32 @@ void kv_copy_runs(const kv_cache_view& cache, std::span<const kv_run> runs, std:
         for (std::uint64_t h = 0; h < lay.heads; ++h)
           move(dst + h * lay.head_bytes, src + h * lay.head_stride, lay.head_bytes);
       }
+      on_plane(std::span<const std::byte>(out, plane_bytes));
     }
   }
 }
 
 }  // namespace detail
 
+/// kv_gather calling `on_copied(bytes)` with each stretch of `chunk` as soon as it is written,
+/// in order, every byte of `chunk` once (one plane of one layer at a time, still in cache): e.g.
+/// a value_hasher's update, so the chunk is hashed in the same pass that copies it.
+template <class OnCopied>
+std::error_code kv_gather(const kv_cache_view& cache, std::span<const std::int64_t> slots,
+                          std::span<std::byte> chunk, layer_range r, kv_layout_error* why,
+                          OnCopied&& on_copied) {
+  if (auto ec = detail::kv_copy_check(cache, slots, chunk.size(), r, why, /*writes_cache=*/false)) return ec;
+  const auto runs = detail::kv_runs(cache.layout, slots);
+  detail::kv_copy_runs<true>(cache, runs, slots.size(), chunk.data(), r, on_copied);
+  return {};
+}
+
 /// Copies tokens slots[i] of layers r out of the paged cache into `chunk` (layer-major, see the
 /// file comment); `chunk` holds exactly those layers. Skipped tokens' rows stay untouched.
 inline std::error_code kv_gather(const kv_cache_view& cache, std::span<const std::int64_t> slots,
                                  std::span<std::byte> chunk, layer_range r = {},
                                  kv_layout_error* why = nullptr) {
-  if (auto ec = detail::kv_copy_check(cache, slots, chunk.size(), r, why, /*writes_cache=*/false)) return ec;
-  const auto runs = detail::kv_runs(cache.layout, slots);
-  detail::kv_copy_runs<true>(cache, runs, slots.size(), chunk.data(), r);
-  return {};
+  return kv_gather(cache, slots, chunk, r, why, detail::kv_no_sink{});
 }
 
 /// Copies `chunk` (layers r, layer-major) into the paged cache at slots[i]; a negative slot's

@@ -169,6 +169,26 @@ TEST_CASE("kv_cache_view: FlashInfer's interleaved K and V planes are accepted a
   }
 }
 
+TEST_CASE("kv_gather with a sink: every byte of the chunk once, in order, as it was gathered", "[unit]") {
+  // What the connector's saver hashes in the gather (one pass): the sink's stretches put end to
+  // end are the gathered chunk, for all layers and for a layer range (a save by layer group).
+  const auto lay = kv_layout::flashinfer(4, 5, 4, 2, 8, 2, kv_order::hnd);
+  auto c = test::make_cache(lay, view_kind::per_layer, 13);
+  const std::vector<std::int64_t> slots{3, 0, 19, 7, 8};
+  for (const layer_range r : {layer_range{}, layer_range{1, 3}}) {
+    const std::size_t bytes = lay.bytes_per_token() * slots.size() * (r.end(lay) - r.first) / lay.num_layers;
+    std::vector<std::byte> got(bytes), seen;
+    REQUIRE_FALSE(kv_gather(c.view, slots, got, r, nullptr, [&](std::span<const std::byte> s) {
+      REQUIRE(s.data() == got.data() + seen.size());  // in order, no gap, no byte twice
+      seen.insert(seen.end(), s.begin(), s.end());
+    }));
+    CHECK(seen == got);
+    std::vector<std::byte> plain(bytes);
+    REQUIRE_FALSE(kv_gather(c.view, slots, plain, r));
+    CHECK(plain == got);
+  }
+}
+
 TEST_CASE("kv_copy: bad arguments are refused before any byte moves, naming the field", "[unit]") {
   auto c = test::make_cache(kv_layout::vllm_mla(2, 4, 8, 2, 16), view_kind::per_layer, 1);
   const auto before = c.snapshot();

@@ -188,6 +188,41 @@ TEST_CASE("value_check: the checksum while the bytes land equals the one-pass ch
   CHECK_FALSE(c.payload_ok());
 }
 
+TEST_CASE("value_hasher: the digest of any split writes the header the payload itself writes", "[property]") {
+  kvtier::test::prop(
+      "encode(digest) == encode(payload)",
+      [](std::uint16_t len_seed, std::uint16_t group_seed, bool v2, std::uint16_t piece_seed) {
+        const std::size_t len = len_seed % 6000;  // 0 included
+        const auto f = v2 ? kvtier::value_format::v2(1 + group_seed % 900) : kvtier::value_format::v1();
+        RC_PRE(f.valid_for(len));
+        const auto payload = bytes_of(len, len_seed);
+        kvtier::value_hasher hasher;
+        hasher.begin(f, len);
+        const std::size_t step = 1 + piece_seed % 2000;  // pieces as a gather hands them over
+        for (std::size_t at = 0; at < len; at += step)
+          hasher.update(std::span<const std::byte>(payload).subspan(at, std::min(step, len - at)));
+        RC_ASSERT(hasher.complete());
+        std::vector<std::byte> from_payload(f.header_size(len)), from_digest(f.header_size(len));
+        RC_ASSERT(kvtier::encode_value_header(f, 7, chunk_key{1, 2}, payload, from_payload) == from_payload.size());
+        RC_ASSERT(kvtier::encode_value_header(hasher.digest(), 7, chunk_key{1, 2}, from_digest) ==
+                  from_digest.size());
+        RC_ASSERT(from_digest == from_payload);
+      },
+      10000);
+  // A digest short of its bytes, or of another format, writes no header.
+  const auto payload = bytes_of(1000, 1);
+  kvtier::value_hasher hasher;
+  hasher.begin(kvtier::value_format::v2(100), payload.size());
+  hasher.update(std::span<const std::byte>(payload).first(999));
+  CHECK_FALSE(hasher.complete());
+  kvtier::value_digest d = hasher.digest();
+  d.hashes.pop_back();
+  std::vector<std::byte> out(kvtier::value_format::v2(100).header_size(payload.size()));
+  CHECK(kvtier::encode_value_header(d, 7, chunk_key{1, 2}, out) == 0);
+  CHECK_FALSE(hasher.digest().fits(kvtier::value_format::v2(200), payload.size()));
+  CHECK_FALSE(hasher.digest().fits(kvtier::value_format::v1(), payload.size()));
+}
+
 // XXH3 kernels chosen at run time (kvtier/detail/xxhash.hpp): each must give the build's own
 // hash, one-shot and streamed in any split, at every length class XXH3 distinguishes (<= 16,
 // <= 128, <= 240 bytes, then stripes of 64, the 256-byte internal buffer, blocks of 1024).

@@ -70,4 +70,16 @@ concept group_streaming_store = chunk_store<S> &&
   { s.format() } -> std::convertible_to<value_format>;
 };
 
+/// A store whose put can take each value's checksums computed by the caller
+/// (remote_store::put_prehashed: digests in format()'s layout, e.g. from a value_hasher run while
+/// the caller copied the bytes), so the put makes no pass of its own over the payload. The
+/// connector's saver hashes inside its gather for such a store.
+template <class S>
+concept prehashed_put_store = chunk_store<S> &&
+    requires(S& s, std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+             std::span<const value_digest> digests, std::span<chunk_status> status, deadline dl) {
+  { s.put_prehashed(keys, src, digests, status, dl) } -> std::same_as<std::error_code>;
+  { s.format() } -> std::convertible_to<value_format>;
+};
+
 }  // namespace kvtier

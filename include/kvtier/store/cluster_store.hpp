@@ -133,11 +133,20 @@ class cluster_store {
   /// Stores src[i] under keys[i]. hit = stored.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
+    return put_prehashed(keys, src, {}, status, dl);
+  }
+
+  /// put() with each value's checksums already known (see remote_store::put_prehashed).
+  std::error_code put_prehashed(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+                                std::span<const value_digest> digests, std::span<chunk_status> status,
+                                deadline dl) {
     if (auto ec = codec_.check_batch(keys, src, status)) return ec;
+    if (!digests.empty())
+      if (auto ec = codec_.check_digests(src, digests)) return ec;
     return run(
         keys, status, dl, size_class(src), value_bytes(src),
         [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
-          codec_.add_put(s, j, keys[i], name, src[i]);
+          codec_.add_put(s, j, keys[i], name, src[i], digests.empty() ? nullptr : &digests[i]);
         },
         [&](const detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r, const node& n,
             const std::string& name) { return codec_.put_status(r, src[i].size(), n.where, name); });
@@ -170,6 +179,7 @@ class cluster_store {
   /// The last failure in words (a node's connection error, a key's error reply, a redirect loop).
   std::string last_error() const { return codec_.last_error(); }
   const key_namespace& ns() const noexcept { return codec_.ns(); }
+  const value_format& format() const noexcept { return codec_.format(); }
   /// The key name of `k` on the servers (with the hash tag in pinned placement).
   std::string key_text(const chunk_key& k) const { return codec_.key_text(k); }
 

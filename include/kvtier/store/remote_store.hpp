@@ -241,14 +241,37 @@ class remote_store {
   }
 
   /// Stores src[i] under keys[i] (header + payload, scatter-gather). hit = stored.
+  /// Each value is hashed in one pass just before its piece of the batch is sent (the header,
+  /// which carries the checksum, goes first): the one-pass order in which a source that changes
+  /// while it is sent fails its checksum rather than storing a mix that passes. A caller that
+  /// copied the bytes anyway hashes them in that copy and calls put_prehashed().
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) noexcept {
+    return put_prehashed(keys, src, {}, status, dl);
+  }
+
+  /// put() with each value's checksums already known (`digests[i]` of src[i] in this store's
+  /// format(), e.g. from a value_hasher run while src[i] was copied into staging; empty: put()),
+  /// so no pass over the payload runs before it is sent. Digests of another format or length:
+  /// invalid_argument, nothing sent. The caller vouches that src[i] still holds the bytes hashed;
+  /// if not, the stored value fails its checksum on read (corrupt), never a hit.
+  ///
+  ///   kvtier::value_hasher h;
+  ///   h.begin(l2.format(), staging.size());
+  ///   /* copy into staging, h.update(piece) per piece */
+  ///   std::vector<kvtier::value_digest> d{h.digest()};
+  ///   l2.put_prehashed(keys, src, d, st, dl);
+  std::error_code put_prehashed(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+                                std::span<const value_digest> digests, std::span<chunk_status> status,
+                                deadline dl) noexcept {
     if (auto ec = codec_.check_batch(keys, src, status)) return ec;
+    if (!digests.empty())
+      if (auto ec = codec_.check_digests(src, digests)) return ec;
     return guarded(status, "SET", [&] {
       return run(
           keys, status, dl, size_class(src), value_bytes(src),
           [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
-            codec_.add_put(s, j, keys[i], name, src[i]);
+            codec_.add_put(s, j, keys[i], name, src[i], digests.empty() ? nullptr : &digests[i]);
           },
           [&](detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r,
               const std::string& name) { return codec_.put_status(r, src[i].size(), where_, name); });

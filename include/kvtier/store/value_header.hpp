@@ -47,6 +47,7 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "kvtier/detail/xxhash.hpp"
 
@@ -109,9 +110,10 @@ inline std::uint64_t vh_get(std::span<const std::byte> b, std::size_t at, std::s
 inline std::uint64_t vh_xxh3(const void* p, std::size_t n) noexcept { return xxh3_64(p, n); }
 }  // namespace detail
 
-/// The header for `payload` stored as chunk `key` of the namespace with `ns_fingerprint`.
+/// The header of a payload of `length` bytes whose XXH3-64 is `payload_hash` (computed by the
+/// caller, e.g. while it copied the bytes: value_hasher), stored as chunk `key`.
 inline value_header_bytes encode_value_header(std::uint64_t ns_fingerprint, const chunk_key& key,
-                                              std::span<const std::byte> payload) noexcept {
+                                              std::size_t length, std::uint64_t payload_hash) noexcept {
   value_header_bytes b{};
   detail::vh_put(b, 0, value_header::magic, 4);
   detail::vh_put(b, 4, value_header::version, 2);
@@ -119,10 +121,17 @@ inline value_header_bytes encode_value_header(std::uint64_t ns_fingerprint, cons
   detail::vh_put(b, 8, ns_fingerprint, 8);
   detail::vh_put(b, 16, key.hi, 8);
   detail::vh_put(b, 24, key.lo, 8);
-  detail::vh_put(b, 32, payload.size(), 8);
-  detail::vh_put(b, 40, detail::vh_xxh3(payload.data(), payload.size()), 8);
+  detail::vh_put(b, 32, length, 8);
+  detail::vh_put(b, 40, payload_hash, 8);
   detail::vh_put(b, 48, detail::vh_xxh3(b.data(), 48), 8);
   return b;
+}
+
+/// The header for `payload` stored as chunk `key` of the namespace with `ns_fingerprint`.
+inline value_header_bytes encode_value_header(std::uint64_t ns_fingerprint, const chunk_key& key,
+                                              std::span<const std::byte> payload) noexcept {
+  return encode_value_header(ns_fingerprint, key, payload.size(),
+                             detail::vh_xxh3(payload.data(), payload.size()));
 }
 
 /// Checks everything in the header that can be checked before the payload is trusted.
@@ -217,6 +226,128 @@ struct value_format {
   }
 };
 
+/// The checksums of one payload in format `f`, as its header carries them: one (version 1) or
+/// one per group (version 2), in order. value_hasher computes them while the bytes pass by.
+struct value_digest {
+  value_format format{};
+  std::size_t length = 0;
+  std::vector<std::uint64_t> hashes;
+
+  /// True when it describes a payload of `length` bytes in format `f` (every checksum present).
+  bool fits(const value_format& f, std::size_t bytes) const noexcept {
+    return format.version == f.version && format.group_bytes == f.group_bytes && length == bytes &&
+           hashes.size() == f.groups(bytes);
+  }
+};
+
+namespace detail {
+// Format 2's header around the checksum table already at out[64, size): fixed fields and checksums.
+inline void vh_finish_v2(std::span<std::byte> out, std::size_t size, std::uint64_t ns_fingerprint,
+                         const chunk_key& key, std::size_t length, std::uint64_t group_size) noexcept {
+  auto put = [&](std::size_t at, std::uint64_t v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) out[at + i] = static_cast<std::byte>(v >> (8 * i));
+  };
+  put(0, value_header::magic, 4);
+  put(4, 2, 2);
+  put(6, size, 2);
+  put(8, ns_fingerprint, 8);
+  put(16, key.hi, 8);
+  put(24, key.lo, 8);
+  put(32, length, 8);
+  put(40, group_size, 8);
+  put(48, vh_xxh3(out.data() + value_format::v2_fixed, size - value_format::v2_fixed), 8);
+  put(56, vh_xxh3(out.data(), 56), 8);
+}
+inline void vh_put_at(std::span<std::byte> out, std::size_t at, std::uint64_t v) noexcept {
+  for (std::size_t i = 0; i < 8; ++i) out[at + i] = static_cast<std::byte>(v >> (8 * i));
+}
+}  // namespace detail
+
+/// Writes the header of a payload whose checksums are `d` (d.format, d.length) into `out`.
+/// Returns the bytes written, or 0 when out is too short, the format cannot describe the payload
+/// or `d` lacks a checksum.
+inline std::size_t encode_value_header(const value_digest& d, std::uint64_t ns_fingerprint,
+                                       const chunk_key& key, std::span<std::byte> out) noexcept {
+  const value_format& f = d.format;
+  const std::size_t size = f.header_size(d.length);
+  if (!f.valid_for(d.length) || out.size() < size || !d.fits(f, d.length)) return 0;
+  if (f.version == 1) {
+    const value_header_bytes h = encode_value_header(ns_fingerprint, key, d.length, d.hashes[0]);
+    std::memcpy(out.data(), h.data(), h.size());
+    return h.size();
+  }
+  for (std::size_t i = 0; i < d.hashes.size(); ++i)
+    detail::vh_put_at(out, value_format::v2_fixed + 8 * i, d.hashes[i]);
+  detail::vh_finish_v2(out, size, ns_fingerprint, key, d.length, f.group_size(d.length));
+  return size;
+}
+
+/// A payload's checksums in format `f`, computed as its bytes pass by (in order, any split): the
+/// writer's half of value_check, e.g. inside the gather that copies a chunk into staging, so the
+/// put that follows needs no pass of its own (remote_store::put_prehashed).
+///
+///   kvtier::value_hasher h;
+///   h.begin(store.format(), value.size());
+///   for (/* each piece copied into value, in order */) h.update(piece);
+///   kvtier::value_digest d = h.digest();           // d.hashes: one per group
+class value_hasher {
+ public:
+  /// A new payload of `length` bytes in format `f`, its checksums kept for digest().
+  void begin(const value_format& f, std::size_t length) {
+    digest_.hashes.assign(f.groups(length), 0);
+    start(f, length);
+    if (length == 0 && !digest_.hashes.empty()) digest_.hashes[0] = detail::vh_xxh3(nullptr, 0);
+  }
+  /// begin() without keeping the checksums: update() with an on_group only (value_check).
+  void start(const value_format& f, std::size_t length) noexcept {
+    digest_.format = f;
+    digest_.length = length;
+    groups_ = f.groups(length);
+    group_ = in_group_ = seen_ = 0;
+    group_size_ = f.version == 1 ? (length == 0 ? 1 : length) : f.group_size(length);
+    XXH3_64bits_reset(&state_);
+  }
+
+  /// The next `piece` of the payload; `on_group(i, hash)` as group i ends. Bytes past the
+  /// length are counted, never hashed (complete() then says no).
+  template <class OnGroup>
+  void update(std::span<const std::byte> piece, OnGroup&& on_group) noexcept {
+    const std::size_t length = digest_.length;
+    while (!piece.empty() && group_ < groups_) {
+      const std::size_t group_len = std::min<std::uint64_t>(group_size_, length - group_ * group_size_);
+      const std::size_t k = std::min(piece.size(), group_len - in_group_);
+      detail::xxh3_update(&state_, piece.data(), k);
+      piece = piece.subspan(k);
+      in_group_ += k;
+      seen_ += k;
+      if (in_group_ == group_len) {
+        on_group(group_, static_cast<std::uint64_t>(XXH3_64bits_digest(&state_)));
+        XXH3_64bits_reset(&state_);
+        ++group_;
+        in_group_ = 0;
+      }
+    }
+    seen_ += piece.size();
+  }
+  /// update() keeping each group's checksum (after begin()).
+  void update(std::span<const std::byte> piece) noexcept {
+    update(piece, [this](std::size_t i, std::uint64_t h) { digest_.hashes[i] = h; });
+  }
+
+  /// Every byte of the payload (and no more) went through update().
+  bool complete() const noexcept { return seen_ == digest_.length; }
+  std::size_t seen() const noexcept { return seen_; }
+  std::size_t groups() const noexcept { return groups_; }
+  /// The checksums (valid once complete(), after begin()).
+  const value_digest& digest() const noexcept { return digest_; }
+
+ private:
+  XXH3_state_t state_{};
+  value_digest digest_;
+  std::size_t groups_ = 0, group_ = 0, in_group_ = 0, seen_ = 0;
+  std::uint64_t group_size_ = 1;
+};
+
 /// Writes the header of `payload` in format `f` into `out` (f.header_size(payload.size()) bytes).
 /// Returns the bytes written, or 0 when out is too short or f cannot describe the payload.
 inline std::size_t encode_value_header(const value_format& f, std::uint64_t ns_fingerprint,
@@ -229,24 +360,11 @@ inline std::size_t encode_value_header(const value_format& f, std::uint64_t ns_f
     std::memcpy(out.data(), h.data(), h.size());
     return h.size();
   }
-  auto put = [&](std::size_t at, std::uint64_t v, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) out[at + i] = static_cast<std::byte>(v >> (8 * i));
-  };
-  const std::size_t groups = f.groups(payload.size());
-  for (std::size_t i = 0; i < groups; ++i) {
+  for (std::size_t i = 0; i < f.groups(payload.size()); ++i) {
     const auto g = f.group(payload, i);
-    put(value_format::v2_fixed + 8 * i, detail::vh_xxh3(g.data(), g.size()), 8);
+    detail::vh_put_at(out, value_format::v2_fixed + 8 * i, detail::vh_xxh3(g.data(), g.size()));
   }
-  put(0, value_header::magic, 4);
-  put(4, 2, 2);
-  put(6, size, 2);
-  put(8, ns_fingerprint, 8);
-  put(16, key.hi, 8);
-  put(24, key.lo, 8);
-  put(32, payload.size(), 8);
-  put(40, f.group_size(payload.size()), 8);
-  put(48, detail::vh_xxh3(out.data() + value_format::v2_fixed, size - value_format::v2_fixed), 8);
-  put(56, detail::vh_xxh3(out.data(), 56), 8);
+  detail::vh_finish_v2(out, size, ns_fingerprint, key, payload.size(), f.group_size(payload.size()));
   return size;
 }
 
@@ -308,11 +426,10 @@ class value_check {
     length_ = length;
     header_ = {};
     verdict_ = header_check::bad_magic;
-    seen_ = in_group_ = 0;
-    group_ = 0;
+    unchecked_ = 0;
     groups_ = f.groups(length);
-    group_size_ = f.version == 1 ? (length == 0 ? 1 : length) : f.group_size(length);
     bad_ = groups_;
+    hasher_.start(f, length);
   }
 
   /// Checks the header (kept: its checksums are compared as the groups end). Returns the verdict.
@@ -320,7 +437,7 @@ class value_check {
     header_ = h;
     verdict_ = check_value_header(format_, h, fingerprint_, key_, length_);
     if (verdict_ == header_check::ok) {
-      XXH3_64bits_reset(&state_);
+      hasher_.start(format_, length_);
       if (length_ == 0 && format_.version == 1 && !payload_matches(h.first<value_header::size>(), {}))
         bad_ = 0;  // an empty payload's checksum is checked here: no byte will land
     }
@@ -332,32 +449,20 @@ class value_check {
   /// The next `piece` of the payload, as it landed (after header() said ok).
   void payload(std::span<const std::byte> piece) noexcept {
     if (verdict_ != header_check::ok) {  // never after a refused header; counted, never checked
-      seen_ += piece.size();
+      unchecked_ += piece.size();
       return;
     }
-    while (!piece.empty() && group_ < groups_) {
-      const std::size_t group_len = std::min<std::uint64_t>(group_size_, length_ - group_ * group_size_);
-      const std::size_t k = std::min(piece.size(), group_len - in_group_);
-      detail::xxh3_update(&state_, piece.data(), k);
-      piece = piece.subspan(k);
-      in_group_ += k;
-      seen_ += k;
-      if (in_group_ == group_len) {
-        if (bad_ == groups_ && XXH3_64bits_digest(&state_) != expected(group_)) bad_ = group_;
-        XXH3_64bits_reset(&state_);
-        ++group_;
-        in_group_ = 0;
-      }
-    }
-    seen_ += piece.size();  // bytes past the length: never a whole value (payload_ok() says no)
+    hasher_.update(piece, [this](std::size_t i, std::uint64_t h) {
+      if (bad_ == groups_ && h != expected(i)) bad_ = i;
+    });
   }
 
   /// Every payload byte arrived, the header was ok and every group's checksum matched.
   bool payload_ok() const noexcept {
-    return verdict_ == header_check::ok && seen_ == length_ && bad_ == groups_;
+    return verdict_ == header_check::ok && seen() == length_ && bad_ == groups_;
   }
   /// Payload bytes seen so far.
-  std::size_t seen() const noexcept { return seen_; }
+  std::size_t seen() const noexcept { return unchecked_ + hasher_.seen(); }
   /// The first group whose checksum failed, or groups() when none did (so far).
   std::size_t bad_group() const noexcept { return bad_; }
   std::size_t groups() const noexcept { return groups_; }
@@ -368,12 +473,11 @@ class value_check {
                                                 : detail::vh_get(header_, value_format::v2_fixed + 8 * i, 8);
   }
 
-  XXH3_state_t state_{};
+  value_hasher hasher_;
   value_format format_{};
   std::uint64_t fingerprint_ = 0;
   chunk_key key_{};
-  std::size_t length_ = 0, seen_ = 0, in_group_ = 0, group_ = 0, groups_ = 0, bad_ = 0;
-  std::uint64_t group_size_ = 1;
+  std::size_t length_ = 0, unchecked_ = 0, groups_ = 0, bad_ = 0;
   std::span<const std::byte> header_{};
   header_check verdict_ = header_check::bad_magic;
 };

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,6 +48,8 @@ struct layer_save {
   std::vector<std::int64_t> slots;
   std::vector<std::byte> values;           // chunks.size() values, filled group by group (saver thread)
   std::vector<bool> failed;                // per chunk: a gather failed (saver thread)
+  std::vector<value_hasher> hashers;       // per chunk: its checksums, group by group as gathered (saver thread)
+  bool hashed_in_order = true;             // every group so far gathered in layer order (saver thread)
   std::optional<request_error> why;        // its first failure (saver thread)
   std::uint32_t gathered = 0;              // groups gathered (saver thread)
   bool broken = false;                     // a group's job threw: the last one puts nothing (saver thread)
@@ -254,12 +257,67 @@ class connector_saver {
     return job.by_layer ? job.by_layer->why : job.why;
   }
 
+  // A whole save in slices of about slice_bytes: each slice is gathered (and hashed, in the
+  // gather) while the slice before it is put, on a helper thread, so a save costs about its put
+  // plus one slice's gather. One deadline for every slice's put.
   void run_whole(save_job& job, save_end& end, bool& in_store) {
-    std::vector<std::byte> values(job.chunks.size() * geo_.chunk_bytes);
-    std::vector<bool> failed(job.chunks.size(), false);
-    for (std::size_t k = 0; k < job.chunks.size(); ++k)
-      gather(job, job.chunks[k], job.slots, values, k, {}, failed, job.why);
-    put(job, job.chunks, values, failed, job.why, end, in_store);
+    const std::size_t n = job.chunks.size(), cb = geo_.chunk_bytes;
+    // One buffer for every whole save (saves run one at a time on this thread): no fresh pages
+    // to fault in and zero per save. Every byte a put sends is gathered first (or its chunk failed).
+    if (whole_values_.size() < n * cb) whole_values_.resize(n * cb);
+    const std::span<std::byte> values = std::span(whole_values_).first(n * cb);
+    std::vector<bool> failed(n, false);
+    std::vector<value_hasher> hashers(hashing() ? n : 0);
+    const deadline dl = deadline_after(save_timeout_);
+    const std::size_t per = std::max<std::size_t>(1, slice_bytes / std::max<std::size_t>(cb, 1));
+    std::optional<request_error> put_why;  // the puts' first failure (the helper's while one runs)
+    save_end slice_end;                    // the slice in flight's outcome (the helper's while it runs)
+    std::future<void> in_flight;           // last: a gather that throws waits here for the put it overlaps
+    auto settle = [&] {  // the put in flight ended: its outcome joins the save's
+      if (!in_flight.valid()) return;
+      in_store = true;
+      in_flight.get();  // rethrows what the put threw
+      in_store = false;
+      end.stored.insert(end.stored.end(), slice_end.stored.begin(), slice_end.stored.end());
+      end.failed |= slice_end.failed;
+      slice_end = {};
+    };
+    for (std::size_t first = 0; first < n; first += per) {
+      const std::size_t last = std::min(n, first + per);
+      for (std::size_t k = first; k < last; ++k) {
+        if (!hashers.empty()) hashers[k].begin(store_format(), cb);
+        gather(job, job.chunks[k], job.slots, values, k, {}, failed, job.why,
+               hashers.empty() ? nullptr : &hashers[k]);
+      }
+      settle();
+      in_flight = std::async(
+          std::launch::async,
+          [&, first, last, slice_failed = std::vector<bool>(failed.begin() + static_cast<std::ptrdiff_t>(first),
+                                                            failed.begin() + static_cast<std::ptrdiff_t>(last))] {
+            bool helper_in_store = false;
+            put(job, std::span(job.chunks).subspan(first, last - first), values.subspan(first * cb, (last - first) * cb),
+                slice_failed, put_why, slice_end, helper_in_store,
+                hashers.empty() ? std::span<const value_hasher>() : std::span<const value_hasher>(hashers).subspan(first, last - first),
+                dl);
+          });
+    }
+    settle();
+    if (!job.why) job.why = put_why;
+    if (whole_values_.size() > kept_buffer_bytes) std::vector<std::byte>().swap(whole_values_);
+  }
+
+  // A whole save is put in slices of about this many bytes, each while the next is gathered.
+  static constexpr std::size_t slice_bytes = std::size_t{8} << 20;
+  // run_whole's buffer is kept between saves up to this size (a larger one is given back).
+  static constexpr std::size_t kept_buffer_bytes = std::size_t{256} << 20;
+
+  // The store takes checksums computed in the gather (one pass over the bytes: copy and hash).
+  static constexpr bool hashing() noexcept { return prehashed_put_store<Store>; }
+  value_format store_format() const {
+    if constexpr (prehashed_put_store<Store>)
+      return store_.format();
+    else
+      return value_format::v1();
   }
 
   // One layer group of a save by layer; the last one puts (an abandon job: the save fails).
@@ -275,31 +333,49 @@ class connector_saver {
       end.failed = true;
       return true;
     }
+    // Groups reported in layer order are hashed as they are gathered; any other order: the store hashes.
+    if (ls.hashed_in_order && (!hashing() || job.group != ls.gathered)) ls.hashed_in_order = false, ls.hashers.clear();
     ++ls.gathered;
     if (!ls.broken) {
-      if (ls.values.empty())
+      if (ls.values.empty()) {
         ls.values.resize(ls.chunks.size() * geo_.chunk_bytes), ls.failed.assign(ls.chunks.size(), false);
+        if (ls.hashed_in_order) {
+          ls.hashers.resize(ls.chunks.size());
+          for (auto& h : ls.hashers) h.begin(store_format(), geo_.chunk_bytes);
+        }
+      }
       for (std::size_t k = 0; k < ls.chunks.size(); ++k)
         if (!ls.failed[k])
-          gather(job, ls.chunks[k], ls.slots, ls.values, k, geo_.group_layers(job.group), ls.failed, ls.why);
+          gather(job, ls.chunks[k], ls.slots, ls.values, k, geo_.group_layers(job.group), ls.failed, ls.why,
+                 ls.hashers.empty() ? nullptr : &ls.hashers[k]);
     }
     if (!job.ends) return false;
     if (ls.broken) {  // an earlier group's job threw: nothing is put (ls.why says why)
       end.failed = true;
       return true;
     }
-    put(job, ls.chunks, ls.values, ls.failed, ls.why, end, in_store);
+    put(job, ls.chunks, ls.values, ls.failed, ls.why, end, in_store, ls.hashers, deadline_after(save_timeout_));
     return true;
   }
 
   // Gathers layers `layers` of prompt chunk c into value k of `values`; a failure marks it.
+  // With `hasher`, each stretch of the value is hashed as it is copied (kv_gather's sink).
   void gather(const save_job& job, std::size_t c, std::span<const std::int64_t> slots,
               std::span<std::byte> values, std::size_t k, layer_range layers, std::vector<bool>& failed,
-              std::optional<request_error>& why) {
+              std::optional<request_error>& why, value_hasher* hasher) {
     const std::span<std::byte> v = values.subspan(k * geo_.chunk_bytes, geo_.chunk_bytes);
     const std::span<std::byte> part =
         layers.last == UINT32_MAX ? v : chunk_layers(geo_.cache.layout, geo_.chunk_tokens, v, layers);
-    if (const std::error_code ec = kv_gather(geo_.cache, geo_.chunk_slots(slots, c), part, layers)) {
+    const auto chunk_slots = geo_.chunk_slots(slots, c);
+    // A skipped token's rows are not gathered: zeros, as in a fresh buffer, never an older save's bytes.
+    if (std::any_of(chunk_slots.begin(), chunk_slots.end(), [](std::int64_t s) { return s < 0; }))
+      std::fill(part.begin(), part.end(), std::byte{0});
+    const std::error_code ec =
+        hasher == nullptr
+            ? kv_gather(geo_.cache, chunk_slots, part, layers)
+            : kv_gather(geo_.cache, chunk_slots, part, layers, nullptr,
+                        [hasher](std::span<const std::byte> bytes) { hasher->update(bytes); });
+    if (ec) {
       failed[k] = true;
       if (!why) why = explain(job, c, ec, "gather from the pages: " + ec.message(), false);
     }
@@ -307,21 +383,31 @@ class connector_saver {
 
   // Puts the gathered chunks (those not failed) with the save deadline: `end` gets the keys
   // stored and whether the save failed, `why` its first failure.
+  // `hashers` (one per chunk, or none): the checksums computed in the gathers, put with the
+  // values when every one is complete (else the store hashes).
   void put(const save_job& job, std::span<const std::size_t> chunks, std::span<const std::byte> values,
            const std::vector<bool>& failed, std::optional<request_error>& why, save_end& end,
-           bool& in_store) {
+           bool& in_store, std::span<const value_hasher> hashers, deadline dl) {
     std::vector<chunk_key> keys;
     std::vector<std::size_t> chunk_of;  // the prompt chunk of each key
     std::vector<std::span<const std::byte>> src;
+    std::vector<value_digest> digests;
+    bool hashed = hashers.size() == chunks.size();
     for (std::size_t k = 0; k < chunks.size(); ++k) {
       if (failed[k]) continue;
       keys.push_back(job.r->keys[chunks[k]]);
       chunk_of.push_back(chunks[k]);
       src.push_back(values.subspan(k * geo_.chunk_bytes, geo_.chunk_bytes));
+      if (hashed && (hashed = hashers[k].complete())) digests.push_back(hashers[k].digest());
     }
+    if (!hashed) digests.clear();
     std::vector<chunk_status> st(keys.size(), chunk_status::error);
     in_store = true;
-    const std::error_code ec = store_.put(keys, src, st, deadline_after(save_timeout_));
+    std::error_code ec;
+    if constexpr (prehashed_put_store<Store>)
+      ec = store_.put_prehashed(keys, src, digests, st, dl);
+    else
+      ec = store_.put(keys, src, st, dl);
     in_store = false;
     for (std::size_t k = 0; k < keys.size(); ++k) {
       if (st[k] == chunk_status::stored) {
@@ -400,6 +486,7 @@ class connector_saver {
   rank_t rank_;
   std::vector<connector_request_ptr> finishing_;  // finished with saves pending (under shared.mu)
   std::vector<request_error> ended_errors_;       // of requests whose saves had ended at finish()
+  std::vector<std::byte> whole_values_;           // run_whole's buffer, kept between saves (saver thread)
   serial_worker<save_job> worker_;                // last: it stops before the members above go
 };
 

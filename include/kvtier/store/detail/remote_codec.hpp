@@ -77,6 +77,13 @@ class remote_codec {
     for (std::size_t i = 0; ok && i < values.size(); ++i) ok = format_.valid_for(values[i].size());
     return ok ? std::error_code{} : make_error_code(errc::invalid_argument);
   }
+  /// A prehashed put's check: one digest per value, each of this store's format and its value's length.
+  std::error_code check_digests(std::span<const std::span<const std::byte>> values,
+                                std::span<const value_digest> digests) const noexcept {
+    bool ok = values.size() == digests.size();
+    for (std::size_t i = 0; ok && i < values.size(); ++i) ok = digests[i].fits(format_, values[i].size());
+    return ok ? std::error_code{} : make_error_code(errc::invalid_argument);
+  }
 
   /// The server-side key name of `key`.
   std::string key_text(const chunk_key& key) const { return remote_key_text(prefix_, key); }
@@ -158,11 +165,18 @@ class remote_codec {
     return chunk_status::hit;
   }
 
-  /// SET `name` to header + src as entry j of `s` (written from the caller's memory).
+  /// SET `name` to header + src as entry j of `s` (written from the caller's memory). With
+  /// `digest` (src's checksums, computed by the caller: check_digests() accepted them) the header
+  /// is written from it, with no pass over src; else src is hashed here, in full, before its
+  /// first byte is sent: a source that changes while it is sent then fails its checksum
+  /// (corrupt), never a mix that passes.
   void add_put(remote_scratch& s, std::size_t j, const chunk_key& key, std::string_view name,
-               std::span<const std::byte> src) const {
+               std::span<const std::byte> src, const value_digest* digest = nullptr) const {
     s.headers[j].resize(format_.header_size(src.size()));
-    encode_value_header(format_, fingerprint_, key, src, s.headers[j]);
+    if (digest != nullptr)
+      encode_value_header(*digest, fingerprint_, key, s.headers[j]);
+    else
+      encode_value_header(format_, fingerprint_, key, src, s.headers[j]);
     s.out_parts[2 * j] = std::span<const std::byte>(s.headers[j]);
     s.out_parts[2 * j + 1] = src;
     s.batch.add_with_payload({"SET", name},
