@@ -30,6 +30,19 @@ if(TARGET kvtier::asio)
   kvtier_add_test(test_tier_down SOURCES resp_io/test_tier_down.cpp LABELS integration LIBS kvtier::asio
                   TIMEOUT 120)
 endif()
+# A silent server (black hole, SIGSTOP) trips the pool's breaker on timeouts in a row (issue 27).
+if(TARGET kvtier::asio AND TARGET kvtier::uring)
+  if(TARGET kvtier::tls)
+    kvtier_add_test(test_silent_server SOURCES resp_io/test_silent_server.cpp LABELS integration
+                    LIBS kvtier::asio kvtier::uring kvtier::tls TIMEOUT 60)
+    if(TARGET test_silent_server)
+      target_compile_definitions(test_silent_server PRIVATE KVTIER_TEST_TLS=1)
+    endif()
+  else()
+    kvtier_add_test(test_silent_server SOURCES resp_io/test_silent_server.cpp LABELS integration
+                    LIBS kvtier::asio kvtier::uring TIMEOUT 60)
+  endif()
+endif()
 kvtier_add_test(test_cluster SOURCES resp_io/test_cluster.cpp LABELS unit)
 if(TARGET kvtier::asio AND TARGET kvtier::uring)
   kvtier_add_test(test_cluster_store SOURCES resp_io/test_cluster_store.cpp LABELS integration

@@ -298,7 +298,8 @@ py::dict remote_stats(const kvtier::remote_store_stats& x) {
   d["bad_header"] = x.bad_header, d["bad_checksum"] = x.bad_checksum, d["other_format"] = x.other_format;
   d["timeouts"] = x.timeouts, d["errors"] = x.errors, d["bytes_fetched"] = x.bytes_fetched;
   d["bytes_stored"] = x.bytes_stored, d["redirects"] = x.redirects, d["retries"] = x.retries;
-  d["map_refreshes"] = x.map_refreshes;
+  d["map_refreshes"] = x.map_refreshes, d["down_refusals"] = x.down_refusals;
+  d["breaker_trips"] = x.breaker_trips;
   return d;
 }
 

@@ -24,9 +24,24 @@
 // connections do not each pay a connect attempt. down() / down_until() let an engine check:
 //
 //   if (l2.pool().down()) skip_the_tier();   // e.g. treat every chunk as a miss, no I/O at all
+//
+// A silent server trips it too (a black hole that accepts and never answers, a SIGSTOPped or
+// hung host: the connect succeeds, so the connect backoff never starts). After
+// pool_options::timeouts_to_trip calls in a row that hit their deadline (on any of the pool's
+// connections), the server is down for a backoff (silence_backoff_min, doubling up to
+// silence_backoff_max): every acquire() fails at once with errc::timeout and the last timeout's
+// words ("... 3 calls in a row timed out ..."), so a store's lookup answers at once (timeout:
+// recompute from there) and a save is skipped, counted in breaker().refusals. After the backoff
+// one call is let through (half-open): if it is answered the server is up again; if it times
+// out too the pool trips again at once, with the backoff doubled; the calls that come while
+// it runs are refused. Any answered call resets the count.
+//
+//   pool_options p{.connections = 4, .timeouts_to_trip = 2};  // 0: never trip on silence
+//   if (pool.breaker().down) log(pool.breaker().last_error);
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -49,6 +64,21 @@ namespace kvtier::resp {
 struct pool_options {
   std::size_t connections = 4;     ///< connections to the server (at least 1)
   std::size_t reserved_small = 1;  ///< of those, kept for small requests (< connections)
+  /// Calls in a row that time out before the server counts as down (see the header comment);
+  /// 0: never on silence (a refused connect still trips the pool).
+  std::size_t timeouts_to_trip = 2;
+  std::chrono::milliseconds silence_backoff_min{250};   ///< first down period after a trip on silence
+  std::chrono::milliseconds silence_backoff_max{4000};  ///< cap of its doubling (each failed probe)
+};
+
+/// The pool's circuit breaker, as seen by a caller (connection_pool::breaker()).
+struct breaker_status {
+  bool down = false;                     ///< calls are refused at once now
+  std::uint64_t trips = 0;               ///< times it tripped on silence (timeouts in a row)
+  std::uint64_t refusals = 0;            ///< calls refused at once while down (any cause)
+  std::uint64_t probes = 0;              ///< half-open calls let through after a backoff
+  std::size_t consecutive_timeouts = 0;  ///< calls in a row that timed out, now
+  std::string last_error;                ///< why it is (or was last) down, in words
 };
 
 /// Which connections a request may take (see the header comment).
@@ -91,6 +121,10 @@ class connection_pool {
 
   explicit connection_pool(connection_options opt, pool_options p = {})
       : opt_(std::move(opt)),
+        trip_after_(p.timeouts_to_trip),
+        silence_min_(std::max(p.silence_backoff_min, std::chrono::milliseconds(1))),
+        silence_max_(std::max(p.silence_backoff_max, silence_min_)),
+        silence_backoff_(silence_min_),
         reserved_(std::min(p.reserved_small, std::max<std::size_t>(p.connections, 1) - 1)),
         busy_(std::max<std::size_t>(p.connections, 1), false),
         snapshots_(busy_.size()) {
@@ -116,13 +150,37 @@ class connection_pool {
   }
 
   /// While the server is down (a connection's connect failed and its reconnect backoff has not
-  /// ended): when calls may try again. Empty once a call may try, and after any call succeeded.
+  /// ended, or calls in a row timed out and the silence backoff has not ended): when calls may
+  /// try again. Empty once a call may try, and after any call succeeded.
   std::optional<clock::time_point> down_until() const {
     std::lock_guard<std::mutex> lock(mu_);
-    if (clock::now() >= down_until_) return std::nullopt;
-    return down_until_;
+    const clock::time_point until = std::max(down_until_, silent_until_);
+    if (clock::now() >= until) return std::nullopt;
+    return until;
   }
   bool down() const { return down_until().has_value(); }
+
+  /// Adds the breaker's counters (refusals, trips on silence) to `refusals` and `trips` (a
+  /// store's stats(); no words, no allocation).
+  void add_breaker_counts(std::uint64_t& refusals, std::uint64_t& trips) const noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    refusals += down_refusals_;
+    trips += trips_;
+  }
+
+  /// The circuit breaker's state and counters (see the header comment).
+  breaker_status breaker() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    breaker_status b;
+    const auto now = clock::now();
+    b.down = now < down_until_ || now < silent_until_ || (silent_ && probe_out_);
+    b.trips = trips_;
+    b.refusals = down_refusals_;
+    b.probes = probes_;
+    b.consecutive_timeouts = consecutive_timeouts_;
+    b.last_error = now < down_until_ ? down_text_ : silent_text_;
+    return b;
+  }
 
   /// Lends up to `n` connections of the request's size class at once (a batch spread over
   /// them): waits until `dl` for the first, then takes whichever others are free now, without
@@ -137,6 +195,7 @@ class connection_pool {
       std::unique_lock<std::mutex> lock(mu_);
       std::size_t index = npos;
       if (const std::error_code ec = wait_for_free(lock, kind, dl, why, index)) return ec;
+      if (probe_index_ == index) n = 1;  // a half-open probe is one connection's call
       do {
         busy_[index] = true;
         got.push_back(index);
@@ -184,6 +243,19 @@ class connection_pool {
     const auto now = clock::now();
     if (now >= dl)
       return failed(why, make_error_code(errc::timeout), "the deadline had passed before the call started");
+    if (silent_ && (now < silent_until_ || probe_out_)) {
+      ++down_refusals_;
+      if (why != nullptr) {
+        *why = "server down (silent: ";
+        *why += now < silent_until_ ? "next probe in " + std::to_string(std::chrono::ceil<std::chrono::milliseconds>(
+                                                                            silent_until_ - now)
+                                                                            .count()) +
+                                          " ms"
+                                    : std::string("a probe call is under way");
+        *why += ") after: " + silent_text_;
+      }
+      return make_error_code(errc::timeout);
+    }
     if (now < down_until_) {
       ++down_refusals_;
       if (why != nullptr) *why = "server down (in reconnect backoff) after: " + down_text_;
@@ -192,7 +264,46 @@ class connection_pool {
     auto pick = [&] { return (index = find_free(kind)) != npos; };
     if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
       return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
+    if (silent_) {  // the backoff ended: this call is the half-open probe
+      probe_out_ = true;
+      probe_index_ = index;
+      ++probes_;
+    }
     return {};
+  }
+
+  // Under mu_: the silence breaker's bookkeeping for a connection given back, from how its
+  // counters moved during the lease (`before`: its snapshot at the last release).
+  void note_outcome(const Connection& c, const connection_stats& before, const connection_stats& after,
+                    std::size_t index) {
+    const bool was_probe = probe_out_ && probe_index_ == index;
+    if (was_probe) probe_out_ = false, probe_index_ = npos;
+    std::uint64_t silent_calls = after.timeouts - before.timeouts;
+    if constexpr (requires { c.last_connect_error(); })  // a connect or handshake that got no answer
+      if (after.connect_failures > before.connect_failures && c.last_connect_error() == errc::timeout)
+        ++silent_calls;
+    if (silent_calls > 0) {
+      consecutive_timeouts_ += silent_calls;
+      if (trip_after_ == 0 || (consecutive_timeouts_ < trip_after_ && !was_probe)) return;
+      // Trip (again): the server let these calls time out.
+      const auto now = clock::now();
+      if (silent_ && now < silent_until_) return;  // a call lent before the trip: already down
+      ++trips_;
+      silent_ = true;
+      silent_until_ = now + std::chrono::duration_cast<clock::duration>(silence_backoff_);
+      silence_backoff_ = std::min(silence_backoff_ * 2, silence_max_);
+      try {
+        silent_text_ = std::to_string(consecutive_timeouts_) + " calls in a row timed out";
+        if constexpr (requires { c.last_error(); }) silent_text_ += "; the last: " + std::string(c.last_error());
+      } catch (...) {  // out of memory: keep the older text
+      }
+    } else if (after.batches > before.batches && after.failures == before.failures) {
+      // Answered: the server is up.
+      consecutive_timeouts_ = 0;
+      silent_ = false;
+      silent_until_ = {};
+      silence_backoff_ = silence_min_;
+    }
   }
 
   static std::error_code failed(std::string* why, std::error_code ec, std::string_view text) {
@@ -204,8 +315,10 @@ class connection_pool {
     {
       std::lock_guard<std::mutex> lock(mu_);
       const Connection& c = *conns_[index];
+      const connection_stats before = snapshots_[index];
       snapshots_[index] = c.stats();
       busy_[index] = false;
+      note_outcome(c, before, snapshots_[index], index);
       if constexpr (requires {
                       c.down_until();
                       c.last_connect_error();
@@ -227,6 +340,8 @@ class connection_pool {
   }
 
   connection_options opt_;
+  std::size_t trip_after_;
+  std::chrono::milliseconds silence_min_, silence_max_, silence_backoff_;
   std::size_t reserved_;
   std::vector<std::unique_ptr<Connection>> conns_;
   mutable std::mutex mu_;
@@ -237,6 +352,14 @@ class connection_pool {
   std::error_code down_error_;
   std::string down_text_;
   std::uint64_t down_refusals_ = 0;
+  // The silence breaker (see the header comment).
+  bool silent_ = false;                // tripped on timeouts, no call answered since
+  clock::time_point silent_until_{};   // calls before it are refused; after it, one probe
+  bool probe_out_ = false;             // the half-open probe is lent
+  std::size_t probe_index_ = npos;     // its connection
+  std::size_t consecutive_timeouts_ = 0;
+  std::uint64_t trips_ = 0, probes_ = 0;
+  std::string silent_text_;
 };
 
 }  // namespace kvtier::resp

@@ -160,7 +160,13 @@ class cluster_store {
     return map_.nodes()[o];
   }
 
-  remote_store_stats stats() const noexcept { return codec_.stats(); }
+  /// A snapshot of the counters (down_refusals and breaker_trips summed over the nodes).
+  remote_store_stats stats() const noexcept {
+    remote_store_stats s = codec_.stats();
+    std::lock_guard<std::mutex> lock(nodes_mu_);
+    for (const auto& n : nodes_) n->pool.add_breaker_counts(s.down_refusals, s.breaker_trips);
+    return s;
+  }
   /// The last failure in words (a node's connection error, a key's error reply, a redirect loop).
   std::string last_error() const { return codec_.last_error(); }
   const key_namespace& ns() const noexcept { return codec_.ns(); }
@@ -582,7 +588,7 @@ class cluster_store {
   std::condition_variable refresh_cv_;
   bool refreshing_ = false;       // under refresh_mu_
   std::size_t refresh_turn_ = 0;  // while refreshing_ is ours
-  std::mutex nodes_mu_;
+  mutable std::mutex nodes_mu_;
   std::vector<std::unique_ptr<node>> nodes_;
 };
 

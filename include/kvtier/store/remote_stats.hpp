@@ -25,6 +25,11 @@ struct remote_store_stats {
   std::uint64_t redirects = 0;      ///< cluster: MOVED and ASK replies followed
   std::uint64_t retries = 0;        ///< cluster: TRYAGAIN / CLUSTERDOWN / lost-node rounds retried
   std::uint64_t map_refreshes = 0;  ///< cluster: slot map reloads
+  /// Calls failed at once, without I/O, because their server was down (a refused connect in
+  /// backoff, or the breaker tripped on timeouts in a row: resp/pool.hpp); counted in timeouts
+  /// or errors too. A skipped save is one of them.
+  std::uint64_t down_refusals = 0;
+  std::uint64_t breaker_trips = 0;  ///< times a server's breaker tripped on silence (timeouts in a row)
 };
 
 }  // namespace kvtier

@@ -256,7 +256,11 @@ class remote_store {
   }
 
   /// A snapshot of the counters.
-  remote_store_stats stats() const noexcept { return codec_.stats(); }
+  remote_store_stats stats() const noexcept {
+    remote_store_stats s = codec_.stats();
+    pool_.add_breaker_counts(s.down_refusals, s.breaker_trips);
+    return s;
+  }
 
   const key_namespace& ns() const noexcept { return codec_.ns(); }
   const value_format& format() const noexcept { return codec_.format(); }

@@ -1,0 +1,209 @@
+// A silent server trips the pool's circuit breaker (resp/pool.hpp), against real servers: a black
+// hole (a loopback listener that accepts and reads but never answers) on every transport, and a
+// SIGSTOPped redis-server (plain and TLS), one rendezvous_store instance among live ones. After
+// `timeouts_to_trip` calls in a row time out, every call fails at once (no batch sent, no new
+// timeout counted) with errc::timeout and the last error in words; after the backoff one probe is
+// let through: silent again, it trips again at once; answered (SIGCONT), the server is back.
+// Asserts on counts (batches, timeouts, refusals, trips), never on elapsed time.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvtier/resp/asio_connection.hpp"
+#include "kvtier/resp/uring_connection.hpp"
+#include "kvtier/store/rendezvous_store.hpp"
+#include "kvtier/store/remote_store.hpp"
+#include "resp_io/io_test_util.hpp"
+#include "resp_io/store_test_util.hpp"
+#include "support/loopback_acceptor.hpp"
+#include "support/redis_server.hpp"
+#if KVTIER_TEST_TLS
+#include "kvtier/resp/asio_tls_connection.hpp"
+#include "support/test_pki.hpp"
+#endif
+
+using namespace std::chrono_literals;
+using kvtier::chunk_status;
+using kvtier::deadline_after;
+using kvtier::errc;
+using kvtier::remote_store;
+using kvtier::resp::asio_connection;
+using kvtier::resp::uring_connection;
+using kvtier::test::keys_n;
+using kvtier::test::options_for;
+using kvtier::test::redis_server;
+using kvtier::test::test_ns;
+
+namespace {
+
+// Accepts, reads and drops every byte, never answers: a hung host behind a live accept queue.
+struct black_hole {
+  kvtier::test::loopback_acceptor acceptor{[](int fd) {
+    char buf[4096];
+    while (::recv(fd, buf, sizeof buf, 0) > 0) {
+    }
+  }};
+  std::string url() const { return "resp://127.0.0.1:" + std::to_string(acceptor.port()); }
+};
+
+// SIGSTOPs a server for the scope (SIGCONT on the way out, so its destructor can stop it).
+class stopped {
+ public:
+  explicit stopped(const redis_server& s) : pid_(s.pid()) { ::kill(pid_, SIGSTOP); }
+  stopped(const stopped&) = delete;
+  stopped& operator=(const stopped&) = delete;
+  ~stopped() { resume(); }
+  void resume() {
+    if (pid_ > 0) ::kill(std::exchange(pid_, -1), SIGCONT);
+  }
+
+ private:
+  pid_t pid_;
+};
+
+constexpr std::size_t trip_after = 2;
+constexpr auto short_call = 300ms;  // a call against a silent server costs this, once per timeout
+
+// Trips after two timeouts in a row; `backoff` long enough (or not) for the test to probe.
+kvtier::resp::pool_options pool_of(std::chrono::milliseconds backoff) {
+  return {.connections = 2,
+          .reserved_small = 1,
+          .timeouts_to_trip = trip_after,
+          .silence_backoff_min = backoff,
+          .silence_backoff_max = backoff};
+}
+
+// Waits (bounded) until the breaker's backoff has ended and a probe may go.
+template <class Store>
+void wait_for_probe_time(Store& store) {
+  for (int i = 0; i < 400 && store.pool().down(); ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE_FALSE(store.pool().down());
+}
+
+// Two calls time out, then ten calls (lookups and saves, each with a 2 s deadline) fail at once:
+// no batch reaches a connection, no timeout is added, the store counts the refusals.
+template <class Store>
+void require_trips_then_fails_fast(Store& store) {
+  const auto keys = keys_n(3);
+  std::vector<chunk_status> st(keys.size());
+  for (std::size_t i = 0; i < trip_after; ++i) {
+    REQUIRE_FALSE(store.pool().breaker().down);
+    REQUIRE(store.exists(keys, st, deadline_after(short_call)) == errc::timeout);
+  }
+  const auto b = store.pool().breaker();
+  REQUIRE(b.down);
+  REQUIRE(b.trips == 1);
+  REQUIRE(store.stats().breaker_trips == 1);
+  REQUIRE(b.consecutive_timeouts == trip_after);  // batches or handshakes that got no answer
+  const auto before = store.pool().stats();
+  std::vector<std::vector<std::byte>> src(keys.size(), std::vector<std::byte>(1000, std::byte{7}));
+  for (int i = 0; i < 5; ++i) {
+    std::fill(st.begin(), st.end(), chunk_status::hit);
+    REQUIRE(store.exists(keys, st, deadline_after(2s)) == errc::timeout);  // a lookup: a miss, at once
+    for (auto s : st) REQUIRE(s == chunk_status::timeout);
+    REQUIRE(store.put(keys, kvtier::test::cspans(src), st, deadline_after(2s)) == errc::timeout);  // skipped
+    for (auto s : st) REQUIRE(s == chunk_status::timeout);
+  }
+  const auto after = store.pool().stats();
+  REQUIRE(after.batches == before.batches);    // nothing was sent
+  REQUIRE(after.timeouts == before.timeouts);  // no call waited for its deadline
+  REQUIRE(after.connect_failures == before.connect_failures);
+  REQUIRE(store.stats().down_refusals == 10);
+  REQUIRE(store.pool().breaker().refusals == 10);
+  const std::string why = store.last_error();
+  INFO(why);
+  REQUIRE(why.find("server down (silent") != std::string::npos);
+  REQUIRE(why.find("2 calls in a row timed out") != std::string::npos);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("silent server: a black hole trips the breaker after two timeouts, then calls fail at once",
+                   "[integration]", asio_connection, uring_connection) {
+  black_hole hole;
+  remote_store<TestType> store(test_ns(), options_for(hole.url()), pool_of(60s));
+  require_trips_then_fails_fast(store);
+}
+
+TEST_CASE("silent server: a SIGSTOPped redis-server trips the breaker; a half-open probe brings it back",
+          "[integration]") {
+  redis_server srv;
+  remote_store<asio_connection> store(test_ns(), options_for(srv.url()), pool_of(200ms));
+  const auto keys = keys_n(3);
+  std::vector<std::vector<std::byte>> src(keys.size(), std::vector<std::byte>(1000, std::byte{9}));
+  kvtier::test::require_round_trip(store, keys, src);
+  std::vector<chunk_status> st(keys.size());
+  {
+    stopped pause(srv);
+    require_trips_then_fails_fast(store);
+    // The backoff ends: one probe goes, times out, and trips the breaker again at once (no
+    // second timeout needed); the backoff starts over.
+    wait_for_probe_time(store);
+    const auto timeouts = store.pool().stats().timeouts;
+    REQUIRE(store.exists(keys, st, deadline_after(short_call)) == errc::timeout);
+    REQUIRE(store.pool().stats().timeouts == timeouts + 1);
+    REQUIRE(store.pool().breaker().down);
+    REQUIRE(store.pool().breaker().trips == 2);
+    REQUIRE(store.pool().breaker().probes == 1);
+    pause.resume();
+    // Back: the next probe is answered and the server is up.
+    wait_for_probe_time(store);
+    REQUIRE_FALSE(store.exists(keys, st, deadline_after(10s)));
+    for (auto s : st) REQUIRE(s == chunk_status::hit);
+  }
+  const auto b = store.pool().breaker();
+  REQUIRE_FALSE(b.down);
+  REQUIRE(b.probes == 2);
+  REQUIRE(b.consecutive_timeouts == 0);
+  kvtier::test::require_round_trip(store, keys, src);  // every call goes through again
+}
+
+TEST_CASE("silent server: one silent rendezvous_store instance fails fast; the others keep serving",
+          "[integration]") {
+  redis_server live;
+  black_hole hole;
+  remote_store<asio_connection> a(test_ns(), options_for(live.url()), pool_of(60s));
+  remote_store<asio_connection> b(test_ns(), options_for(hole.url()), pool_of(60s));
+  kvtier::rendezvous_store<remote_store<asio_connection>> l2({&a, &b});
+  const auto keys = keys_n(32);
+  std::vector<std::vector<std::byte>> src(keys.size(), std::vector<std::byte>(500, std::byte{3}));
+  std::vector<chunk_status> st(keys.size());
+  for (std::size_t i = 0; i < trip_after; ++i)
+    REQUIRE(l2.put(keys, kvtier::test::cspans(src), st, deadline_after(short_call)) == errc::timeout);
+  REQUIRE(b.pool().breaker().down);
+  REQUIRE_FALSE(a.pool().breaker().down);
+  const auto sent = b.pool().stats().batches;
+  REQUIRE(l2.put(keys, kvtier::test::cspans(src), st, deadline_after(2s)) == errc::timeout);
+  std::size_t stored = 0, refused = 0;
+  for (auto s : st) (s == chunk_status::stored ? stored : refused) += 1;
+  REQUIRE(stored > 0);   // the live instance's keys
+  REQUIRE(refused > 0);  // the silent one's, skipped at once
+  REQUIRE(b.pool().stats().batches == sent);
+  REQUIRE(b.stats().down_refusals == 1);
+  REQUIRE(a.stats().down_refusals == 0);
+}
+
+#if KVTIER_TEST_TLS
+TEST_CASE("silent server: a SIGSTOPped TLS server trips the breaker too", "[integration]") {
+  static kvtier::test::test_pki pki;
+  redis_server srv({.tls_args = pki.server_args("server")});
+  auto u = kvtier::resp::parse_url("rediss://127.0.0.1:" + std::to_string(srv.tls_port()));
+  REQUIRE(u);
+  kvtier::resp::connection_options o{.server = u.value};
+  o.tls.ca_file = pki.path("ca.pem");
+  o.tls.cert_file = pki.path("client.pem");
+  o.tls.key_file = pki.path("client.key");
+  remote_store<kvtier::resp::asio_tls_connection> store(test_ns(), o, pool_of(60s));
+  const auto keys = keys_n(3);
+  std::vector<std::vector<std::byte>> src(keys.size(), std::vector<std::byte>(1000, std::byte{5}));
+  kvtier::test::require_round_trip(store, keys, src);
+  stopped pause(srv);
+  require_trips_then_fails_fast(store);
+}
+#endif
