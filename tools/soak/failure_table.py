@@ -58,14 +58,18 @@ def main() -> int:
     log = lambda s: print(s, flush=True)
     load0 = os.getloadavg()[0]
 
-    rig = Rig(os.path.join(a.out, "recompute"), 2, a.maxmemory)
-    try:
-        rig.start()
-        base = run(rig, a.engine, ["--mode", "recompute", *common], [], total, log=log)
-    finally:
-        rig.stop()
-    recompute_tps = tokens_per_s(base["lines"], 0, 2.0, total)
-    log(f"table: recompute only: {recompute_tps:.0f} prompt tokens/s")
+    def recompute_only(tag: str) -> float:
+        rig = Rig(os.path.join(a.out, tag), 2, a.maxmemory)
+        try:
+            rig.start()
+            base = run(rig, a.engine, ["--mode", "recompute", *common], [], total, log=log)
+        finally:
+            rig.stop()
+        return tokens_per_s(base["lines"], 0, 2.0, total)
+
+    # recompute only, before and after the faults (the machine's load moves): their mean is the base
+    first = recompute_only("recompute")
+    log(f"table: recompute only: {first:.0f} prompt tokens/s")
     rows = []
     for kind in [k for k in a.faults.split(",") if k]:
         rig = Rig(os.path.join(a.out, kind), 2, a.maxmemory)
@@ -76,6 +80,8 @@ def main() -> int:
         finally:
             rig.stop()
         m = analyze(res, warmup_s=a.warm_s)
+        with open(os.path.join(a.out, kind, "requests.jsonl"), "w") as fo:
+            fo.writelines(json.dumps(x) + "\n" for x in res["lines"])
         f = res["faults"][0] if res["faults"] else {"start": a.warm_s, "end": a.warm_s, "rank": a.rank, "kind": kind}
         # restart has no length: its "during" is the fault-length window right after it
         during_end = f["end"] if f["end"] - f["start"] >= 1 else f["start"] + a.fault_s
@@ -90,31 +96,37 @@ def main() -> int:
                 whys.append(w)
         end = next((e for e in m["ends"] if e["rank"] == a.rank), {})
         rows.append({"kind": kind, "name": NAMES[kind], "during_tps": during, "before_tps": before,
-                     "ratio": during / recompute_tps if recompute_tps else 0, "hits_back_s": back,
+                     "ratio": during / first, "hits_back_s": back,
                      "wrong_bytes": m["wrong_bytes"], "disagreements": m["disagreements"], "hangs": m["hangs"],
                      "requests": m["requests"], "rc": m["rc"], "recoveries": m["recoveries"],
                      "recover_s": m["recover_s"], "logs": whys[:2],
                      "counters": {k: end.get(k) for k in ("loads_cut_short", "store_timeouts", "store_errors",
-                                                          "store_corrupt", "save_failures", "agreement_failures")},
+                                                          "store_corrupt", "save_failures", "agreement_failures",
+                                                          "breaker_trips", "down_refusals")},
                      "corrupted": f.get("corrupted", 0)})
         r = rows[-1]
-        log(f"table: {kind}: during {during:.0f} tok/s = {r['ratio']:.2f}x recompute (before {before:.0f}), hits back "
+        log(f"table: {kind}: during {during:.0f} tok/s = {r['ratio']:.2f}x the first recompute (before {before:.0f}), hits back "
             f"{'never' if back is None else f'{back:.2f} s'}, wrong {r['wrong_bytes']}, disagreements "
             f"{r['disagreements']}, hangs {r['hangs']}, recoveries {r['recoveries']} {r['recover_s']}")
+    last = recompute_only("recompute_after")
+    recompute_tps = (first + last) / 2
+    log(f"table: recompute only, after: {last:.0f} prompt tokens/s")
+    for r in rows:
+        r["ratio"] = r["during_tps"] / recompute_tps
     load1 = os.getloadavg()[0]
     with open(os.path.join(a.out, "table.json"), "w") as fo:
-        json.dump({"label": a.label, "loop": a.loop, "recompute_tps": recompute_tps, "load_average": [load0, load1],
+        json.dump({"label": a.label, "loop": a.loop, "recompute_tps": recompute_tps, "recompute_first_last": [first, last], "load_average": [load0, load1],
                    "rows": rows}, fo, indent=1)
-    md = render(rows, recompute_tps, a, load0, load1)
+    md = render(rows, recompute_tps, a, load0, load1, (first, last))
     with open(os.path.join(a.out, "table.md"), "w") as fo:
         fo.write(md)
     print(md)
     return 0
 
 
-def render(rows, recompute_tps, a, load0, load1) -> str:
+def render(rows, recompute_tps, a, load0, load1, first_last) -> str:
     out = [f"Code: {a.label or 'this checkout'}; loop: {a.loop}; fault on rank {a.rank}'s server; recompute only: "
-           f"{recompute_tps:.0f} prompt tokens/s; load average {load0:.1f} at the start, {load1:.1f} at the end.", "",
+           f"{recompute_tps:.0f} prompt tokens/s (mean of {first_last[0]:.0f} before and {first_last[1]:.0f} after the faults); load average {load0:.1f} at the start, {load1:.1f} at the end.", "",
            "| fault | during / recompute | tier before the fault | hits back after its end | wrong bytes | "
            "disagreements | hangs | recover() | what the logs and counters say (faulted rank) |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

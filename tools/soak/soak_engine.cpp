@@ -8,7 +8,8 @@
 // drives it (servers, faults, sampling, report).
 //
 //   mpiexec -n 2 soak_engine --ports 6400,6401 --duration-s 60 --mode tier --loop finished
-//   {"rank":0,"i":17,"t":1.532,"n":488,"hit":384,"loaded":384,"wrong":0,"digest":"9f..","ms":14.2,...}
+//   {"rank":0,"i":17,"t":1.532,"n":488,"hit":384,"loaded":384,"wrong":0,"digest":"9f..","ms":14.2,
+//    "phases_ms":[lookup, load, compute and check, save and free],...}
 #include <mpi.h>
 
 #include <chrono>
@@ -252,9 +253,16 @@ int run(const options& o) {
     }
     const auto slots = kvtier::slots_from_block_table({seq.blocks, 0, n}, page);
     std::uint64_t hit = 0, loaded = 0, wrong = 0;
+    double lookup_ms = 0, load_ms = 0, compute_ms = 0, free_ms = 0;  // where the request's time went
+    auto lap = [last = clk::now()](double& into) mutable {
+      const auto t = clk::now();
+      into += std::chrono::duration<double, std::milli>(t - last).count(), last = t;
+    };
+    lap(free_ms);  // waiting for pages counts as freeing
     if (o.tier) {
       conn.begin_lookup(id, tokens);
       step_until([&] { return conn.lookup(id).has_value(); });
+      lap(lookup_ms);
       if (const auto plan = conn.lookup(id); plan && !poisoned && !hung) {
         hit = plan->cached_tokens;
         if (plan->tokens_to_load() > 0) {
@@ -263,6 +271,7 @@ int run(const options& o) {
           if (const auto out = conn.load_result(id)) loaded = out->loaded_end_token;
         }
       }
+      lap(load_ms);
       for (const auto& e : conn.errors(id))
         if (why.empty()) why = e.message;
     }
@@ -279,6 +288,7 @@ int run(const options& o) {
       std::uint64_t w = 0;
       for (std::size_t b = 0; b + 8 <= row_bytes; b += 64) std::memcpy(&w, got.data() + b, 8), digest = mix(digest ^ w);
     }
+    lap(compute_ms);
     if (o.tier) {
       conn.save(id, slots, loaded, n);
       if (conn.finish(id).free_pages_now) {
@@ -299,13 +309,15 @@ int run(const options& o) {
     } else {
       cache.release(seq);
     }
+    lap(free_ms);
     hangs += hung, ++requests, wrong_total += wrong;
     std::printf(
         "{\"rank\":%u,\"i\":%llu,\"t\":%.4f,\"n\":%zu,\"hit\":%llu,\"loaded\":%llu,\"wrong\":%llu,"
-        "\"digest\":\"%016llx\",\"ms\":%.2f,\"hung\":%s,\"poisoned\":%s,\"in_flight\":%zu,\"why\":\"%s\"}\n",
+        "\"digest\":\"%016llx\",\"ms\":%.2f,\"phases_ms\":[%.1f,%.1f,%.1f,%.1f],\"hung\":%s,\"poisoned\":%s,\"in_flight\":%zu,\"why\":\"%s\"}\n",
         rank, static_cast<unsigned long long>(i), now_s(t0), n, static_cast<unsigned long long>(hit),
         static_cast<unsigned long long>(loaded), static_cast<unsigned long long>(wrong),
-        static_cast<unsigned long long>(digest), now_s(t_req) * 1e3, hung ? "true" : "false",
+        static_cast<unsigned long long>(digest), now_s(t_req) * 1e3, lookup_ms, load_ms, compute_ms, free_ms,
+        hung ? "true" : "false",
         poisoned ? "true" : "false", in_flight.size(), json_escape(why).c_str());
     std::fflush(stdout);
   }
@@ -319,14 +331,15 @@ int run(const options& o) {
       "\"recoveries\":%llu,\"recover_s\":%.3f,\"lookups\":%llu,\"loads\":%llu,\"loads_cut_short\":%llu,"
       "\"tokens_loaded\":%llu,\"agreement_failures\":%llu,\"chunks_saved\":%llu,\"save_failures\":%llu,"
       "\"store_hits\":%llu,\"store_misses\":%llu,\"store_corrupt\":%llu,\"store_timeouts\":%llu,"
-      "\"store_errors\":%llu,\"pages_still_in_flight\":%zu,\"last_error\":\"%s\"}\n",
+      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"pages_still_in_flight\":%zu,\"last_error\":\"%s\"}\n",
       rank, now_s(t0), (unsigned long long)requests, (unsigned long long)wrong_total, (unsigned long long)hangs,
       (unsigned long long)recoveries, recover_s, (unsigned long long)c.lookups.value(),
       (unsigned long long)c.loads.value(), (unsigned long long)c.loads_cut_short.value(),
       (unsigned long long)c.tokens_loaded.value(), (unsigned long long)c.agreement_failures.value(),
       (unsigned long long)c.chunks_saved.value(), (unsigned long long)c.save_failures.value(),
       (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.corrupt,
-      (unsigned long long)s.timeouts, (unsigned long long)s.errors, in_flight.size(),
+      (unsigned long long)s.timeouts, (unsigned long long)s.errors, (unsigned long long)s.breaker_trips,
+      (unsigned long long)s.down_refusals, in_flight.size(),
       json_escape(store.last_error()).c_str());
   std::fflush(stdout);
   return 0;
