@@ -42,6 +42,9 @@ int main_mpi(int argc, char** argv) {
       return 2;
     }
     process_ranks w;
+    // One communicator for the agreement and the moves (they run inside step(), on this thread):
+    // MPI_THREAD_SERIALIZED suffices. MPI control + data communicators (the mover's threads and
+    // the step at once) need MPI_THREAD_MULTIPLE: docs/engine_guide.md, "MPI thread levels".
     if (auto ec = kvtier::comm::mpi_communicator::create(w.comm, MPI_COMM_WORLD,
                                                          kvtier::deadline_after(std::chrono::seconds(60))))
       throw std::runtime_error(w.comm.last_error());

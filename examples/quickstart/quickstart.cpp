@@ -208,6 +208,9 @@ outcome serve(Comm& comm, L2& l2, std::span<const kvtier::token_id> tokens) {
   for (std::size_t c = out.loaded / chunk_tokens; c < n_chunks; ++c) to_save += c % comm.size() == r;
   if (auto ec = conn.save(id, slots, out.loaded, n_chunks * chunk_tokens))
     out.error = "save: " + ec.message();
+  // This rank's last request: no step follows, so waiting here costs no peer. Between requests an
+  // engine never waits: it frees the pages from its step loop once finished() lists the request
+  // (README.md's loop), so a slow or silent server never makes a peer miss its step.
   if (auto ec = conn.wait_for_save(id, kvtier::deadline_after(10s)))  // the save's own 5 s, and slack
     out.error = "save: " + ec.message();
   // This rank's own reasons, if any: why its lookup, its part of the load or its save fell short
@@ -291,6 +294,9 @@ int run_mpi(L2& l2) {
   std::uint64_t failures = 0;
   std::string metrics;
   for (const char* engine : {"A (cold)", "B (same prompt)"}) {
+    // One communicator for the agreement and the bytes: MPI is called from one thread at a time,
+    // so MPI_THREAD_SERIALIZED (main_mpi) is enough. A control + data pair of MPI communicators
+    // (layers overlapping the forward) needs MPI_THREAD_MULTIPLE: docs/engine_guide.md.
     kvtier::comm::mpi_communicator comm;  // one engine = one world
     if (auto ec = kvtier::comm::mpi_communicator::create(comm, MPI_COMM_WORLD, kvtier::deadline_after(30s))) {
       std::fprintf(stderr, "quickstart: %s\n", comm.last_error().c_str());

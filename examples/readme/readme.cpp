@@ -7,10 +7,9 @@
 // README-BEGIN
 #include <kvtier/kvtier.hpp>
 
-#include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <thread>
+#include <map>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -47,9 +46,19 @@ int main() {
     // prefill speed (defaults: 50 ms a lookup, 200 ms + 20 ms per 1,000 tokens a load).
     const kvtier::connector_options opt{.load_deadline = {.base = 2s}, .lookup_timeout = 1s};
     kvtier::connector conn(chunk, own, tiers, comm, cache.view(), opt);  // rank r loads, saves its chunks
+    // Pages that saves still read, freed once finished() lists their request (vLLM's
+    // get_finished): never wait for a save, a peer's step would wait for this rank.
+    std::map<kvtier::request_id, kvtier::host_kv_cache::sequence> saving;
+    std::uint64_t saving_anywhere = 0;  // agreed: the most pages held for saves on any rank
     // An engine calls step() once per engine step on every rank; here: until the agreed state holds.
     const auto step_until = [&](auto agreed) {
-      while (!agreed()) conn.step(kvtier::deadline_after(1s));
+      do {
+        std::uint64_t word = ~std::uint64_t{saving.size()};  // the step agrees the min: of ~x, the max
+        conn.step(kvtier::deadline_after(1s), {&word, 1});
+        saving_anywhere = ~word;
+        for (kvtier::request_id done : conn.finished().saves)
+          if (auto s = saving.extract(done)) cache.release(s.mapped());
+      } while (!agreed());
     };
 
     for (kvtier::request_id id : {1, 2}) {  // the same prompt twice: computed, then loaded
@@ -66,13 +75,16 @@ int main() {
       }
       compute(cache, seq, loaded, tokens.size());
       conn.save(id, slots, loaded, tokens.size());  // owners write their new chunks, off the step
-      if (!conn.finish(id).free_pages_now)          // the saves still read the pages
-        while (std::ranges::count(conn.finished().saves, id) == 0) std::this_thread::yield();
-      cache.release(seq);
+      if (conn.finish(id).free_pages_now)
+        cache.release(seq);
+      else
+        saving.emplace(id, std::move(seq));  // the saves still read the pages: a later step frees them
+      if (id == 1)  // the same prompt comes back once every rank's saves ended (steps go on meanwhile)
+        step_until([&] { return saving_anywhere == 0; });
       if (comm.rank() == 0)
         std::cout << "request " << id << ": " << tokens.size() << " tokens, " << loaded << " loaded, "
                   << tokens.size() - loaded << " computed\n";
     }
-  });
+  });  // ~connector ends the saves still running; pages left in `saving` go with the cache
 }
 // README-END

@@ -18,7 +18,8 @@
 //   if (auto out = conn.load_result(id)) compute_from(out->loaded_end_token);  // agreed on all ranks
 //   conn.save(id, slots_of(seq), 0, tokens.size()); // owners write their chunks, off the step
 //                                                   // (or by layer: begin_save + save_layer(id, l))
-//   conn.wait_for_save(id, dl);                     // or: free once finished() lists its saves
+//   if (!conn.finish(id).free_pages_now) pending.push_back(id);  // saves still read the pages:
+//   for (auto done : conn.finished().saves) free_pages_of(done);  // after each step, never a wait
 //   for (const auto& e : conn.errors(id)) log(e.message);  // this rank's own reasons, if any
 //
 // The step. step(dl) issues exactly one all-reduce on the control communicator for everything
@@ -56,7 +57,11 @@
 // Blocking: begin_lookup, lookup, load, save, begin_save, save_layer, finish, finished,
 // load_result, load_errors, errors and drain_events never block (load and finish may wait for one scatter of
 // one layer group to end); step, wait_for_layer, wait_local and wait_for_save take a deadline (step, and
-// wait_for_layer while a group is not yet agreed, are collectives: every rank calls them).
+// wait_for_layer while a group is not yet agreed, are collectives: every rank calls them). Each
+// call's bound is in its comment. A peer waits for this rank's step up to its own step deadline,
+// so whatever the engine thread blocks on between two steps (wait_local, wait_for_save) must fit
+// in what that leaves: free pages from the step loop when finished() lists their saves rather
+// than waiting for a save. docs/engine_guide.md relates the deadlines in one table.
 //
 // Files: the options and results are in kvtier/connector/types.hpp; the step's words and what
 // they decide in detail/connector_step.hpp; what an agreed load entry does (moves, target,
@@ -312,6 +317,7 @@ class connector {
 
   /// Blocks until this rank's own part of load `id` has ended (its fetch completed, or it owns
   /// nothing to fetch), or `dl` passes (errc::timeout). Local: no collective, nothing agreed.
+  /// Bound: min(`dl`, the load's own deadline, connector_options::load_deadline from load()).
   /// An engine (or a test) that calls it on every rank before step() gets the whole load
   /// agreed in one step. errc::invalid_argument for an id with no load started.
   ///
@@ -449,6 +455,11 @@ class connector {
   /// Blocks until every save of request `id` queued so far has ended (stored or failed; then
   /// errors(id) says why one failed), or `dl` passes (errc::timeout). Local: no collective.
   /// Before or after finish(), until finished() has listed the request's saves.
+  /// Bound: min(`dl`, (k + 1) x save_timeout + the gathers) for a save queued behind k others
+  /// (the saver runs one save at a time, each put by save_timeout from its start; a server whose
+  /// breaker tripped refuses at once). Between two steps this delays this rank's next step and
+  /// a peer's step waits for it: an engine frees pages when finished() lists the request
+  /// (vLLM's get_finished) and keeps wait_for_save for shutdown, when no step follows.
   /// errc::invalid_argument for an id neither known nor finishing.
   ///
   ///   conn.save(id, slots, 0, tokens.size());
@@ -502,7 +513,9 @@ class connector {
   // ---- once per engine step, on every rank -------------------------------------------------
 
   /// Agrees, in one all-reduce on the control communicator, on every lookup and load waiting
-  /// for it, and starts the moves that agreement allows. The error of a failed agreement (its
+  /// for it, and starts the moves that agreement allows. Bound: returns by `dl` (waiting at most
+  /// that long for the slowest peer to reach its step; with one communicator the moves it
+  /// starts run inside it, by the same `dl`). The error of a failed agreement (its
   /// lookups then plan nothing and its loads load nothing, on every rank; last_step_error()
   /// says why in words); else empty. Its first all-reduce has the same element count on every
   /// rank whatever each passes; a second one, of an agreed count, follows only when many
@@ -568,6 +581,8 @@ class connector {
   /// pages, and what is listed stays there until finish(). A reach once agreed is final (a late
   /// store hit never extends it): no answer with ec empty lists more for a layer than an earlier
   /// one did, and the connector never writes a layer's pages past an agreed answer's ready end.
+  /// Bound: returns by `dl` (while it agrees a group it is a collective: a peer waits for it up
+  /// to that peer's own `dl`).
   ///
   /// A collective when a running load has not yet agreed layer group(layer) of all its chunks:
   /// this rank waits for its own part of that group (until a quarter of dl's time is left), then

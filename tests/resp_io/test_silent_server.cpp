@@ -17,11 +17,13 @@
 
 #include "kvtier/resp/asio_connection.hpp"
 #include "kvtier/resp/uring_connection.hpp"
+#include "kvtier/store/cluster_store.hpp"
 #include "kvtier/store/rendezvous_store.hpp"
 #include "kvtier/store/remote_store.hpp"
 #include "resp_io/io_test_util.hpp"
 #include "resp_io/store_test_util.hpp"
 #include "support/loopback_acceptor.hpp"
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #if KVTIER_TEST_TLS
 #include "kvtier/resp/asio_tls_connection.hpp"
@@ -187,6 +189,37 @@ TEST_CASE("silent server: one silent rendezvous_store instance fails fast; the o
   REQUIRE(b.pool().stats().batches == sent);
   REQUIRE(b.stats().down_refusals == 1);
   REQUIRE(a.stats().down_refusals == 0);
+}
+
+TEST_CASE("silent server: a SIGSTOPped cluster master trips its own node's breaker; the others serve",
+          "[integration]") {
+  kvtier::test::redis_cluster cluster({.masters = 3, .replicas_per_master = 0});
+  auto u = kvtier::resp::parse_cluster_url(cluster.url());
+  REQUIRE(u);
+  kvtier::cluster_store<asio_connection> store(test_ns(), {.seeds = u.seeds, .pool = pool_of(60s)});
+  const auto keys = keys_n(24);
+  std::vector<std::vector<std::byte>> src(keys.size(), std::vector<std::byte>(500, std::byte{4}));
+  kvtier::test::require_round_trip(store, keys, src);
+  std::vector<bool> on_stopped(keys.size());
+  std::size_t n_stopped = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    n_stopped += on_stopped[i] = store.node_of(keys[i])->port == cluster.node(0).port();
+  REQUIRE(n_stopped > 0);
+  REQUIRE(n_stopped < keys.size());
+  std::vector<chunk_status> st(keys.size());
+  stopped pause(cluster.node(0));
+  for (std::size_t i = 0; i < trip_after; ++i)
+    REQUIRE(store.exists(keys, st, deadline_after(short_call)) == errc::timeout);
+  REQUIRE(store.stats().breaker_trips == 1);  // the stopped master's pool only
+  const auto refused = store.stats().down_refusals;
+  // The live masters answer; the stopped one's keys are refused at once (not by the 10 s deadline:
+  // its breaker is down for 60 s, so a call that waited would time out with every key unserved).
+  REQUIRE(store.exists(keys, st, deadline_after(10s)));
+  for (std::size_t i = 0; i < keys.size(); ++i) REQUIRE((st[i] == chunk_status::hit) == !on_stopped[i]);
+  REQUIRE(store.stats().down_refusals > refused);
+  REQUIRE(store.stats().breaker_trips == 1);
+  INFO(store.last_error());
+  REQUIRE(store.last_error().find("server down (silent") != std::string::npos);
 }
 
 #if KVTIER_TEST_TLS
