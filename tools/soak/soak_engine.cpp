@@ -11,6 +11,7 @@
 //   {"rank":0,"i":17,"t":1.532,"n":488,"hit":384,"loaded":384,"wrong":0,"digest":"9f..","ms":14.2,
 //    "phases_ms":[lookup, load, compute and check, save and free],...}
 #include <mpi.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -188,6 +189,7 @@ int run(const options& o) {
   std::deque<pending> in_flight;  // finished, pages still read by saves
   const auto free_finished = [&] {
     const auto f = conn.finished();
+    conn.drain_events();  // a router would take them; left alone they pile up
     for (const auto id : f.saves)
       for (auto it = in_flight.begin(); it != in_flight.end(); ++it)
         if (it->id == id) {
@@ -198,6 +200,8 @@ int run(const options& o) {
     return f;
   };
 
+  std::printf("{\"rank\":%u,\"event\":\"start\",\"pid\":%d}\n", rank, static_cast<int>(getpid()));  // for the sampler
+  std::fflush(stdout);
   const auto t0 = clk::now();
   std::uint64_t hangs = 0, recoveries = 0, requests = 0, wrong_total = 0;
   double recover_s = 0;

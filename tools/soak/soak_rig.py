@@ -322,11 +322,11 @@ class Rig:
                 resp(s.port, "CONFIG", "SET", "maxmemory", self.maxmemory)
             info["ended"] = time.monotonic()
 
-    def start_engine(self, binary: str, args: list[str], mpiexec: str = "mpiexec"):
+    def start_engine(self, binary: str, args: list[str], mpiexec: str = "mpiexec", env: dict | None = None):
         cmd = [mpiexec, "-n", str(self.ranks), "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
                binary, "--ports", self.ports(), *args]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(self.out_dir, "engine.err"), "ab"),
-                                text=True, bufsize=1, start_new_session=True)
+                                text=True, bufsize=1, start_new_session=True, env={**os.environ, **(env or {})})
 
 
 def rank_pids(job_pid: int, name: str = "soak_engine") -> list[int]:
