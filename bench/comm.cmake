@@ -13,4 +13,7 @@ endif()
 if(TARGET kvtier::mpi)
   add_executable(bench_collectives_mpi ${CMAKE_CURRENT_LIST_DIR}/comm/bench_collectives_mpi.cpp)
   target_link_libraries(bench_collectives_mpi PRIVATE kvtier::mpi)
+  # recover() after a poisoned communicator, with and without the peers' failure notice (issue 27).
+  add_executable(bench_recover_mpi ${CMAKE_CURRENT_LIST_DIR}/comm/bench_recover_mpi.cpp)
+  target_link_libraries(bench_recover_mpi PRIVATE kvtier::mpi)
 endif()

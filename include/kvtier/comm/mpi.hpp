@@ -33,6 +33,18 @@
 //   auto ec = kvtier::comm::all_reduce_value(c, loaded, kvtier::comm::reduce_op::min,
 //                                            kvtier::deadline_after(std::chrono::milliseconds(500)));
 //
+// Peers learn of a failure at once. A rank whose communicator gets poisoned (a timeout, an MPI
+// error, a refused call, abort()) sends every peer a notice (MPI_Isend of the number of rounds,
+// calls or groups, that completed on it; tag mpi_options::notice_tag, on the duplicate:
+// point-to-point, never paired with a collective); each rank keeps one receive for it posted and
+// tests it while it polls a collective and before it issues one. A round the notifying rank
+// completed is still waited for (its part is sent); a later one can never complete there, so a
+// peer poisons its own communicator at once ("rank 1 poisoned its communicator: ...") instead
+// of at its deadline, so every rank reaches
+// kvtier::comm::recover() within the time its peers take to get back to a collective, not one
+// step deadline later (the failed rank's abandoned call may still complete a peer's round: that
+// peer's next call fails at once). mpi_options::notify_peers = false turns it off.
+//
 // Memory: host memory (MPI's shared-memory or network transports). Grouped calls
 // issue every queued operation as its own request at the outermost group_end and
 // wait for all of them together, so a group's broadcasts from different roots
@@ -43,6 +55,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -65,6 +78,13 @@ struct mpi_options {
   int thread_level = MPI_THREAD_SERIALIZED;
   /// Send and receive through communicator-owned memory (see the file comment).
   bool stage = true;
+  /// Tell the peers at once when this communicator gets poisoned (see the file comment).
+  bool notify_peers = true;
+  /// The first point-to-point tag of that notice on kvtier's duplicate (nothing else sends
+  /// there): the k-th communicator this process creates uses notice_tag + k mod 4096, so a
+  /// notice left unreceived on a freed communicator never matches one whose context MPI reused
+  /// (ranks create their communicators in the same order, as create() is collective).
+  int notice_tag = 0x4000;
 };
 
 /// One rank's handle on an MPI communicator; models kvtier::comm::communicator.
@@ -157,6 +177,15 @@ class mpi_communicator {
     MPI_Comm_size(c.comm_, &w);
     c.rank_ = static_cast<rank_t>(r);
     c.size_ = static_cast<rank_t>(w);
+    if (opt.notify_peers && w > 1) {
+      static std::atomic<unsigned> created{0};  // this process's communicators, in create() order
+      c.notice_ = std::make_unique<notice_slot>();  // heap: stays put when the communicator moves
+      c.notice_->tag = opt.notice_tag + static_cast<int>(created.fetch_add(1) % 4096);
+      if (int rc = MPI_Irecv(&c.notice_->got, 1, MPI_UINT64_T, MPI_ANY_SOURCE, c.notice_->tag, c.comm_,
+                             &c.notice_->request);
+          rc != MPI_SUCCESS)
+        return out.set_error(errc::backend_error, "mpi: MPI_Irecv (the peers' failure notice): " + error_string(rc));
+    }
     out = std::move(c);
     return {};
   }
@@ -360,11 +389,16 @@ class mpi_communicator {
 
   // The first failure wins: a poisoned communicator keeps reporting it, whatever
   // misuse follows (e.g. a group_end after a refused group_start).
-  std::error_code poison(errc e, std::string msg) {
+  std::error_code poison(errc e, std::string msg, bool tell_peers = true) {
     if (poison_) return failed_again();
     poison_ = e;
     first_message_ = msg;
     last_error_ = std::move(msg);
+    if (tell_peers) notify_peers();
+    // Peers that failed too may still send notices here: never free it, so no unreceived
+    // message is left on a context MPI may reuse for a new communicator (OpenMPI orders
+    // messages per context and peer: a stale one breaks the new communicator's traffic).
+    if (notice_) abandoned_ = true;
     return poison_;
   }
   std::error_code failed_again() {
@@ -394,11 +428,54 @@ class mpi_communicator {
     return execute(std::span<pending_op>(&o, 1), dl);
   }
 
+  // The peers' failure notice (see the file comment): the posted receive and where it lands.
+  struct notice_slot {
+    std::uint64_t got = 0;   // received: the rounds that completed on the notifying rank
+    std::uint64_t sent = 0;  // sent: this rank's (the send buffer, alive until MPI is done with it)
+    int from = -1;           // the notifying rank, once a notice arrived
+    int tag = 0;             // this communicator's notice tag (mpi_options::notice_tag)
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  // True once a peer's notice arrived saying the current round (rounds_done_) can never
+  // complete there: the peer stopped before it.
+  bool peer_failed() {
+    if (!notice_) return false;
+    if (notice_->request != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Status st;
+      if (MPI_Test(&notice_->request, &done, &st) != MPI_SUCCESS || !done) return false;
+      notice_->from = st.MPI_SOURCE;
+    }
+    return notice_->from >= 0 && notice_->got <= rounds_done_;
+  }
+  std::error_code poison_from_peer() {
+    return poison(errc::backend_error,
+                  "mpi: rank " + std::to_string(notice_->from) +
+                      " poisoned its communicator (a collective failed there), so every rank must recover(): " +
+                      (what_.empty() ? std::string("this call") : what_) + " on rank " + std::to_string(rank_) +
+                      " gave up at once; communicator poisoned",
+                  /*tell_peers=*/false);
+  }
+  // Tells every peer that this communicator is poisoned (fire and forget: a notice no peer
+  // receives any more stays with MPI, one int).
+  void notify_peers() noexcept {
+    if (!notice_ || comm_ == MPI_COMM_NULL) return;
+    notice_->sent = rounds_done_;  // rounds before it completed here: peers may still finish them
+    for (rank_t p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (MPI_Isend(&notice_->sent, 1, MPI_UINT64_T, static_cast<int>(p), notice_->tag, comm_, &r) ==
+          MPI_SUCCESS)
+        MPI_Request_free(&r);
+    }
+  }
+
   // Issues every op as one request each, then polls them all to `dl`.
   std::error_code execute(std::span<pending_op> ops, kvtier::deadline dl) {
     start_ = kvtier::clock::now();
     what_ = ops.size() == 1 ? describe(ops[0])
                             : "group of " + std::to_string(ops.size()) + " ops, first " + describe(ops[0]);
+    if (peer_failed()) return poison_from_peer();  // its round can never complete: do not issue it
     // Lay out the staging block.
     std::size_t need = 0;
     for (auto& o : ops) {
@@ -459,6 +536,7 @@ class mpi_communicator {
       }
     }
     if (auto ec = wait_all(requests_.data(), ops.size(), dl)) return ec;
+    ++rounds_done_;
     for (const auto& o : ops) {  // deliver
       if (o.recv.empty()) continue;
       if (o.staged)
@@ -488,6 +566,10 @@ class mpi_communicator {
                                                error_string(rc) + "; communicator poisoned");
       }
       if (done) return {};
+      if (peer_failed()) {  // the round can never complete on every rank: give up now
+        abandon(reqs, n);
+        return poison_from_peer();
+      }
       if (kvtier::expired(dl)) {
         abandon(reqs, n);
         return poison(errc::timeout, "mpi: " + what_ + " on rank " + std::to_string(rank_) + " of " +
@@ -514,6 +596,11 @@ class mpi_communicator {
     MPI_Finalized(&fin);
     // A communicator with abandoned requests is never freed: OpenMPI may reuse its
     // context id for a new one while those requests still progress (seen to crash).
+    if (notice_ && notice_->request != MPI_REQUEST_NULL && !fin) {
+      MPI_Cancel(&notice_->request);  // a receive cancels locally; wait for it before its slot goes
+      MPI_Wait(&notice_->request, MPI_STATUS_IGNORE);
+    }
+    if (abandoned_) (void)notice_.release();  // its sends may still read notice_->sent
     if (comm_ != MPI_COMM_NULL && !fin && !abandoned_) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
     // A request MPI still holds may write its staging memory after this: never free it.
@@ -538,6 +625,8 @@ class mpi_communicator {
     last_error_.swap(o.last_error_);
     what_.swap(o.what_);
     std::swap(start_, o.start_);
+    notice_.swap(o.notice_);
+    std::swap(rounds_done_, o.rounds_done_);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -554,6 +643,8 @@ class mpi_communicator {
   std::error_code poison_;
   std::string first_message_, last_error_, what_;
   kvtier::clock::time_point start_{};
+  std::unique_ptr<notice_slot> notice_;  // the peers' failure notice (notify_peers)
+  std::uint64_t rounds_done_ = 0;        // calls (groups) that completed: the same order on every rank
 };
 
 /// Bootstrap (see kvtier/comm/bootstrap.hpp) by broadcast from `root` over an

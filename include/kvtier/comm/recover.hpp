@@ -33,10 +33,13 @@
 //   next_request = r.request;   // the same on every rank
 //
 // Every rank must call recover(), including one whose communicator was not
-// poisoned: when any rank fails, its peers' next collective fails by their own
-// deadline, so every rank reaches it within one request. recover()'s deadline must
-// therefore cover the longest deadline a peer may still be waiting on before it
-// fails and recovers too. On MPI, create() pairs a retry with a duplicate that
+// poisoned: when any rank fails, its peers' next collective fails (on MPI at once: the
+// failing rank tells them, mpi_options::notify_peers; else by their own deadline), so
+// every rank reaches it within one request. recover() returns once the last rank has
+// called it: its cost is the time until every peer is back at a collective (the
+// engine's work between two steps, and whatever it blocks on there), plus one
+// MPI_Comm_idup and one all-reduce. Its deadline must cover the longest deadline a
+// peer may still be waiting on before it fails and recovers too. On MPI, create() pairs a retry with a duplicate that
 // timed out (see mpi.hpp), so recover() may be called again after a timeout.
 //
 // A rank whose process died cannot be recovered this way: its peers' duplicate of

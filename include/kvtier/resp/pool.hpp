@@ -264,7 +264,11 @@ class connection_pool {
     auto pick = [&] { return (index = find_free(kind)) != npos; };
     if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
       return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
-    if (silent_) {  // the backoff ended: this call is the half-open probe
+    if (silent_) {  // the backoff ended: this call is the half-open probe, unless one went meanwhile
+      if (probe_out_ || clock::now() < silent_until_) {
+        ++down_refusals_;
+        return failed(why, make_error_code(errc::timeout), "server down (silent) after: " + silent_text_);
+      }
       probe_out_ = true;
       probe_index_ = index;
       ++probes_;
