@@ -30,7 +30,7 @@ def schedule(rng: random.Random, duration_s: float, first_s: float, ranks: int, 
     """Faults one at a time at random moments from first_s on, every kind before any repeats, the
     last one over 15 s before the end (descriptors and threads settle where they started)."""
     out, t, bag = [], first_s + rng.uniform(0, 4), []
-    while True:
+    while kinds:  # none: a run without faults (the baseline of the slopes)
         if not bag:
             bag = kinds[:]
             rng.shuffle(bag)
@@ -40,6 +40,7 @@ def schedule(rng: random.Random, duration_s: float, first_s: float, ranks: int, 
             return out
         out.append((kind, rng.randrange(ranks), t, length))
         t += length + rng.uniform(4, 10)
+    return out
 
 
 def main() -> int:
