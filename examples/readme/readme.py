@@ -1,7 +1,7 @@
 # examples/readme/readme.py: the Python program README.md shows, run by the test readme_python
 # and checked line for line against the README's block by readme_python_snippet.
 # README-BEGIN
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import kvtier
 import torch
@@ -43,11 +43,8 @@ def rank_main(comm, tokens, out):
 
 tokens = [i * 7919 % 151552 for i in range(10 * T + 100)]  # 10 full chunks and a tail
 world, out = kvtier.InprocWorld(W), [[] for _ in range(W)]
-ranks = [threading.Thread(target=rank_main, args=(world.communicator(r), tokens, out)) for r in range(W)]
-for t in ranks:
-    t.start()
-for t in ranks:
-    t.join()
+with ThreadPoolExecutor(W) as ranks:  # one thread a rank; a rank's exception is raised here
+    list(ranks.map(lambda r: rank_main(world.communicator(r), tokens, out), range(W)))
 for rid, loaded, computed in out[0]:
     print(f"request {rid}: {len(tokens)} tokens, {loaded} loaded, {computed} computed")
 # README-END
