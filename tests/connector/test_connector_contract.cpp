@@ -342,6 +342,7 @@ TEST_CASE("connector: a poisoned data communicator fails the moves with its firs
   const std::vector<token_id> prompt = rig_prompt(4 * T + 3, 14);
   comm::inproc_world world(W), data_world(W);
   std::vector<int> misuses(W, -1);
+  std::atomic<int> reasons{0};
   comm::run_ranks(world, [&](comm::inproc_communicator& c) {
     const rank_t r = c.rank();
     test::poisoned<comm::inproc_communicator> data(data_world.communicator_for(r), "timeout in request 9");
@@ -361,13 +362,19 @@ TEST_CASE("connector: a poisoned data communicator fails the moves with its firs
       const bool done = step_until(conn, [&] { return conn.load_result(2).has_value(); });
       LOCKED_REQUIRE(done);
       LOCKED_CHECK(conn.load_result(2)->loaded_end_token == 0);
+      // The outcome is agreed once any rank's move failed: a rank whose mover thread has not
+      // yet run its batch has no reason of its own yet. Every reason there is names the first
+      // error (the old mover's said "group_end without group_start").
       const auto why = conn.errors(2);
-      LOCKED_REQUIRE_FALSE(why.empty());
-      LOCKED_CHECK(why[0].message.find("poisoned by an earlier failure: timeout in request 9") != std::string::npos);
+      if (!why.empty()) {
+        LOCKED_CHECK(why[0].message.find("poisoned by an earlier failure: timeout in request 9") != std::string::npos);
+        reasons.fetch_add(1);
+      }
       conn.finish(2);
       cache.release(seq);
     }
-    misuses[r] = data.misuses();
+    misuses[r] = data.misuses();  // the connector is gone: every batch ran
   });
+  CHECK(reasons.load() >= 1);
   CHECK(misuses == std::vector<int>(W, 0));
 }
