@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
   int me = 0, w = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &w);
-  const auto base = run(false, rounds, std::chrono::milliseconds(late_ms), std::chrono::milliseconds(step_ms));
+  const auto base =
+      run(false, rounds, std::chrono::milliseconds(late_ms), std::chrono::milliseconds(step_ms));
   const auto with = run(true, rounds, std::chrono::milliseconds(late_ms), std::chrono::milliseconds(step_ms));
   if (me == 0) {
     double load[3] = {};
@@ -119,8 +120,8 @@ int main(int argc, char** argv) {
       if (std::fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
       std::fclose(f);
     }
-    std::printf("W=%d, rounds=%d, late rank stalls %ld ms, step deadline %ld ms, 1-min load %.2f\n", w, rounds,
-                late_ms, step_ms, load[0]);
+    std::printf("W=%d, rounds=%d, late rank stalls %ld ms, step deadline %ld ms, 1-min load %.2f\n", w,
+                rounds, late_ms, step_ms, load[0]);
     std::printf("%-28s %14s %16s %8s\n", "mode", "median after", "median early", "failed");
     std::printf("%-28s %14s %16s %8s\n", "", "wake (ms)", "recover() (ms)", "rounds");
     std::printf("%-28s %14.1f %16.1f %8d\n", "baseline (notify_peers off)", median(base.after_wake_ms),

@@ -191,9 +191,10 @@ void run(const char* label, std::vector<std::unique_ptr<Store>>& stores, int rep
                 label, s * 1e3, s / k, s / f);
   }
   const double sv = kvtier_bench::median(fig.save), pp = kvtier_bench::median(fig.plain_put);
-  std::printf("%-12s save (gather + hash + put) %7.1f ms | plain put of the gathered bytes %7.1f ms | "
-              "save / put %.2fx (target <= 1.10x)\n",
-              label, sv * 1e3, pp * 1e3, sv / pp);
+  std::printf(
+      "%-12s save (gather + hash + put) %7.1f ms | plain put of the gathered bytes %7.1f ms | "
+      "save / put %.2fx (target <= 1.10x)\n",
+      label, sv * 1e3, pp * 1e3, sv / pp);
   kvtier_bench::print_forward(label, fig.forward);
 }
 
@@ -237,8 +238,8 @@ int main(int argc, char** argv) {
       "\"first_layer_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]}},"
       "\"load_average\":%.2f}\n",
       load_rig::C, load_rig::chunk_bytes(), W, reps, m(mem.fetch), m(mem.hand), m(mem.conn), m(red.fetch),
-      m(red.hand), m(red.conn), m(red.streamed), m(red.save), m(red.plain_put), fm(0, 0, &ft::forward_end), fm(0, 1, &ft::forward_end),
-      fm(1, 0, &ft::forward_end), fm(1, 1, &ft::forward_end), fm(0, 0, &ft::first_layer),
-      fm(0, 1, &ft::first_layer), fm(1, 0, &ft::first_layer), fm(1, 1, &ft::first_layer),
-      kvtier_bench::load_average());
+      m(red.hand), m(red.conn), m(red.streamed), m(red.save), m(red.plain_put), fm(0, 0, &ft::forward_end),
+      fm(0, 1, &ft::forward_end), fm(1, 0, &ft::forward_end), fm(1, 1, &ft::forward_end),
+      fm(0, 0, &ft::first_layer), fm(0, 1, &ft::first_layer), fm(1, 0, &ft::first_layer),
+      fm(1, 1, &ft::first_layer), kvtier_bench::load_average());
 }

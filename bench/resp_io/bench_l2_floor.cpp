@@ -467,10 +467,11 @@ int main(int argc, char** argv) try {
             const cell& e = cells[name];
             const paired g = pair_up(e.gbps, rtt.gbps);
             const double cpu = kb::median(e.cpu), budget = kb::median(rtt.cpu) + sum_cpu;
-            const double srv = kb::median(e.srv), srv_floor = std::min(kb::median(rtt.srv),
-                                                                      kb::median(cells[best].srv));
+            const double srv = kb::median(e.srv),
+                         srv_floor = std::min(kb::median(rtt.srv), kb::median(cells[best].srv));
             std::printf(
-                "%-4s %10zu %5zu | %-14s x%.2f GB/s vs raw_per_rtt (target x1.10 %s) | CPU/GB %.4f vs floor %.4f + "
+                "%-4s %10zu %5zu | %-14s x%.2f GB/s vs raw_per_rtt (target x1.10 %s) | CPU/GB %.4f vs floor "
+                "%.4f + "
                 "xxh3 %.4f = %.4f (%s) | srv CPU/GB %.4f vs %.4f (%s)\n",
                 op.c_str(), size, batch, name.c_str(), g.median, g.median >= 1.1 ? "met" : "MISSED", cpu,
                 kb::median(rtt.cpu), sum_cpu, budget, cpu <= budget ? "met" : "MISSED", srv, srv_floor,

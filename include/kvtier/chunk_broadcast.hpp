@@ -364,10 +364,13 @@ std::error_code move_chunks(C& comm, const P& owners, B& buffers, const broadcas
         for (std::size_t c = begin; c < end && !any; ++c) any = owns(c);
         if (!any) continue;  // an owner with no chunk below the prefix: no group (agreed on every rank)
         ++res.collectives;
-        const std::error_code ec = kvtier::comm::broadcast_group(comm, [&](auto&& broadcast) {
-          for (std::size_t c = begin; c < end; ++c)
-            if (owns(c)) broadcast(source(c, o), buffers.destination(c), o);
-        }, dl);
+        const std::error_code ec = kvtier::comm::broadcast_group(
+            comm,
+            [&](auto&& broadcast) {
+              for (std::size_t c = begin; c < end; ++c)
+                if (owns(c)) broadcast(source(c, o), buffers.destination(c), o);
+            },
+            dl);
         if (ec) return fail(ec, "grouped broadcast");
       }
       break;

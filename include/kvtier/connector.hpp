@@ -89,16 +89,16 @@
 
 #include "kvtier/chunker.hpp"
 #include "kvtier/comm/communicator.hpp"
-#include "kvtier/connector/types.hpp"
-#include "kvtier/cost_model.hpp"
-#include "kvtier/deadline.hpp"
-#include "kvtier/deployment_check.hpp"
 #include "kvtier/connector/detail/errors.hpp"
 #include "kvtier/connector/detail/mover.hpp"
 #include "kvtier/connector/detail/saver.hpp"
 #include "kvtier/connector/detail/settle.hpp"
 #include "kvtier/connector/detail/state.hpp"
 #include "kvtier/connector/detail/step.hpp"
+#include "kvtier/connector/types.hpp"
+#include "kvtier/cost_model.hpp"
+#include "kvtier/deadline.hpp"
+#include "kvtier/deployment_check.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_queue.hpp"
 #include "kvtier/kv_copy.hpp"
@@ -613,8 +613,9 @@ class connector {
     layer_wait out;
     out.ec = agree_group(g, dl);
     if (!out.ec)
-      out.ec = shared_.wait_group_landed(
-          g, dl, [&](const detail::connector_request& r) { return detail::group_agreed_chunks(r, g, streamed_); });
+      out.ec = shared_.wait_group_landed(g, dl, [&](const detail::connector_request& r) {
+        return detail::group_agreed_chunks(r, g, streamed_);
+      });
     out.loads = layer_answers(g);
     counters_.layer_wait.observe(clock::now() - called);
     return out;
@@ -720,7 +721,8 @@ class connector {
   // Why `slots` does not give a page to every position of [first, end) (empty: it does). A
   // negative slot means "skip this token" to kv_copy; to the connector it is a token with no
   // page, which a load would report loaded and a save would store as zeros under its real key.
-  std::string slots_problem(std::span<const std::int64_t> slots, std::uint64_t first, std::uint64_t end) const {
+  std::string slots_problem(std::span<const std::int64_t> slots, std::uint64_t first,
+                            std::uint64_t end) const {
     if (slots.size() < end)
       return std::to_string(slots.size()) + " slots for positions up to " + std::to_string(end);
     const auto n = static_cast<std::int64_t>(cache_.layout.num_slots());
@@ -793,7 +795,9 @@ class connector {
     if (!ec && !agreed.ready) return;  // some rank's answer is not in yet
     r.lookup_agreed = true;
     counters_.lookup_latency.observe(clock::now() - r.lookup_started);
-    if (ec) note_error(r, detail::agreement_failure(r, request_error::stage::lookup, rank(), 0, ec, last_step_error_));
+    if (ec)
+      note_error(r,
+                 detail::agreement_failure(r, request_error::stage::lookup, rank(), 0, ec, last_step_error_));
     const std::uint64_t hit = ec ? 0 : std::min(agreed.answer_tokens, end_of(r));
     const detail::planned_range p =
         detail::plan_load(opt_, estimator_, hit, r.prompt_tokens, chunk_.chunk_tokens(), own_.world_size());
@@ -805,8 +809,8 @@ class connector {
   void settle_load(const req_ptr& r, std::error_code ec, std::span<const std::uint64_t> e,
                    std::vector<detail::move_item>& batch) {
     if (ec)
-      note_error(
-          *r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec, last_step_error_));
+      note_error(*r, detail::agreement_failure(*r, request_error::stage::load, rank(), r->first_chunk, ec,
+                                               last_step_error_));
     if (const auto c =
             detail::settle_load_entry(r, bool(ec), detail::load_words::decode(e), streamed_, shared_, batch))
       conclude_load(*r, c->chunks, c->sample, c->elapsed_us);

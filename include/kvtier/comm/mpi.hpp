@@ -178,13 +178,14 @@ class mpi_communicator {
     c.rank_ = static_cast<rank_t>(r);
     c.size_ = static_cast<rank_t>(w);
     if (opt.notify_peers && w > 1) {
-      static std::atomic<unsigned> created{0};  // this process's communicators, in create() order
+      static std::atomic<unsigned> created{0};      // this process's communicators, in create() order
       c.notice_ = std::make_unique<notice_slot>();  // heap: stays put when the communicator moves
       c.notice_->tag = opt.notice_tag + static_cast<int>(created.fetch_add(1) % 4096);
       if (int rc = MPI_Irecv(&c.notice_->got, 1, MPI_UINT64_T, MPI_ANY_SOURCE, c.notice_->tag, c.comm_,
                              &c.notice_->request);
           rc != MPI_SUCCESS)
-        return out.set_error(errc::backend_error, "mpi: MPI_Irecv (the peers' failure notice): " + error_string(rc));
+        return out.set_error(errc::backend_error,
+                             "mpi: MPI_Irecv (the peers' failure notice): " + error_string(rc));
     }
     out = std::move(c);
     return {};
@@ -449,12 +450,13 @@ class mpi_communicator {
     return notice_->from >= 0 && notice_->got <= rounds_done_;
   }
   std::error_code poison_from_peer() {
-    return poison(errc::backend_error,
-                  "mpi: rank " + std::to_string(notice_->from) +
-                      " poisoned its communicator (a collective failed there), so every rank must recover(): " +
-                      (what_.empty() ? std::string("this call") : what_) + " on rank " + std::to_string(rank_) +
-                      " gave up at once; communicator poisoned",
-                  /*tell_peers=*/false);
+    return poison(
+        errc::backend_error,
+        "mpi: rank " + std::to_string(notice_->from) +
+            " poisoned its communicator (a collective failed there), so every rank must recover(): " +
+            (what_.empty() ? std::string("this call") : what_) + " on rank " + std::to_string(rank_) +
+            " gave up at once; communicator poisoned",
+        /*tell_peers=*/false);
   }
   // Tells every peer that this communicator is poisoned (fire and forget: a notice no peer
   // receives any more stays with MPI, one int).

@@ -39,8 +39,8 @@
 // called it: its cost is the time until every peer is back at a collective (the
 // engine's work between two steps, and whatever it blocks on there), plus one
 // MPI_Comm_idup and one all-reduce. Its deadline must cover the longest deadline a
-// peer may still be waiting on before it fails and recovers too. On MPI, create() pairs a retry with a duplicate that
-// timed out (see mpi.hpp), so recover() may be called again after a timeout.
+// peer may still be waiting on before it fails and recovers too. On MPI, create() pairs a retry with a
+// duplicate that timed out (see mpi.hpp), so recover() may be called again after a timeout.
 //
 // A rank whose process died cannot be recovered this way: its peers' duplicate of
 // the parent never completes (recover() times out). OpenMPI also ends the whole job

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "kvtier/chunk_status.hpp"
+#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
-#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/detail/store_common.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/fetch_types.hpp"

@@ -38,9 +38,9 @@
 
 #include "kvtier/comm/broadcast_group.hpp"
 #include "kvtier/comm/communicator.hpp"
-#include "kvtier/deadline.hpp"
 #include "kvtier/connector/detail/errors.hpp"
 #include "kvtier/connector/detail/state.hpp"
+#include "kvtier/deadline.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/metrics.hpp"
 #include "kvtier/ownership.hpp"
@@ -155,14 +155,18 @@ class connector_mover {
       if (std::none_of(batch->begin(), batch->end(), [g](const move_item& m) { return m.moves(g); }))
         continue;
       // Every owner's chunks in one group, each broadcast in place in its staging block.
-      const std::error_code ec = kvtier::comm::broadcast_group(data_, [&](auto&& broadcast) {
-        for (const move_item& m : *batch)
-          for (std::size_t i = m.begin; i < m.end && m.moves(g); ++i) {
-            const auto owner = static_cast<rank_t>(own_.owner(m.r->first_chunk + i));
-            const std::span<std::byte> s = geo_.staged_group(*m.r, i, g);
-            broadcast(owner == me ? std::span<const std::byte>(s) : std::span<const std::byte>{}, s, owner);
-          }
-      }, dl);
+      const std::error_code ec = kvtier::comm::broadcast_group(
+          data_,
+          [&](auto&& broadcast) {
+            for (const move_item& m : *batch)
+              for (std::size_t i = m.begin; i < m.end && m.moves(g); ++i) {
+                const auto owner = static_cast<rank_t>(own_.owner(m.r->first_chunk + i));
+                const std::span<std::byte> s = geo_.staged_group(*m.r, i, g);
+                broadcast(owner == me ? std::span<const std::byte>(s) : std::span<const std::byte>{}, s,
+                          owner);
+              }
+          },
+          dl);
       if (ec) {  // no later group of this batch runs: its failure is agreed at the next step
         if (keep_failed_) keep_failed_blocks(*batch);
         std::string why = "move of layer group " + std::to_string(g) + ": " + ec.message();

@@ -29,10 +29,10 @@
 #include <utility>
 #include <vector>
 
-#include "kvtier/connector/types.hpp"
-#include "kvtier/deadline.hpp"
 #include "kvtier/connector/detail/errors.hpp"
 #include "kvtier/connector/detail/state.hpp"
+#include "kvtier/connector/types.hpp"
+#include "kvtier/deadline.hpp"
 #include "kvtier/detail/cv_wait.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/kv_copy.hpp"
@@ -46,13 +46,13 @@ namespace kvtier::detail {
 struct layer_save {
   std::vector<std::size_t> chunks;  // prompt indexes
   std::vector<std::int64_t> slots;
-  std::vector<std::byte> values;           // chunks.size() values, filled group by group (saver thread)
-  std::vector<bool> failed;                // per chunk: a gather failed (saver thread)
-  std::vector<value_hasher> hashers;       // per chunk: its checksums, group by group as gathered (saver thread)
-  bool hashed_in_order = true;             // every group so far gathered in layer order (saver thread)
-  std::optional<request_error> why;        // its first failure (saver thread)
-  std::uint32_t gathered = 0;              // groups gathered (saver thread)
-  bool broken = false;                     // a group's job threw: the last one puts nothing (saver thread)
+  std::vector<std::byte> values;      // chunks.size() values, filled group by group (saver thread)
+  std::vector<bool> failed;           // per chunk: a gather failed (saver thread)
+  std::vector<value_hasher> hashers;  // per chunk: its checksums, group by group as gathered (saver thread)
+  bool hashed_in_order = true;        // every group so far gathered in layer order (saver thread)
+  std::optional<request_error> why;   // its first failure (saver thread)
+  std::uint32_t gathered = 0;         // groups gathered (saver thread)
+  bool broken = false;                // a group's job threw: the last one puts nothing (saver thread)
   std::vector<std::uint32_t> layers_left;  // per group: layers not yet reported (engine thread)
   std::vector<bool> layer_seen;            // per layer: reported (engine thread)
   std::uint32_t groups_submitted = 0;      // (engine thread)
@@ -273,7 +273,7 @@ class connector_saver {
     std::optional<request_error> put_why;  // the puts' first failure (the helper's while one runs)
     save_end slice_end;                    // the slice in flight's outcome (the helper's while it runs)
     std::future<void> in_flight;           // last: a gather that throws waits here for the put it overlaps
-    auto settle = [&] {  // the put in flight ended: its outcome joins the save's
+    auto settle = [&] {                    // the put in flight ended: its outcome joins the save's
       if (!in_flight.valid()) return;
       in_store = true;
       in_flight.get();  // rethrows what the put threw
@@ -290,16 +290,18 @@ class connector_saver {
                hashers.empty() ? nullptr : &hashers[k]);
       }
       settle();
-      in_flight = std::async(
-          std::launch::async,
-          [&, first, last, slice_failed = std::vector<bool>(failed.begin() + static_cast<std::ptrdiff_t>(first),
-                                                            failed.begin() + static_cast<std::ptrdiff_t>(last))] {
-            bool helper_in_store = false;
-            put(job, std::span(job.chunks).subspan(first, last - first), values.subspan(first * cb, (last - first) * cb),
-                slice_failed, put_why, slice_end, helper_in_store,
-                hashers.empty() ? std::span<const value_hasher>() : std::span<const value_hasher>(hashers).subspan(first, last - first),
-                dl);
-          });
+      in_flight = std::async(std::launch::async, [&, first, last,
+                                                  slice_failed = std::vector<bool>(
+                                                      failed.begin() + static_cast<std::ptrdiff_t>(first),
+                                                      failed.begin() + static_cast<std::ptrdiff_t>(last))] {
+        bool helper_in_store = false;
+        put(job, std::span(job.chunks).subspan(first, last - first),
+            values.subspan(first * cb, (last - first) * cb), slice_failed, put_why, slice_end,
+            helper_in_store,
+            hashers.empty() ? std::span<const value_hasher>()
+                            : std::span<const value_hasher>(hashers).subspan(first, last - first),
+            dl);
+      });
     }
     settle();
     if (!job.why) job.why = put_why;
@@ -334,7 +336,8 @@ class connector_saver {
       return true;
     }
     // Groups reported in layer order are hashed as they are gathered; any other order: the store hashes.
-    if (ls.hashed_in_order && (!hashing() || job.group != ls.gathered)) ls.hashed_in_order = false, ls.hashers.clear();
+    if (ls.hashed_in_order && (!hashing() || job.group != ls.gathered))
+      ls.hashed_in_order = false, ls.hashers.clear();
     ++ls.gathered;
     if (!ls.broken) {
       if (ls.values.empty()) {
@@ -354,7 +357,8 @@ class connector_saver {
       end.failed = true;
       return true;
     }
-    put(job, ls.chunks, ls.values, ls.failed, ls.why, end, in_store, ls.hashers, deadline_after(save_timeout_));
+    put(job, ls.chunks, ls.values, ls.failed, ls.why, end, in_store, ls.hashers,
+        deadline_after(save_timeout_));
     return true;
   }
 
@@ -371,10 +375,9 @@ class connector_saver {
     if (std::any_of(chunk_slots.begin(), chunk_slots.end(), [](std::int64_t s) { return s < 0; }))
       std::fill(part.begin(), part.end(), std::byte{0});
     const std::error_code ec =
-        hasher == nullptr
-            ? kv_gather(geo_.cache, chunk_slots, part, layers)
-            : kv_gather(geo_.cache, chunk_slots, part, layers, nullptr,
-                        [hasher](std::span<const std::byte> bytes) { hasher->update(bytes); });
+        hasher == nullptr ? kv_gather(geo_.cache, chunk_slots, part, layers)
+                          : kv_gather(geo_.cache, chunk_slots, part, layers, nullptr,
+                                      [hasher](std::span<const std::byte> bytes) { hasher->update(bytes); });
     if (ec) {
       failed[k] = true;
       if (!why) why = explain(job, c, ec, "gather from the pages: " + ec.message(), false);
@@ -386,8 +389,8 @@ class connector_saver {
   // `hashers` (one per chunk, or none): the checksums computed in the gathers, put with the
   // values when every one is complete (else the store hashes).
   void put(const save_job& job, std::span<const std::size_t> chunks, std::span<const std::byte> values,
-           const std::vector<bool>& failed, std::optional<request_error>& why, save_end& end,
-           bool& in_store, std::span<const value_hasher> hashers, deadline dl) {
+           const std::vector<bool>& failed, std::optional<request_error>& why, save_end& end, bool& in_store,
+           std::span<const value_hasher> hashers, deadline dl) {
     std::vector<chunk_key> keys;
     std::vector<std::size_t> chunk_of;  // the prompt chunk of each key
     std::vector<std::span<const std::byte>> src;
