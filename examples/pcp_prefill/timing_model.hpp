@@ -49,12 +49,13 @@ enum class l2_kind { modeled, none, real };
 /// When a loaded request's prefill may start computing (--load-granularity):
 ///   chunk           after its whole load has been fetched and moved (the default);
 ///   layer           layer l once layer group l of every loaded chunk is in the pages, with
-///                   whole-chunk fetches (one GET per chunk, what remote_store does today): only
+///                   whole-chunk fetches (one GET per chunk, remote_store's get): only
 ///                   the owner -> all move and scatter, group by group, overlap compute;
-///   layer_streamed  the same with group-major ranged reads (GETRANGE per layer group, the
-///                   storage choice of docs/architecture.md, not yet in remote_store): group g
-///                   of a rank's chunks is fetched after (g+1)/G of its transfer, so the fetch
-///                   overlaps compute too. Modeled only.
+///   layer_streamed  the same with group-major ranged reads (GETRANGE per layer group,
+///                   remote_store::get_by_group; the storage choice is in
+///                   docs/layer_by_layer.md): group g of a rank's chunks is fetched after
+///                   (g+1)/G of its transfer, so the fetch overlaps compute too. Modeled here;
+///                   with --l2 redis://... it runs for real.
 enum class load_granularity { chunk, layer, layer_streamed };
 inline const char* to_string(load_granularity g) {
   return g == load_granularity::chunk ? "chunk" : g == load_granularity::layer ? "layer" : "layer-streamed";
