@@ -6,12 +6,15 @@
 //   key stored and keeps nothing).
 // jitter_store<S>: forwards to S after a random short sleep (stress tests).
 // throwing_store: every call throws (exactly-once completion on exceptions).
+// digest_store: a memory_store with a value format whose put_prehashed keeps the digests it was
+//   given per key (forwarding tests of tiered_store and rendezvous_store).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -25,6 +28,8 @@
 #include "kvtier/detail/store_common.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/store/chunk_store.hpp"
+#include "kvtier/store/memory_store.hpp"
+#include "kvtier/store/value_header.hpp"
 
 namespace kvtier::test {
 
@@ -167,7 +172,67 @@ struct throwing_store {
   }
 };
 
+class digest_store {
+ public:
+  explicit digest_store(value_format f) : format_(f) {}
+  const value_format& format() const noexcept { return format_; }
+  std::error_code exists(std::span<const chunk_key> k, std::span<chunk_status> s, deadline dl) {
+    return inner_.exists(k, s, dl);
+  }
+  std::error_code get(std::span<const chunk_key> k, std::span<const std::span<std::byte>> d,
+                      std::span<chunk_status> s, deadline dl) {
+    return inner_.get(k, d, s, dl);
+  }
+  std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> src,
+                      std::span<chunk_status> s, deadline dl) {
+    std::lock_guard lock(mu_);
+    ++plain_puts_;
+    return inner_.put(k, src, s, dl);
+  }
+  /// Refuses digests that do not fit (as remote_store does), else keeps them per key.
+  std::error_code put_prehashed(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> src,
+                                std::span<const value_digest> digests, std::span<chunk_status> s,
+                                deadline dl) {
+    if (digests.empty()) return put(k, src, s, dl);
+    if (digests.size() != k.size()) return make_error_code(errc::invalid_argument);
+    for (std::size_t i = 0; i < k.size(); ++i)
+      if (!digests[i].fits(format_, src[i].size())) return make_error_code(errc::invalid_argument);
+    std::lock_guard lock(mu_);
+    for (std::size_t i = 0; i < k.size(); ++i) given_[k[i]] = digests[i];
+    return inner_.put(k, src, s, dl);
+  }
+  /// The digest put_prehashed was given for `k` (none: an empty one).
+  value_digest given(const chunk_key& k) const {
+    std::lock_guard lock(mu_);
+    auto it = given_.find(k);
+    return it == given_.end() ? value_digest{} : it->second;
+  }
+  std::size_t plain_puts() const {
+    std::lock_guard lock(mu_);
+    return plain_puts_;
+  }
+
+ private:
+  struct key_less {
+    bool operator()(const chunk_key& a, const chunk_key& b) const noexcept {
+      return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
+    }
+  };
+  value_format format_;
+  memory_store inner_{64 << 20};
+  mutable std::mutex mu_;
+  std::map<chunk_key, value_digest, key_less> given_;
+  std::size_t plain_puts_ = 0;
+};
+
+/// A digest of a payload of `length` bytes in format `f` whose checksums all say `tag` (the fakes
+/// keep digests without checking them against the bytes).
+inline value_digest tagged_digest(value_format f, std::size_t length, std::uint64_t tag) {
+  return value_digest{f, length, std::vector<std::uint64_t>(f.groups(length), tag)};
+}
+
 static_assert(chunk_store<gated_store>);
+static_assert(prehashed_put_store<digest_store>);
 static_assert(chunk_store<throwing_store>);
 
 }  // namespace kvtier::test

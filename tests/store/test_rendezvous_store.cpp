@@ -11,6 +11,7 @@
 
 #include "kvtier/store/memory_store.hpp"
 #include "kvtier/store/rendezvous_store.hpp"
+#include "store_fakes.hpp"
 
 using namespace std::chrono_literals;
 using kvtier::chunk_key;
@@ -148,4 +149,37 @@ TEST_CASE("rendezvous_store: removing any instance moves only its own keys (abou
   rendezvous_store<memory_store> backward(rptrs, rnames);
   for (const auto& key : keys)
     REQUIRE(forward.name(forward.instance_of(key)) == backward.name(backward.instance_of(key)));
+}
+
+// Issue 28: put_prehashed through the instances: each gets exactly its keys' digests.
+TEST_CASE("rendezvous_store: put_prehashed gives each instance its own keys' digests", "[unit]") {
+  using kvtier::test::digest_store;
+  const kvtier::value_format f = kvtier::value_format::v2(8);
+  std::vector<std::unique_ptr<digest_store>> owned;
+  std::vector<digest_store*> ptrs;
+  for (int i = 0; i < 3; ++i)
+    owned.push_back(std::make_unique<digest_store>(f)), ptrs.push_back(owned.back().get());
+  rendezvous_store<digest_store> r(ptrs, {"a", "b", "c"});
+  static_assert(kvtier::prehashed_put_store<rendezvous_store<digest_store>>);
+  REQUIRE(r.format().group_bytes == 8);
+
+  const auto keys = keys_n(48);
+  std::vector<std::byte> value(20, std::byte{3});
+  std::vector<std::span<const std::byte>> src(keys.size(), value);
+  std::vector<kvtier::value_digest> digests;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    digests.push_back(kvtier::test::tagged_digest(f, 20, 1000 + i));
+  std::vector<chunk_status> st(keys.size(), chunk_status::error);
+  REQUIRE_FALSE(r.put_prehashed(keys, src, digests, st, deadline_after(5s)));
+  std::size_t used = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CHECK(st[i] == chunk_status::stored);
+    const digest_store& home = *ptrs[r.instance_of(keys[i])];
+    CHECK(home.given(keys[i]).hashes == digests[i].hashes);
+  }
+  for (digest_store* s : ptrs) used += s->plain_puts() == 0;
+  CHECK(used == 3);  // nobody hashed for itself
+
+  std::vector<kvtier::value_digest> short_list(digests.begin(), digests.begin() + 3);
+  CHECK(r.put_prehashed(keys, src, short_list, st, deadline_after(5s)) == kvtier::errc::invalid_argument);
 }

@@ -17,6 +17,7 @@
 #include "kvtier/store/memory_store.hpp"
 #include "kvtier/store/rank_view.hpp"
 #include "kvtier/store/tiered_store.hpp"
+#include "store_fakes.hpp"
 
 using namespace kvtier;
 using namespace std::chrono_literals;
@@ -519,5 +520,54 @@ TEST_CASE("store contract: size mismatch touches no key; a passed deadline times
     REQUIRE(view.put_owned(keys, src, st, clock::now() - 1ms) == errc::timeout);
     REQUIRE(st == std::vector<chunk_status>(2, chunk_status::timeout));
     REQUIRE(l1.entry_count() == 0);
+  }
+}
+
+// Issue 28: the connector's saver hashes in its gather and calls put_prehashed on a store that
+// has it; over tiers, L2 must get those digests (no pass of its own) and L1 only digests that
+// fit its format.
+TEST_CASE("tiered_store: put_prehashed gives L2 the digests, L1 only those that fit its format", "[unit]") {
+  using test::digest_store;
+  const value_format v2 = value_format::v2(4), v1 = value_format::v1();
+  auto v = bytes(16, 5);
+  std::span<const std::byte> src[2] = {v, v};
+  const chunk_key keys[2] = {key(40), key(41)};
+  const std::vector<value_digest> d = {test::tagged_digest(v2, 16, 7), test::tagged_digest(v2, 16, 8)};
+  chunk_status st[2];
+
+  SECTION("L1 without put_prehashed: its plain put; L2 gets the digests") {
+    memory_store l1(1 << 20);
+    digest_store l2(v2);
+    tiered_store t(l1, l2);
+    static_assert(prehashed_put_store<decltype(t)>);
+    REQUIRE(t.format().group_bytes == 4);
+    REQUIRE_FALSE(t.put_prehashed(keys, src, d, st, deadline_after(1s)));
+    CHECK(st[0] == chunk_status::stored);
+    CHECK(st[1] == chunk_status::stored);
+    CHECK(l1.contains(keys[0]));
+    CHECK(l2.plain_puts() == 0);
+    CHECK(l2.given(keys[0]).hashes == d[0].hashes);
+    CHECK(l2.given(keys[1]).hashes == d[1].hashes);
+  }
+  SECTION("L1 of another format: hashes for itself; L1 of the same format: gets them") {
+    digest_store other(v1), same(v2), l2(v2);
+    tiered_store t_other(other, l2), t_same(same, l2);
+    REQUIRE_FALSE(t_other.put_prehashed(keys, src, d, st, deadline_after(1s)));
+    CHECK(st[0] == chunk_status::stored);
+    CHECK(other.plain_puts() == 1);
+    CHECK(other.given(keys[0]).hashes.empty());
+    REQUIRE_FALSE(t_same.put_prehashed(keys, src, d, st, deadline_after(1s)));
+    CHECK(same.plain_puts() == 0);
+    CHECK(same.given(keys[1]).hashes == d[1].hashes);
+  }
+  SECTION("l2_only: only L2, with the digests; digests L2 refuses are its error") {
+    memory_store l1(1 << 20);
+    digest_store l2(v2);
+    tiered_store t(l1, l2, {.writes = write_policy::l2_only});
+    REQUIRE_FALSE(t.put_prehashed(keys, src, d, st, deadline_after(1s)));
+    CHECK_FALSE(l1.contains(keys[0]));
+    CHECK(l2.given(keys[0]).hashes == d[0].hashes);
+    const std::vector<value_digest> wrong = {test::tagged_digest(v1, 16, 1), test::tagged_digest(v1, 16, 1)};
+    CHECK(t.put_prehashed(keys, src, wrong, st, deadline_after(1s)) == errc::invalid_argument);
   }
 }

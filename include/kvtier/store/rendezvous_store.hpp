@@ -32,6 +32,7 @@
 #include "kvtier/deadline.hpp"
 #include "kvtier/errc.hpp"
 #include "kvtier/store/chunk_store.hpp"
+#include "kvtier/store/value_header.hpp"
 
 namespace kvtier {
 
@@ -108,15 +109,20 @@ class rendezvous_store {
 
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
-    if (keys.size() != src.size() || keys.size() != status.size())
-      return make_error_code(errc::invalid_argument);
-    return split(keys, status, /*parallel=*/true, [&](Store& s, part& p) {
-      std::vector<std::span<const std::byte>> d;
-      d.reserve(p.index.size());
-      for (std::size_t i : p.index) d.push_back(src[i]);
-      return s.put(p.keys, d, p.status, dl);
-    });
+    return put_split(keys, src, {}, status, dl);
   }
+
+  /// put() with each value's checksums already known (see remote_store::put_prehashed), in
+  /// format()'s layout: each instance gets its keys' digests, so none makes a pass of its own.
+  /// An instance whose format the digests do not fit refuses them (invalid_argument).
+  std::error_code put_prehashed(std::span<const chunk_key> keys,
+                                std::span<const std::span<const std::byte>> src,
+                                std::span<const value_digest> digests, std::span<chunk_status> status,
+                                deadline dl) requires prehashed_put_store<Store> {
+    return put_split(keys, src, digests, status, dl);
+  }
+  /// Instance 0's value format (the instances of one partition share one).
+  value_format format() const requires prehashed_put_store<Store> { return parts_.front()->format(); }
 
  private:
   // The keys of one instance: caller indices, their keys, their statuses.
@@ -126,6 +132,29 @@ class rendezvous_store {
     std::vector<chunk_status> status;
     std::error_code ec;
   };
+
+  // put() and put_prehashed() (`digests` empty, or one per key).
+  std::error_code put_split(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+                            std::span<const value_digest> digests, std::span<chunk_status> status,
+                            deadline dl) {
+    if (keys.size() != src.size() || keys.size() != status.size() ||
+        (!digests.empty() && digests.size() != keys.size()))
+      return make_error_code(errc::invalid_argument);
+    return split(keys, status, /*parallel=*/true, [&](Store& s, part& p) {
+      std::vector<std::span<const std::byte>> d;
+      d.reserve(p.index.size());
+      for (std::size_t i : p.index) d.push_back(src[i]);
+      if constexpr (prehashed_put_store<Store>) {
+        if (!digests.empty()) {
+          std::vector<value_digest> h;
+          h.reserve(p.index.size());
+          for (std::size_t i : p.index) h.push_back(digests[i]);
+          return s.put_prehashed(p.keys, d, h, p.status, dl);
+        }
+      }
+      return s.put(p.keys, d, p.status, dl);
+    });
+  }
 
   static std::vector<std::string> names_of(const std::vector<Store*>& instances) {
     std::vector<std::string> n;

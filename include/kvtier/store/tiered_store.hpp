@@ -95,9 +95,8 @@ class tiered_store {
   /// key, the leading groups verified so far), so a connector over the tiers streams by group.
   std::error_code get_by_group(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
                                std::span<chunk_status> status, deadline dl,
-                               const std::function<void(std::span<const std::size_t>)>& on_round = {})
-    requires group_streaming_store<L2>
-  {
+                               const std::function<void(std::span<const std::size_t>)>& on_round =
+                                   {}) requires group_streaming_store<L2> {
     if (auto ec = detail::store_precheck(keys.size(), dst.size(), status, dl)) return ec;
     std::error_code ec = l1_.get(keys, dst, status, dl);
     record(tier::one, status, dst);
@@ -120,10 +119,8 @@ class tiered_store {
     if (opt_.promote) promote(k2, d2, s2, dl);
     return count(status, ec, rest.size());
   }
-  /// L2's value format (what get_by_group's rounds count groups in).
-  value_format format() const
-    requires group_streaming_store<L2>
-  {
+  /// L2's value format (what get_by_group's rounds count groups in, and put_prehashed's digests').
+  value_format format() const requires group_streaming_store<L2> || prehashed_put_store<L2> {
     return l2_.format();
   }
 
@@ -132,18 +129,17 @@ class tiered_store {
   /// call returns L2's error, else L1's, so an L1 failure is never dropped.
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
-    if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
-    if (opt_.writes == write_policy::l1_only)
-      return put_tier(l1_, opt_.metrics ? &opt_.metrics->l1 : nullptr, keys, src, status, dl);
-    if (opt_.writes == write_policy::l2_only)
-      return put_tier(l2_, opt_.metrics ? &opt_.metrics->l2 : nullptr, keys, src, status, dl);
-    std::vector<chunk_status> s1(status.size(), chunk_status::error);
-    const std::error_code ec1 = put_tier(l1_, opt_.metrics ? &opt_.metrics->l1 : nullptr, keys, src, s1, dl);
-    const std::error_code ec2 =
-        put_tier(l2_, opt_.metrics ? &opt_.metrics->l2 : nullptr, keys, src, status, dl);
-    for (std::size_t i = 0; i < status.size(); ++i)
-      if (status[i] == chunk_status::stored && s1[i] != chunk_status::stored) status[i] = s1[i];
-    return ec2 ? ec2 : ec1;
+    return put_prehashed_any(keys, src, {}, status, dl);
+  }
+
+  /// put() with each value's checksums already known, in L2's format() (see
+  /// remote_store::put_prehashed), so L2 makes no pass of its own over the payload. L1 gets them
+  /// too when it takes digests that fit its format; otherwise its plain put.
+  std::error_code put_prehashed(std::span<const chunk_key> keys,
+                                std::span<const std::span<const std::byte>> src,
+                                std::span<const value_digest> digests, std::span<chunk_status> status,
+                                deadline dl) requires prehashed_put_store<L2> {
+    return put_prehashed_any(keys, src, digests, status, dl);
   }
 
   stats_type stats() const {
@@ -184,11 +180,51 @@ class tiered_store {
       if (status[i] == chunk_status::hit) bytes += dst[i].size();
     if (bytes) m.bytes_read.add(bytes);
   }
+  // put() and put_prehashed(): `digests` empty, or in L2's format.
+  std::error_code put_prehashed_any(std::span<const chunk_key> keys,
+                                    std::span<const std::span<const std::byte>> src,
+                                    std::span<const value_digest> digests, std::span<chunk_status> status,
+                                    deadline dl) {
+    if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
+    tier_metrics* m1 = opt_.metrics ? &opt_.metrics->l1 : nullptr;
+    tier_metrics* m2 = opt_.metrics ? &opt_.metrics->l2 : nullptr;
+    const std::span<const value_digest> d1 = l1_digests(src, digests);
+    if (opt_.writes == write_policy::l1_only) return put_tier(l1_, m1, keys, src, d1, status, dl);
+    if (opt_.writes == write_policy::l2_only) return put_tier(l2_, m2, keys, src, digests, status, dl);
+    std::vector<chunk_status> s1(status.size(), chunk_status::error);
+    const std::error_code ec1 = put_tier(l1_, m1, keys, src, d1, s1, dl);
+    const std::error_code ec2 = put_tier(l2_, m2, keys, src, digests, status, dl);
+    for (std::size_t i = 0; i < status.size(); ++i)
+      if (status[i] == chunk_status::stored && s1[i] != chunk_status::stored) status[i] = s1[i];
+    return ec2 ? ec2 : ec1;
+  }
+
+  // L2's digests when they describe `src` in L1's format too, else none: L1 of another format
+  // (or one without put_prehashed) hashes for itself rather than refusing them.
+  std::span<const value_digest> l1_digests(std::span<const std::span<const std::byte>> src,
+                                           std::span<const value_digest> digests) const {
+    if constexpr (prehashed_put_store<L1>) {
+      if (digests.size() != src.size()) return {};
+      const value_format f = l1_.format();
+      for (std::size_t i = 0; i < src.size(); ++i)
+        if (!digests[i].fits(f, src[i].size())) return {};
+      return digests;
+    } else {
+      return {};
+    }
+  }
+
   template <chunk_store S>
   static std::error_code put_tier(S& s, tier_metrics* m, std::span<const chunk_key> keys,
                                   std::span<const std::span<const std::byte>> src,
-                                  std::span<chunk_status> status, deadline dl) {
-    const std::error_code ec = s.put(keys, src, status, dl);
+                                  std::span<const value_digest> digests, std::span<chunk_status> status,
+                                  deadline dl) {
+    std::error_code ec;
+    if constexpr (prehashed_put_store<S>) {
+      ec = digests.empty() ? s.put(keys, src, status, dl) : s.put_prehashed(keys, src, digests, status, dl);
+    } else {
+      ec = s.put(keys, src, status, dl);
+    }
     if (!m) return ec;
     std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < src.size(); ++i)
