@@ -167,7 +167,12 @@ int run(const options& o) {
                                                         std::to_string(o.tier ? o.ports[rank] : 1))
                                     .value});
   kvtier::host_kv_cache cache(kvtier::kv_layout::vllm_mla(layers, cache_blocks, page));
-  const kvtier::connector_options copt{.load_deadline = {.base = std::chrono::milliseconds(o.load_ms)},
+  // The cost policy with this engine's own figures (KV bytes per token, prefill tokens/s): a
+  // tier slower than recomputing is not loaded from (connector/detail/slow_tier.hpp).
+  const kvtier::connector_options copt{.policy = kvtier::load_policy::cost,
+                                       .node = {.kv_bytes_per_token = static_cast<double>(cache.value_bytes(1)),
+                                                .prefill_tokens_per_s = o.tokens_per_s},
+                                       .load_deadline = {.base = std::chrono::milliseconds(o.load_ms)},
                                        .lookup_timeout = std::chrono::milliseconds(o.lookup_ms),
                                        .save_timeout = std::chrono::milliseconds(o.save_ms)};
   kvtier::connector conn(chunk, own, store, comm, cache.view(), copt);
@@ -335,7 +340,8 @@ int run(const options& o) {
       "\"recoveries\":%llu,\"recover_s\":%.3f,\"lookups\":%llu,\"loads\":%llu,\"loads_cut_short\":%llu,"
       "\"tokens_loaded\":%llu,\"agreement_failures\":%llu,\"chunks_saved\":%llu,\"save_failures\":%llu,"
       "\"store_hits\":%llu,\"store_misses\":%llu,\"store_corrupt\":%llu,\"store_timeouts\":%llu,"
-      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"pages_still_in_flight\":%zu,\"last_error\":\"%s\"}\n",
+      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"lookups_skipped\":%llu,"
+      "\"saves_skipped\":%llu,\"pages_still_in_flight\":%zu,\"last_error\":\"%s\"}\n",
       rank, now_s(t0), (unsigned long long)requests, (unsigned long long)wrong_total, (unsigned long long)hangs,
       (unsigned long long)recoveries, recover_s, (unsigned long long)c.lookups.value(),
       (unsigned long long)c.loads.value(), (unsigned long long)c.loads_cut_short.value(),
@@ -343,7 +349,8 @@ int run(const options& o) {
       (unsigned long long)c.chunks_saved.value(), (unsigned long long)c.save_failures.value(),
       (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.corrupt,
       (unsigned long long)s.timeouts, (unsigned long long)s.errors, (unsigned long long)s.breaker_trips,
-      (unsigned long long)s.down_refusals, in_flight.size(),
+      (unsigned long long)s.down_refusals, (unsigned long long)c.lookups_skipped.value(),
+      (unsigned long long)c.saves_skipped.value(), in_flight.size(),
       json_escape(store.last_error()).c_str());
   std::fflush(stdout);
   return 0;

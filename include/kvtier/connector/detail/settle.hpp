@@ -24,6 +24,7 @@ struct load_conclusion {
   std::size_t chunks = 0;
   bool sample = false;
   std::uint64_t elapsed_us = 0;
+  bool timed = false;  // elapsed_us is agreed (the step's agreement did not fail)
 };
 
 /// Settles load r on one agreed entry (`failed`: the step's agreement failed): records the
@@ -63,7 +64,7 @@ inline std::optional<load_conclusion> settle_load_entry(const connector_request_
     r->target = d.target, loaded = d.loaded_chunks, sample = d.sample;
   }
   if (!loaded) return std::nullopt;
-  return load_conclusion{*loaded, sample, agreed.elapsed_us};
+  return load_conclusion{*loaded, sample, agreed.elapsed_us, !failed};
 }
 
 /// Layer group g of every chunk of load r is agreed (or its outcome is): everything below its

@@ -48,6 +48,8 @@ struct connector_request {
   clock::time_point lookup_started{};
   std::vector<std::size_t> owned;  // this rank's owned chunks, ascending
   bool lookup_agreed = false;
+  bool lookup_skipped = false;  // this rank did not ask its store (a tier judged slow)
+  bool probe = false;           // agreed: this load measures a tier judged slow
   std::uint64_t agreed_cached_tokens = 0;  // min over ranks, before the policy
   std::uint64_t load_first_token = 0;      // the policy's load range [first, end)
   std::uint64_t load_end_token = 0;
