@@ -554,7 +554,8 @@ class connector {
     const std::uint64_t plan_fingerprint =
         opt_.policy == load_policy::always
             ? 0
-            : detail::step_fp_mix(detail::estimate_fingerprint(estimator_.estimate()), slow_tier_.fingerprint());
+            : detail::step_fp_mix(detail::estimate_fingerprint(estimator_.estimate()),
+                                  slow_tier_.fingerprint());
     std::uint64_t fp = 0;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i], plan_fingerprint));
@@ -805,8 +806,8 @@ class connector {
       note_error(r,
                  detail::agreement_failure(r, request_error::stage::lookup, rank(), 0, ec, last_step_error_));
     const std::uint64_t hit = ec ? 0 : std::min(agreed.answer_tokens, end_of(r));
-    const detail::planned_range p =
-        slow_tier_.plan(opt_, estimator_, hit, r.prompt_tokens, chunk_.chunk_tokens(), own_.world_size(), r.probe);
+    const detail::planned_range p = slow_tier_.plan(opt_, estimator_, hit, r.prompt_tokens,
+                                                    chunk_.chunk_tokens(), own_.world_size(), r.probe);
     r.agreed_cached_tokens = hit;
     r.load_first_token = p.first;
     r.load_end_token = p.end;
@@ -832,7 +833,8 @@ class connector {
     } else if (opt_.policy == load_policy::always) {
       if (c.sample) estimator_.record_bytes(chunks * geo_.chunk_bytes, elapsed_s);
     } else if (r.n > 0) {
-      estimator_.record_bytes(r.n * geo_.chunk_bytes, detail::slow_tier_guard::sample_seconds(r.n, chunks, elapsed_s));
+      estimator_.record_bytes(r.n * geo_.chunk_bytes,
+                              detail::slow_tier_guard::sample_seconds(r.n, chunks, elapsed_s));
       if (slow_tier_.concluded(opt_, r.n * chunk_.chunk_tokens(), chunks == r.n, elapsed_s, r.probe))
         estimator_.reset();
     }

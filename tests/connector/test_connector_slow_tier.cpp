@@ -34,7 +34,7 @@ struct slow_store {
   memory_store inner{64 << 20};
   std::atomic<bool> slow{false};
   std::atomic<int> exists_calls{0}, get_calls{0};
-  std::chrono::milliseconds exists_delay{100}, get_delay{4000};
+  std::chrono::milliseconds exists_delay{100}, get_delay{4000}, put_delay{0};
 
   std::string last_error() const { return slow ? "throttled" : ""; }
   // False: the deadline came first (the statuses say timeout).
@@ -57,7 +57,7 @@ struct slow_store {
   }
   std::error_code put(std::span<const chunk_key> k, std::span<const std::span<const std::byte>> s,
                       std::span<chunk_status> st, deadline dl) {
-    return inner.put(k, s, st, dl);
+    return wait(put_delay, dl, st) ? inner.put(k, s, st, dl) : make_error_code(errc::timeout);
   }
 };
 
@@ -143,7 +143,8 @@ TEST_CASE("connector slow tier: loads race recomputing, a slow store is skipped 
   CHECK(full(fast_before - 1));
   // While slow: the slow store is asked by the lookups that learn it is slow (a few cut loads)
   // and by the probes (one in 8), not by every lookup; the others are skipped and counted.
-  INFO("rank 1 asked its slow store in " << runs[1].slow_lookups_asked << " of " << slow_requests << " lookups");
+  INFO("rank 1 asked its slow store in " << runs[1].slow_lookups_asked << " of " << slow_requests
+                                         << " lookups");
   CHECK(runs[1].slow_lookups_asked <= slow_requests / 2);
   CHECK(runs[1].lookups_skipped >= static_cast<std::uint64_t>(slow_requests / 2));
   int slow_full = 0;
@@ -153,4 +154,41 @@ TEST_CASE("connector slow tier: loads race recomputing, a slow store is skipped 
   int back = 0;
   for (int i = total - 8; i < total; ++i) back += full(i);
   CHECK(back >= 1);
+}
+
+TEST_CASE("connector slow tier: saves that cannot keep up are skipped and counted, not queued",
+          "[connector]") {
+  // Each put takes 300 ms; a save may take 200 ms from its start and wait 200 ms in the queue.
+  // Eight saves submitted at once: the first runs out its deadline, the ones queued behind it
+  // past save_timeout are skipped at once, so every request is finished within a bounded time.
+  comm::inproc_world world(1);
+  comm::run_ranks(world, [&](comm::inproc_communicator& c) {
+    slow_store store;
+    store.slow = true, store.put_delay = std::chrono::milliseconds(300);
+    host_kv_cache cache(rig_layout());
+    connector_options opt = rig_options();
+    opt.save_timeout = std::chrono::milliseconds(200);
+    connector conn(chunker<>(rig_ns("mod:1")), modulo_ownership(1), store, c, cache.view(), opt);
+    constexpr request_id saves = 8;
+    std::vector<host_kv_cache::sequence> seqs(saves);
+    for (request_id id = 1; id <= saves; ++id) {
+      const std::vector<token_id> prompt = rig_prompt(chunks * T, id);
+      LOCKED_REQUIRE(cache.reserve(seqs[id - 1], prompt.size()));
+      compute_into(cache, seqs[id - 1], 0, prompt.size());
+      LOCKED_REQUIRE_FALSE(
+          conn.save(id, prompt, slots_of(cache, seqs[id - 1], prompt.size()), 0, prompt.size()));
+    }
+    std::size_t done = 0, failed = 0;
+    for (request_id id = 1; id <= saves; ++id) done += conn.finish(id).free_pages_now;  // ended already
+    for (int i = 0; i < 3000 && done < saves; ++i) {  // bounded: 30 s at most
+      const finished_requests f = conn.finished();
+      done += f.saves.size(), failed += f.save_errors.size();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    LOCKED_CHECK(done == saves);
+    LOCKED_CHECK(conn.counters().saves_skipped.value() >= 1);
+    LOCKED_CHECK(conn.counters().save_failures.value() == saves);  // a skipped save is a failed one
+    LOCKED_CHECK(failed == saves);
+    for (auto& seq : seqs) cache.release(seq);
+  });
 }

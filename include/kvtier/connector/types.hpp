@@ -54,10 +54,10 @@ struct connector_options {
   /// cut still feeds the estimator (connector/detail/slow_tier.hpp).
   bool race_recompute = true;
   /// cost and split: once 3 loads in a row took as long as recomputing their tokens (lost the
-  /// race), or the estimate declines a hit right after a lost race, the tier is judged slow: lookups skip the store (counted in lookups_skipped) and
-  /// nothing is loaded; every probe_every-th lookup asks the store and loads its hit, to
-  /// measure the tier again. A probe faster than recomputing ends the judgement and restarts
-  /// the estimator from `prior`. 0: no judgement, lookups always ask the store.
+  /// race), or the estimate declines a hit right after a lost race, the tier is judged slow: lookups skip the
+  /// store (counted in lookups_skipped) and nothing is loaded; every probe_every-th lookup asks the store and
+  /// loads its hit, to measure the tier again. A probe faster than recomputing ends the judgement and
+  /// restarts the estimator from `prior`. 0: no judgement, lookups always ask the store.
   std::uint32_t probe_every = 32;
   /// The estimator's memory: a sample's weight halves after this many newer ones (cost, split).
   double estimator_half_life_samples = 16;
@@ -204,7 +204,8 @@ struct connector_counters {
   counter lookups, loads, loads_cut_short, tokens_loaded, tokens_to_recompute, agreement_failures,
       local_load_failures, chunks_saved, save_failures, quarantined_blocks;
   counter lookups_skipped;  ///< cost, split: lookups that skipped a tier judged slower than recomputing
-  counter saves_skipped;    ///< saves dropped after waiting save_timeout behind other saves (also in save_failures)
+  counter
+      saves_skipped;  ///< saves dropped after waiting save_timeout behind other saves (also in save_failures)
   histogram lookup_latency;  ///< begin_lookup to the agreed plan
   histogram load_latency;    ///< load() to the agreed outcome
   histogram layer_wait;      ///< each wait_for_layer call

@@ -32,7 +32,8 @@ struct load_conclusion {
 /// u = g * n + i), sets the target, and returns the outcome once it is agreed.
 inline std::optional<load_conclusion> settle_load_entry(const connector_request_ptr& r, bool failed,
                                                         load_words agreed, bool streamed,
-                                                        connector_shared& shared, std::vector<move_item>& batch) {
+                                                        connector_shared& shared,
+                                                        std::vector<move_item>& batch) {
   // A reach once agreed is final: a late hit (a store call that returns after the load's
   // deadline with more than its rank reported) never extends it, so nothing already reported
   // as the end of what the pages will hold (a layer wait's answer) is contradicted later.

@@ -51,13 +51,15 @@ class slow_tier_guard {
 
   /// settle_lookup's plan for the agreed hit; `probe` says whether this lookup is a probe.
   planned_range plan(const connector_options& opt, const load_estimator& est, std::uint64_t hit,
-                     std::uint64_t prompt_tokens, std::uint64_t chunk_tokens, std::uint64_t world, bool& probe) {
+                     std::uint64_t prompt_tokens, std::uint64_t chunk_tokens, std::uint64_t world,
+                     bool& probe) {
     probe = false;
     if (!active(opt) || !slow_) {
       const planned_range p = plan_load(opt, est, hit, prompt_tokens, chunk_tokens, world);
       // The last load lost the race and the estimate now declines a hit: judged slow (else
       // nothing would be loaded, so measured, again).
-      if (active(opt) && lost_in_row_ > 0 && hit >= chunk_tokens && p.end <= p.first) slow_ = true, declined_ = 1;
+      if (active(opt) && lost_in_row_ > 0 && hit >= chunk_tokens && p.end <= p.first)
+        slow_ = true, declined_ = 1;
       return p;
     }
     if (probe_due(opt) && hit >= chunk_tokens) {
@@ -70,7 +72,8 @@ class slow_tier_guard {
 
   /// A load of `tokens` ended agreed after `elapsed_s` (the slowest rank's), `complete` or cut.
   /// True when the tier is back (a probe won): the caller restarts the estimator.
-  bool concluded(const connector_options& opt, std::uint64_t tokens, bool complete, double elapsed_s, bool probe) {
+  bool concluded(const connector_options& opt, std::uint64_t tokens, bool complete, double elapsed_s,
+                 bool probe) {
     if (!active(opt)) return false;
     if (elapsed_s >= race_s(opt, tokens)) {  // lost the race
       if (++lost_in_row_ >= lost_to_judge && !slow_) slow_ = true, declined_ = 0;
@@ -95,8 +98,7 @@ class slow_tier_guard {
   /// The estimator's sample for a load of n chunks that ended with `chunks` loaded after
   /// `elapsed_s` (the slowest rank's): seconds for all n chunks.
   static double sample_seconds(std::size_t n, std::size_t chunks, double elapsed_s) noexcept {
-    return chunks >= n ? elapsed_s
-                       : elapsed_s * static_cast<double>(n + 1) / static_cast<double>(chunks + 1);
+    return chunks >= n ? elapsed_s : elapsed_s * static_cast<double>(n + 1) / static_cast<double>(chunks + 1);
   }
 
  private:

@@ -17,10 +17,10 @@
 #include <system_error>
 #include <vector>
 
+#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/connector/types.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
-#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/fetch_types.hpp"
 
 namespace kvtier::detail {
