@@ -34,7 +34,7 @@ struct slow_store {
   memory_store inner{64 << 20};
   std::atomic<bool> slow{false};
   std::atomic<int> exists_calls{0}, get_calls{0};
-  std::chrono::milliseconds exists_delay{100}, get_delay{4000}, put_delay{0};
+  std::chrono::milliseconds exists_delay{100}, get_delay{1000}, put_delay{0};
 
   std::string last_error() const { return slow ? "throttled" : ""; }
   // False: the deadline came first (the statuses say timeout).
@@ -96,7 +96,7 @@ TEST_CASE("connector slow tier: loads race recomputing, a slow store is skipped 
     connector_options opt = rig_options();
     opt.policy = load_policy::cost;
     // Recomputing the 192-token hit takes 200 ms; a fast load takes about a millisecond here,
-    // a slow one 4 s (cut by the race at 200 ms).
+    // a slow one 1 s (cut by the race at 200 ms).
     opt.node = {.kv_bytes_per_token = static_cast<double>(cache.value_bytes(1)), .prefill_tokens_per_s = 960};
     opt.lookup_timeout = std::chrono::seconds(1);
     opt.probe_every = 8;
