@@ -49,9 +49,9 @@ struct connector_options {
   bool wall_clock_samples = true;  ///< each load's agreed wall time feeds the estimator; off:
                                    ///< only connector::record_load_sample does (a modeled clock)
   load_timeout load_deadline{};    ///< per load, from load()
-  /// cost and split: a load's deadline is at most the time recomputing its tokens takes (at
-  /// least 5 ms), so a load slower than recomputing is cut there and its rest recomputed; the
-  /// cut still feeds the estimator (connector/detail/slow_tier.hpp).
+  /// cost and split, with wall_clock_samples: a load's deadline is at most the time recomputing
+  /// its tokens takes (at least 5 ms), so a load slower than recomputing is cut there and its rest
+  /// recomputed; the cut still feeds the estimator (connector/detail/slow_tier.hpp).
   bool race_recompute = true;
   /// cost and split: once 3 loads in a row took as long as recomputing their tokens (lost the
   /// race), or the estimate declines a hit right after a lost race, the tier is judged slow: lookups skip the

@@ -89,7 +89,10 @@ class slow_tier_guard {
   static clock::time_point load_deadline(const connector_options& opt, clock::time_point started,
                                          std::uint64_t tokens) {
     const clock::time_point dl = started + opt.load_deadline.after(tokens);
-    if (opt.policy == load_policy::always || !opt.race_recompute || !(opt.node.prefill_tokens_per_s > 0))
+    // Only when the wall clock is the engine's (wall_clock_samples): on a modeled clock the
+    // node's figures say nothing about how long a real load may take here.
+    if (opt.policy == load_policy::always || !opt.race_recompute || !opt.wall_clock_samples ||
+        !(opt.node.prefill_tokens_per_s > 0))
       return dl;
     const auto race = std::chrono::duration<double>(race_s(opt, tokens));
     return std::min(dl, started + std::chrono::duration_cast<clock::duration>(race));
