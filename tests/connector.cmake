@@ -1,6 +1,8 @@
 # The engine connector (issue 20): the lifecycle on threads, its properties and faults.
 kvtier_add_test(test_connector SOURCES connector/test_connector.cpp LABELS unit tsan)
 kvtier_add_test(test_connector_faults SOURCES connector/test_connector_faults.cpp LABELS unit tsan TIMEOUT 300)
+# A tier slower than recomputing (issue 27): loads race recomputing, a slow store is skipped and probed.
+kvtier_add_test(test_connector_slow_tier SOURCES connector/test_connector_slow_tier.cpp LABELS unit tsan TIMEOUT 300)
 # Exceptions from a store's calls or the data communicator (issue 26): never the end of the process.
 kvtier_add_test(test_connector_exceptions SOURCES connector/test_connector_exceptions.cpp LABELS unit tsan TIMEOUT 300)
 # Loads that stream by layer group (connector_options::stream_groups).

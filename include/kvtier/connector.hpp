@@ -93,6 +93,7 @@
 #include "kvtier/connector/detail/mover.hpp"
 #include "kvtier/connector/detail/saver.hpp"
 #include "kvtier/connector/detail/settle.hpp"
+#include "kvtier/connector/detail/slow_tier.hpp"
 #include "kvtier/connector/detail/state.hpp"
 #include "kvtier/connector/detail/step.hpp"
 #include "kvtier/connector/types.hpp"
@@ -135,7 +136,7 @@ class connector {
                        .max_batch_chunks = streamed_ ? 0 : opt_.fetch_batch_chunks,  // streamed: one call
                        .metrics = opt_.metrics,
                        .stream_groups = streamed_}),
-        estimator_(opt_.prior),
+        estimator_(opt_.prior, {.half_life_samples = opt_.estimator_half_life_samples}),
         mover_(data_, own_, geo_, shared_, separate_data(), opt_.data_writes_after_failure,
                counters_.quarantined_blocks, opt_.move_timeout),
         saver_(store_, geo_, shared_, counters_, opt_.save_timeout, rank()) {
@@ -220,7 +221,10 @@ class connector {
     r->owned = owned_chunks(own_, rank(), r->keys.size());
     r->lookup_started = clock::now();
     r->lookup_dl = deadline_after(opt_.lookup_timeout);
-    if (!r->owned.empty()) {
+    r->lookup_skipped = !r->owned.empty() && slow_tier_.skip_lookup(opt_);
+    if (r->lookup_skipped) {
+      counters_.lookups_skipped.add();
+    } else if (!r->owned.empty()) {
       std::vector<chunk_key> keys;
       for (std::size_t c : r->owned) keys.push_back(r->keys[c]), lookup_counts_.note(r->keys[c]);
       r->lookup =
@@ -284,7 +288,7 @@ class connector {
     r.first_chunk = first_token / T;
     r.n = end_token / T - r.first_chunk;
     r.load_started = clock::now();
-    r.load_dl = r.load_started + opt_.load_deadline.after(end_token - first_token);
+    r.load_dl = detail::slow_tier_guard::load_deadline(opt_, r.load_started, end_token - first_token);
     r.group_landed.assign(geo_.groups, 0);
     r.enqueued_group.assign(geo_.groups, 0);
     counters_.loads.add();
@@ -548,7 +552,10 @@ class connector {
     if (waiting.empty() && words.empty()) return {};
     detail::step_message msg(waiting.size(), words);
     const std::uint64_t plan_fingerprint =
-        opt_.policy == load_policy::always ? 0 : detail::estimate_fingerprint(estimator_.estimate());
+        opt_.policy == load_policy::always
+            ? 0
+            : detail::step_fp_mix(detail::estimate_fingerprint(estimator_.estimate()),
+                                  slow_tier_.fingerprint());
     std::uint64_t fp = 0;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       fp = detail::step_fp_mix(fp, detail::entry_fingerprint(*waiting[i], plan_fingerprint));
@@ -799,8 +806,8 @@ class connector {
       note_error(r,
                  detail::agreement_failure(r, request_error::stage::lookup, rank(), 0, ec, last_step_error_));
     const std::uint64_t hit = ec ? 0 : std::min(agreed.answer_tokens, end_of(r));
-    const detail::planned_range p =
-        detail::plan_load(opt_, estimator_, hit, r.prompt_tokens, chunk_.chunk_tokens(), own_.world_size());
+    const detail::planned_range p = slow_tier_.plan(opt_, estimator_, hit, r.prompt_tokens,
+                                                    chunk_.chunk_tokens(), own_.world_size(), r.probe);
     r.agreed_cached_tokens = hit;
     r.load_first_token = p.first;
     r.load_end_token = p.end;
@@ -813,13 +820,24 @@ class connector {
                                                last_step_error_));
     if (const auto c =
             detail::settle_load_entry(r, bool(ec), detail::load_words::decode(e), streamed_, shared_, batch))
-      conclude_load(*r, c->chunks, c->sample, c->elapsed_us);
+      conclude_load(*r, *c);
   }
 
-  void conclude_load(detail::connector_request& r, std::size_t chunks, bool sample,
-                     std::uint64_t elapsed_us) {
-    if (sample && opt_.wall_clock_samples)  // the slowest rank's time: the same sample on every rank
-      estimator_.record_bytes(chunks * geo_.chunk_bytes, static_cast<double>(elapsed_us) * 1e-6);
+  // The slowest rank's time feeds the estimator (the same sample on every rank): a full load's,
+  // or a cut one's extrapolated to all its chunks (a tier slower than recomputing is learnt
+  // from the loads its race deadline cuts, detail/slow_tier.hpp).
+  void conclude_load(detail::connector_request& r, const detail::load_conclusion& c) {
+    const std::size_t chunks = c.chunks;
+    const double elapsed_s = static_cast<double>(c.elapsed_us) * 1e-6;
+    if (!c.timed || !opt_.wall_clock_samples) {
+    } else if (opt_.policy == load_policy::always) {
+      if (c.sample) estimator_.record_bytes(chunks * geo_.chunk_bytes, elapsed_s);
+    } else if (r.n > 0) {
+      estimator_.record_bytes(r.n * geo_.chunk_bytes,
+                              detail::slow_tier_guard::sample_seconds(r.n, chunks, elapsed_s));
+      if (slow_tier_.concluded(opt_, r.n * chunk_.chunk_tokens(), chunks == r.n, elapsed_s, r.probe))
+        estimator_.reset();
+    }
     detail::end_load(r, chunks, chunk_.chunk_tokens(), counters_, shared_);
   }
 
@@ -834,6 +852,7 @@ class connector {
   detail::connector_geometry geo_;
   fetch_queue<Store> queue_;
   load_estimator estimator_;
+  detail::slow_tier_guard slow_tier_;  // cost, split: probes of a tier judged slower than recomputing
   connector_counters counters_;
 
   // Engine thread.

@@ -261,7 +261,7 @@ class load_estimator {
   };
 
   explicit load_estimator(load_path prior) : load_estimator(prior, options{}) {}
-  load_estimator(load_path prior, options opt) : opt_(opt), current_(prior) {
+  load_estimator(load_path prior, options opt) : opt_(opt), prior_(prior), current_(prior) {
     decay_ = opt_.half_life_samples > 0 ? std::exp2(-1.0 / opt_.half_life_samples) : 0.0;
   }
 
@@ -286,6 +286,13 @@ class load_estimator {
   }
   bool record_bytes(std::uint64_t bytes, double seconds) noexcept {
     return record(static_cast<double>(bytes) / bytes_per_gb, seconds);
+  }
+
+  /// Forgets every sample: the estimate is the prior again (the path changed, e.g. a server
+  /// that was slow is back).
+  void reset() noexcept {
+    std::lock_guard lock(mu_);
+    moments_ = {}, current_ = prior_, samples_ = 0;
   }
 
   /// The current (T0, B); the prior until the first sample.
@@ -314,6 +321,7 @@ class load_estimator {
   double decay_ = 1;
   mutable std::mutex mu_;
   detail::load_moments moments_;
+  load_path prior_;
   load_path current_;
   std::uint64_t samples_ = 0;
 };

@@ -162,7 +162,8 @@ TEST_CASE("connector: a save by layer gathers each layer group once the forward 
     host_kv_cache::sequence seq2;
     LOCKED_REQUIRE(cache.reserve(seq2, prompt.size()));
     LOCKED_REQUIRE_FALSE(conn.load(2, slots_of(cache, seq2, prompt.size())));
-    const auto loaded = step_until(conn, [&] { return conn.load_result(2).has_value(); });  // outside the lock
+    const auto loaded =
+        step_until(conn, [&] { return conn.load_result(2).has_value(); });  // outside the lock
     LOCKED_REQUIRE(loaded);
     LOCKED_CHECK(conn.load_result(2)->complete());
     LOCKED_CHECK(conn.counters().load_latency.count() == 1);

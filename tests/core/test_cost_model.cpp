@@ -193,3 +193,17 @@ TEST_CASE("cost model: online estimator", "[unit][tsan]") {
     CHECK(est.estimate().bandwidth_gb_per_s == Approx(10.76).epsilon(0.02));
   }
 }
+
+TEST_CASE("cost model: the estimator's reset forgets every sample", "[unit]") {
+  const kvtier::load_path prior{.fixed_cost_s = 0.01, .bandwidth_gb_per_s = 2.0};
+  kvtier::load_estimator est(prior);
+  for (int i = 0; i < 8; ++i) est.record(0.1 + 0.05 * i, 5.0);  // a tier far slower than the prior
+  REQUIRE(est.samples() == 8);
+  REQUIRE(est.estimate().fixed_cost_s > prior.fixed_cost_s);
+  est.reset();  // the connector's won probe: what was learnt while slow no longer holds
+  CHECK(est.samples() == 0);
+  CHECK(est.estimate().fixed_cost_s == prior.fixed_cost_s);
+  CHECK(est.estimate().bandwidth_gb_per_s == prior.bandwidth_gb_per_s);
+  est.record(0.2, 0.11);  // and it learns again from the prior, not from the old moments
+  CHECK(est.estimate().fixed_cost_s == Approx(0.11 - 0.2 / 2.0));
+}

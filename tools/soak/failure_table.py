@@ -102,7 +102,8 @@ def main() -> int:
                      "recover_s": m["recover_s"], "logs": whys[:2],
                      "counters": {k: end.get(k) for k in ("loads_cut_short", "store_timeouts", "store_errors",
                                                           "store_corrupt", "save_failures", "agreement_failures",
-                                                          "breaker_trips", "down_refusals")},
+                                                          "breaker_trips", "down_refusals", "lookups_skipped",
+                                                          "saves_skipped")},
                      "corrupted": f.get("corrupted", 0)})
         r = rows[-1]
         log(f"table: {kind}: during {during:.0f} tok/s = {r['ratio']:.2f}x the first recompute (before {before:.0f}), hits back "

@@ -38,7 +38,7 @@ namespace {
 struct options {
   std::vector<int> ports;
   std::string host = "127.0.0.1";
-  bool tier = true;             ///< --mode tier|recompute
+  bool tier = true;                ///< --mode tier|recompute
   bool free_from_finished = true;  ///< --loop finished|readme (readme: block on the saves)
   double duration_s = 60, tokens_per_s = 20000, hang_s = 20;
   std::size_t prefixes = 16, prefix_chunks = 6, suffix_chunks = 2, chunk_tokens = 64;
@@ -77,17 +77,29 @@ options parse(int argc, char** argv) {
     } else if (a == "--mode")
       o.tier = v == "tier" ? true : v == "recompute" ? false : (usage("--mode: tier or recompute"), true);
     else if (a == "--loop")
-      o.free_from_finished = v == "finished" ? true : v == "readme" ? false : (usage("--loop: finished or readme"), true);
-    else if (a == "--duration-s") o.duration_s = num();
-    else if (a == "--tokens-per-s") o.tokens_per_s = std::max(1.0, num());
-    else if (a == "--hang-s") o.hang_s = num();
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(num());
-    else if (a == "--prefixes") o.prefixes = std::max<std::size_t>(1, static_cast<std::size_t>(num()));
-    else if (a == "--lookup-ms") o.lookup_ms = static_cast<int>(num());
-    else if (a == "--load-ms") o.load_ms = static_cast<int>(num());
-    else if (a == "--save-ms") o.save_ms = static_cast<int>(num());
-    else if (a == "--step-ms") o.step_ms = static_cast<int>(num());
-    else usage("unknown option " + a);
+      o.free_from_finished = v == "finished" ? true
+                             : v == "readme" ? false
+                                             : (usage("--loop: finished or readme"), true);
+    else if (a == "--duration-s")
+      o.duration_s = num();
+    else if (a == "--tokens-per-s")
+      o.tokens_per_s = std::max(1.0, num());
+    else if (a == "--hang-s")
+      o.hang_s = num();
+    else if (a == "--seed")
+      o.seed = static_cast<std::uint64_t>(num());
+    else if (a == "--prefixes")
+      o.prefixes = std::max<std::size_t>(1, static_cast<std::size_t>(num()));
+    else if (a == "--lookup-ms")
+      o.lookup_ms = static_cast<int>(num());
+    else if (a == "--load-ms")
+      o.load_ms = static_cast<int>(num());
+    else if (a == "--save-ms")
+      o.save_ms = static_cast<int>(num());
+    else if (a == "--step-ms")
+      o.step_ms = static_cast<int>(num());
+    else
+      usage("unknown option " + a);
   }
   return o;
 }
@@ -151,10 +163,13 @@ int run(const options& o) {
   constexpr std::uint32_t page = 16, layers = 2, cache_blocks = 1536;
   const std::size_t T = o.chunk_tokens;
   const kvtier::modulo_ownership own(W);
-  const kvtier::chunker<> chunk(
-      {.model = "soak-model", .kv_format = "mla-bf16", .chunk_tokens = static_cast<std::uint32_t>(T), .ownership = own.geometry()});
+  const kvtier::chunker<> chunk({.model = "soak-model",
+                                 .kv_format = "mla-bf16",
+                                 .chunk_tokens = static_cast<std::uint32_t>(T),
+                                 .ownership = own.geometry()});
   const auto make = [](kvtier::comm::mpi_communicator& c, kvtier::deadline dl) {
-    return kvtier::comm::mpi_communicator::create(c, MPI_COMM_WORLD, dl, {.thread_level = MPI_THREAD_MULTIPLE});
+    return kvtier::comm::mpi_communicator::create(c, MPI_COMM_WORLD, dl,
+                                                  {.thread_level = MPI_THREAD_MULTIPLE});
   };
   kvtier::comm::mpi_communicator comm;
   if (make(comm, kvtier::deadline_after(60s))) {
@@ -167,9 +182,15 @@ int run(const options& o) {
                                                         std::to_string(o.tier ? o.ports[rank] : 1))
                                     .value});
   kvtier::host_kv_cache cache(kvtier::kv_layout::vllm_mla(layers, cache_blocks, page));
-  const kvtier::connector_options copt{.load_deadline = {.base = std::chrono::milliseconds(o.load_ms)},
-                                       .lookup_timeout = std::chrono::milliseconds(o.lookup_ms),
-                                       .save_timeout = std::chrono::milliseconds(o.save_ms)};
+  // The cost policy with this engine's own figures (KV bytes per token, prefill tokens/s): a
+  // tier slower than recomputing is not loaded from (connector/detail/slow_tier.hpp).
+  const kvtier::connector_options copt{
+      .policy = kvtier::load_policy::cost,
+      .node = {.kv_bytes_per_token = static_cast<double>(cache.value_bytes(1)),
+               .prefill_tokens_per_s = o.tokens_per_s},
+      .load_deadline = {.base = std::chrono::milliseconds(o.load_ms)},
+      .lookup_timeout = std::chrono::milliseconds(o.lookup_ms),
+      .save_timeout = std::chrono::milliseconds(o.save_ms)};
   kvtier::connector conn(chunk, own, store, comm, cache.view(), copt);
   const std::size_t row_bytes = cache.value_bytes(1);
   reference ref{row_bytes, {}};
@@ -200,7 +221,8 @@ int run(const options& o) {
     return f;
   };
 
-  std::printf("{\"rank\":%u,\"event\":\"start\",\"pid\":%d}\n", rank, static_cast<int>(getpid()));  // for the sampler
+  std::printf("{\"rank\":%u,\"event\":\"start\",\"pid\":%d}\n", rank,
+              static_cast<int>(getpid()));  // for the sampler
   std::fflush(stdout);
   const auto t0 = clk::now();
   std::uint64_t hangs = 0, recoveries = 0, requests = 0, wrong_total = 0;
@@ -212,8 +234,9 @@ int run(const options& o) {
       const auto rec = kvtier::comm::recover(comm, make, i, 1s, kvtier::deadline_after(60s));
       const double took = std::chrono::duration<double>(clk::now() - t).count();
       recover_s += took, ++recoveries;
-      std::printf("{\"rank\":%u,\"event\":\"recover\",\"t\":%.3f,\"took_s\":%.3f,\"ok\":%s,\"next\":%llu}\n", rank,
-                  now_s(t0), took, rec.ec ? "false" : "true", static_cast<unsigned long long>(rec.request));
+      std::printf("{\"rank\":%u,\"event\":\"recover\",\"t\":%.3f,\"took_s\":%.3f,\"ok\":%s,\"next\":%llu}\n",
+                  rank, now_s(t0), took, rec.ec ? "false" : "true",
+                  static_cast<unsigned long long>(rec.request));
       std::fflush(stdout);
       if (rec.ec) {
         std::fprintf(stderr, "soak_engine rank %u: %s\n", rank, rec.message.c_str());
@@ -285,12 +308,14 @@ int run(const options& o) {
       for (std::size_t b = 0; b < row_bytes; ++b) wrong += want[b] != got[b];
     }
     for (std::size_t p = loaded; p < n; ++p) ref.row(p, want), cache.scatter(seq, p, 1, want);
-    std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(n - loaded) / o.tokens_per_s));
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(static_cast<double>(n - loaded) / o.tokens_per_s));
     std::uint64_t digest = 0;  // the pages of the whole prompt: equal on every rank
     for (std::size_t p = 0; p < n; ++p) {
       cache.gather(seq, p, 1, got);
       std::uint64_t w = 0;
-      for (std::size_t b = 0; b + 8 <= row_bytes; b += 64) std::memcpy(&w, got.data() + b, 8), digest = mix(digest ^ w);
+      for (std::size_t b = 0; b + 8 <= row_bytes; b += 64)
+        std::memcpy(&w, got.data() + b, 8), digest = mix(digest ^ w);
     }
     lap(compute_ms);
     if (o.tier) {
@@ -317,12 +342,12 @@ int run(const options& o) {
     hangs += hung, ++requests, wrong_total += wrong;
     std::printf(
         "{\"rank\":%u,\"i\":%llu,\"t\":%.4f,\"n\":%zu,\"hit\":%llu,\"loaded\":%llu,\"wrong\":%llu,"
-        "\"digest\":\"%016llx\",\"ms\":%.2f,\"phases_ms\":[%.1f,%.1f,%.1f,%.1f],\"hung\":%s,\"poisoned\":%s,\"in_flight\":%zu,\"why\":\"%s\"}\n",
+        "\"digest\":\"%016llx\",\"ms\":%.2f,\"phases_ms\":[%.1f,%.1f,%.1f,%.1f],\"hung\":%s,\"poisoned\":%s,"
+        "\"in_flight\":%zu,\"why\":\"%s\"}\n",
         rank, static_cast<unsigned long long>(i), now_s(t0), n, static_cast<unsigned long long>(hit),
         static_cast<unsigned long long>(loaded), static_cast<unsigned long long>(wrong),
         static_cast<unsigned long long>(digest), now_s(t_req) * 1e3, lookup_ms, load_ms, compute_ms, free_ms,
-        hung ? "true" : "false",
-        poisoned ? "true" : "false", in_flight.size(), json_escape(why).c_str());
+        hung ? "true" : "false", poisoned ? "true" : "false", in_flight.size(), json_escape(why).c_str());
     std::fflush(stdout);
   }
   // Drain: the last saves end by their own deadline.
@@ -335,16 +360,18 @@ int run(const options& o) {
       "\"recoveries\":%llu,\"recover_s\":%.3f,\"lookups\":%llu,\"loads\":%llu,\"loads_cut_short\":%llu,"
       "\"tokens_loaded\":%llu,\"agreement_failures\":%llu,\"chunks_saved\":%llu,\"save_failures\":%llu,"
       "\"store_hits\":%llu,\"store_misses\":%llu,\"store_corrupt\":%llu,\"store_timeouts\":%llu,"
-      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"pages_still_in_flight\":%zu,\"last_error\":\"%s\"}\n",
-      rank, now_s(t0), (unsigned long long)requests, (unsigned long long)wrong_total, (unsigned long long)hangs,
-      (unsigned long long)recoveries, recover_s, (unsigned long long)c.lookups.value(),
-      (unsigned long long)c.loads.value(), (unsigned long long)c.loads_cut_short.value(),
-      (unsigned long long)c.tokens_loaded.value(), (unsigned long long)c.agreement_failures.value(),
-      (unsigned long long)c.chunks_saved.value(), (unsigned long long)c.save_failures.value(),
-      (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.corrupt,
-      (unsigned long long)s.timeouts, (unsigned long long)s.errors, (unsigned long long)s.breaker_trips,
-      (unsigned long long)s.down_refusals, in_flight.size(),
-      json_escape(store.last_error()).c_str());
+      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"lookups_skipped\":%llu,"
+      "\"saves_skipped\":%llu,\"pages_still_in_flight\":%zu,\"last_error\":\"%s\"}\n",
+      rank, now_s(t0), (unsigned long long)requests, (unsigned long long)wrong_total,
+      (unsigned long long)hangs, (unsigned long long)recoveries, recover_s,
+      (unsigned long long)c.lookups.value(), (unsigned long long)c.loads.value(),
+      (unsigned long long)c.loads_cut_short.value(), (unsigned long long)c.tokens_loaded.value(),
+      (unsigned long long)c.agreement_failures.value(), (unsigned long long)c.chunks_saved.value(),
+      (unsigned long long)c.save_failures.value(), (unsigned long long)s.hits, (unsigned long long)s.misses,
+      (unsigned long long)s.corrupt, (unsigned long long)s.timeouts, (unsigned long long)s.errors,
+      (unsigned long long)s.breaker_trips, (unsigned long long)s.down_refusals,
+      (unsigned long long)c.lookups_skipped.value(), (unsigned long long)c.saves_skipped.value(),
+      in_flight.size(), json_escape(store.last_error()).c_str());
   std::fflush(stdout);
   return 0;
 }

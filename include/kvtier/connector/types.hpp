@@ -49,6 +49,18 @@ struct connector_options {
   bool wall_clock_samples = true;  ///< each load's agreed wall time feeds the estimator; off:
                                    ///< only connector::record_load_sample does (a modeled clock)
   load_timeout load_deadline{};    ///< per load, from load()
+  /// cost and split, with wall_clock_samples: a load's deadline is at most the time recomputing
+  /// its tokens takes (at least 5 ms), so a load slower than recomputing is cut there and its rest
+  /// recomputed; the cut still feeds the estimator (connector/detail/slow_tier.hpp).
+  bool race_recompute = true;
+  /// cost and split: once 3 loads in a row took as long as recomputing their tokens (lost the
+  /// race), or the estimate declines a hit right after a lost race, the tier is judged slow: lookups skip the
+  /// store (counted in lookups_skipped) and nothing is loaded; every probe_every-th lookup asks the store and
+  /// loads its hit, to measure the tier again. A probe faster than recomputing ends the judgement and
+  /// restarts the estimator from `prior`. 0: no judgement, lookups always ask the store.
+  std::uint32_t probe_every = 32;
+  /// The estimator's memory: a sample's weight halves after this many newer ones (cost, split).
+  double estimator_half_life_samples = 16;
   std::chrono::milliseconds lookup_timeout{50};
   std::chrono::milliseconds save_timeout{2000};
   /// The least time an agreed move gets, counted from when the mover starts it. Moves are
@@ -191,6 +203,9 @@ struct kv_event {
 struct connector_counters {
   counter lookups, loads, loads_cut_short, tokens_loaded, tokens_to_recompute, agreement_failures,
       local_load_failures, chunks_saved, save_failures, quarantined_blocks;
+  counter lookups_skipped;  ///< cost, split: lookups that skipped a tier judged slower than recomputing
+  counter
+      saves_skipped;  ///< saves dropped after waiting save_timeout behind other saves (also in save_failures)
   histogram lookup_latency;  ///< begin_lookup to the agreed plan
   histogram load_latency;    ///< load() to the agreed outcome
   histogram layer_wait;      ///< each wait_for_layer call
@@ -211,7 +226,9 @@ inline void write_prometheus(std::string& out, const connector_counters& c,
                                                         {"local_load_failures_total", &c.local_load_failures},
                                                         {"chunks_saved_total", &c.chunks_saved},
                                                         {"save_failures_total", &c.save_failures},
-                                                        {"quarantined_blocks_total", &c.quarantined_blocks}};
+                                                        {"quarantined_blocks_total", &c.quarantined_blocks},
+                                                        {"lookups_skipped_total", &c.lookups_skipped},
+                                                        {"saves_skipped_total", &c.saves_skipped}};
   for (const auto& [name, ctr] : all) {
     detail::store_prom_header(out, prefix, name, "counter", "kvtier connector lifecycle count.");
     detail::store_prom_line(out, prefix, name, labels, {}, static_cast<double>(ctr->value()));

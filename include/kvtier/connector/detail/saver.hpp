@@ -226,7 +226,9 @@ class connector_saver {
     bool in_store = false;  // the store's put is running: what throws now, the store threw
     save_end end;
     try {
-      if (!job.by_layer) {
+      if (!job.by_layer && skip_late(job)) {
+        end.failed = true;
+      } else if (!job.by_layer) {
         run_whole(job, end, in_store);
       } else if (!run_layer(job, end, in_store)) {
         return;  // a group before the last of a save by layer: nothing ends yet
@@ -240,6 +242,21 @@ class connector_saver {
       end.failed = true;
     }
     end_save(job, std::move(end));
+  }
+
+  // A whole save that waited save_timeout behind other saves is skipped (failed, counted in
+  // saves_skipped): saves that cannot keep up with a slow store are dropped, not queued without
+  // bound while they hold the request's pages.
+  bool skip_late(save_job& job) {
+    const auto waited = clock::now() - job.submitted;
+    if (waited < save_timeout_) return false;
+    counters_.saves_skipped.add();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
+    job.why = explain(job, job.chunks.empty() ? 0 : job.chunks.front(), make_error_code(errc::timeout),
+                      "skipped: waited " + std::to_string(ms) + " ms behind slower saves (save_timeout " +
+                          std::to_string(save_timeout_.count()) + " ms)",
+                      false);
+    return true;
   }
 
   // serial_worker's last resort, for what run() did not foresee (it lets nothing escape): a job

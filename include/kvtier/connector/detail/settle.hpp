@@ -24,6 +24,7 @@ struct load_conclusion {
   std::size_t chunks = 0;
   bool sample = false;
   std::uint64_t elapsed_us = 0;
+  bool timed = false;  // elapsed_us is agreed (the step's agreement did not fail)
 };
 
 /// Settles load r on one agreed entry (`failed`: the step's agreement failed): records the
@@ -31,7 +32,8 @@ struct load_conclusion {
 /// u = g * n + i), sets the target, and returns the outcome once it is agreed.
 inline std::optional<load_conclusion> settle_load_entry(const connector_request_ptr& r, bool failed,
                                                         load_words agreed, bool streamed,
-                                                        connector_shared& shared, std::vector<move_item>& batch) {
+                                                        connector_shared& shared,
+                                                        std::vector<move_item>& batch) {
   // A reach once agreed is final: a late hit (a store call that returns after the load's
   // deadline with more than its rank reported) never extends it, so nothing already reported
   // as the end of what the pages will hold (a layer wait's answer) is contradicted later.
@@ -63,7 +65,7 @@ inline std::optional<load_conclusion> settle_load_entry(const connector_request_
     r->target = d.target, loaded = d.loaded_chunks, sample = d.sample;
   }
   if (!loaded) return std::nullopt;
-  return load_conclusion{*loaded, sample, agreed.elapsed_us};
+  return load_conclusion{*loaded, sample, agreed.elapsed_us, !failed};
 }
 
 /// Layer group g of every chunk of load r is agreed (or its outcome is): everything below its

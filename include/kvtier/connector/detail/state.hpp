@@ -48,6 +48,8 @@ struct connector_request {
   clock::time_point lookup_started{};
   std::vector<std::size_t> owned;  // this rank's owned chunks, ascending
   bool lookup_agreed = false;
+  bool lookup_skipped = false;             // this rank did not ask its store (a tier judged slow)
+  bool probe = false;                      // agreed: this load measures a tier judged slow
   std::uint64_t agreed_cached_tokens = 0;  // min over ranks, before the policy
   std::uint64_t load_first_token = 0;      // the policy's load range [first, end)
   std::uint64_t load_end_token = 0;
@@ -70,10 +72,10 @@ struct connector_request {
   std::vector<std::size_t> enqueued_group;  // per layer group: chunks given to the mover (mover mutex)
   std::size_t target = std::numeric_limits<std::size_t>::max();        // final agreed fetched prefix
   std::size_t agreed_reach = std::numeric_limits<std::size_t>::max();  // the most every rank can still reach
-  bool done = false;                                             // the outcome is agreed
-  std::uint64_t loaded_end_token = 0;                            // agreed: pages hold [first, this)
-  std::size_t loaded_chunks = 0;                                 // agreed: (loaded_end_token - first) / T
-  bool reported = false;                                         // listed once by finished()
+  bool done = false;                                                   // the outcome is agreed
+  std::uint64_t loaded_end_token = 0;                                  // agreed: pages hold [first, this)
+  std::size_t loaded_chunks = 0;  // agreed: (loaded_end_token - first) / T
+  bool reported = false;          // listed once by finished()
 
   // Mover (under the connector's mutex).
   std::vector<std::size_t> group_landed;  // per layer group: chunks scattered, in order

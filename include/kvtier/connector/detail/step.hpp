@@ -17,10 +17,10 @@
 #include <system_error>
 #include <vector>
 
+#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/connector/types.hpp"
 #include "kvtier/cost_model.hpp"
 #include "kvtier/deadline.hpp"
-#include "kvtier/connector/detail/state.hpp"
 #include "kvtier/fetch_types.hpp"
 
 namespace kvtier::detail {
@@ -141,6 +141,7 @@ struct load_words {
 /// more than once for one lookup.
 template <class Queue, class OnEnd>
 lookup_words lookup_contribution(connector_request& r, Queue& queue, std::uint64_t keyed_end, OnEnd on_end) {
+  if (r.lookup_skipped) return {true, 0};
   if (!r.lookup.valid()) return {true, keyed_end};
   if (auto res = queue.poll(r.lookup)) {
     on_end(&*res);
