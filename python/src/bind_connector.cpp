@@ -613,6 +613,8 @@ void bind_connector(py::module_& m) {
                        {"local_load_failures", k.local_load_failures.value()},
                        {"chunks_saved", k.chunks_saved.value()},
                        {"save_failures", k.save_failures.value()},
+                       {"saves_skipped", k.saves_skipped.value()},
+                       {"lookups_skipped", k.lookups_skipped.value()},
                        {"quarantined_blocks", k.quarantined_blocks.value()}};
                   return 0;
                 },
