@@ -8,6 +8,8 @@
 // drives it (servers, faults, sampling, report).
 //
 //   mpiexec -n 2 soak_engine --ports 6400,6401 --duration-s 60 --mode tier --loop finished
+//   (--loop readme: block on each request's saves; lookahead: finished, and the next request's
+//    lookup begun before this one computes)
 //   {"rank":0,"i":17,"t":1.532,"n":488,"hit":384,"loaded":384,"wrong":0,"digest":"9f..","ms":14.2,
 //    "phases_ms":[lookup, load, compute and check, save and free],...}
 #include <mpi.h>
@@ -38,8 +40,9 @@ namespace {
 struct options {
   std::vector<int> ports;
   std::string host = "127.0.0.1";
-  bool tier = true;             ///< --mode tier|recompute
+  bool tier = true;                ///< --mode tier|recompute
   bool free_from_finished = true;  ///< --loop finished|readme (readme: block on the saves)
+  bool lookahead = false;          ///< --loop lookahead: finished, and the next lookup overlaps this compute
   double duration_s = 60, tokens_per_s = 20000, hang_s = 20;
   std::size_t prefixes = 16, prefix_chunks = 6, suffix_chunks = 2, chunk_tokens = 64;
   std::uint64_t seed = 1;
@@ -49,7 +52,7 @@ struct options {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "soak_engine: %s\nusage: mpiexec -n W soak_engine --ports P0,P1,... [--duration-s S] "
-               "[--mode tier|recompute] [--loop finished|readme] [--tokens-per-s R] [--seed N] "
+               "[--mode tier|recompute] [--loop finished|readme|lookahead] [--tokens-per-s R] [--seed N] "
                "[--prefixes K] [--lookup-ms T] [--load-ms T] [--save-ms T] [--step-ms T] [--hang-s S]\n",
                why.c_str());
   std::exit(2);
@@ -76,18 +79,30 @@ options parse(int argc, char** argv) {
       }
     } else if (a == "--mode")
       o.tier = v == "tier" ? true : v == "recompute" ? false : (usage("--mode: tier or recompute"), true);
-    else if (a == "--loop")
-      o.free_from_finished = v == "finished" ? true : v == "readme" ? false : (usage("--loop: finished or readme"), true);
-    else if (a == "--duration-s") o.duration_s = num();
-    else if (a == "--tokens-per-s") o.tokens_per_s = std::max(1.0, num());
-    else if (a == "--hang-s") o.hang_s = num();
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(num());
-    else if (a == "--prefixes") o.prefixes = std::max<std::size_t>(1, static_cast<std::size_t>(num()));
-    else if (a == "--lookup-ms") o.lookup_ms = static_cast<int>(num());
-    else if (a == "--load-ms") o.load_ms = static_cast<int>(num());
-    else if (a == "--save-ms") o.save_ms = static_cast<int>(num());
-    else if (a == "--step-ms") o.step_ms = static_cast<int>(num());
-    else usage("unknown option " + a);
+    else if (a == "--loop") {
+      if (v != "finished" && v != "readme" && v != "lookahead")
+        usage("--loop: finished, readme or lookahead");
+      o.free_from_finished = v != "readme", o.lookahead = v == "lookahead";
+    } else if (a == "--duration-s")
+      o.duration_s = num();
+    else if (a == "--tokens-per-s")
+      o.tokens_per_s = std::max(1.0, num());
+    else if (a == "--hang-s")
+      o.hang_s = num();
+    else if (a == "--seed")
+      o.seed = static_cast<std::uint64_t>(num());
+    else if (a == "--prefixes")
+      o.prefixes = std::max<std::size_t>(1, static_cast<std::size_t>(num()));
+    else if (a == "--lookup-ms")
+      o.lookup_ms = static_cast<int>(num());
+    else if (a == "--load-ms")
+      o.load_ms = static_cast<int>(num());
+    else if (a == "--save-ms")
+      o.save_ms = static_cast<int>(num());
+    else if (a == "--step-ms")
+      o.step_ms = static_cast<int>(num());
+    else
+      usage("unknown option " + a);
   }
   return o;
 }
@@ -151,10 +166,13 @@ int run(const options& o) {
   constexpr std::uint32_t page = 16, layers = 2, cache_blocks = 1536;
   const std::size_t T = o.chunk_tokens;
   const kvtier::modulo_ownership own(W);
-  const kvtier::chunker<> chunk(
-      {.model = "soak-model", .kv_format = "mla-bf16", .chunk_tokens = static_cast<std::uint32_t>(T), .ownership = own.geometry()});
+  const kvtier::chunker<> chunk({.model = "soak-model",
+                                 .kv_format = "mla-bf16",
+                                 .chunk_tokens = static_cast<std::uint32_t>(T),
+                                 .ownership = own.geometry()});
   const auto make = [](kvtier::comm::mpi_communicator& c, kvtier::deadline dl) {
-    return kvtier::comm::mpi_communicator::create(c, MPI_COMM_WORLD, dl, {.thread_level = MPI_THREAD_MULTIPLE});
+    return kvtier::comm::mpi_communicator::create(c, MPI_COMM_WORLD, dl,
+                                                  {.thread_level = MPI_THREAD_MULTIPLE});
   };
   kvtier::comm::mpi_communicator comm;
   if (make(comm, kvtier::deadline_after(60s))) {
@@ -200,7 +218,8 @@ int run(const options& o) {
     return f;
   };
 
-  std::printf("{\"rank\":%u,\"event\":\"start\",\"pid\":%d}\n", rank, static_cast<int>(getpid()));  // for the sampler
+  std::printf("{\"rank\":%u,\"event\":\"start\",\"pid\":%d}\n", rank,
+              static_cast<int>(getpid()));  // for the sampler
   std::fflush(stdout);
   const auto t0 = clk::now();
   std::uint64_t hangs = 0, recoveries = 0, requests = 0, wrong_total = 0;
@@ -212,8 +231,9 @@ int run(const options& o) {
       const auto rec = kvtier::comm::recover(comm, make, i, 1s, kvtier::deadline_after(60s));
       const double took = std::chrono::duration<double>(clk::now() - t).count();
       recover_s += took, ++recoveries;
-      std::printf("{\"rank\":%u,\"event\":\"recover\",\"t\":%.3f,\"took_s\":%.3f,\"ok\":%s,\"next\":%llu}\n", rank,
-                  now_s(t0), took, rec.ec ? "false" : "true", static_cast<unsigned long long>(rec.request));
+      std::printf("{\"rank\":%u,\"event\":\"recover\",\"t\":%.3f,\"took_s\":%.3f,\"ok\":%s,\"next\":%llu}\n",
+                  rank, now_s(t0), took, rec.ec ? "false" : "true",
+                  static_cast<unsigned long long>(rec.request));
       std::fflush(stdout);
       if (rec.ec) {
         std::fprintf(stderr, "soak_engine rank %u: %s\n", rank, rec.message.c_str());
@@ -264,7 +284,7 @@ int run(const options& o) {
     };
     lap(free_ms);  // waiting for pages counts as freeing
     if (o.tier) {
-      conn.begin_lookup(id, tokens);
+      conn.begin_lookup(id, tokens);  // with lookahead, begun during the last request (then a no-op)
       step_until([&] { return conn.lookup(id).has_value(); });
       lap(lookup_ms);
       if (const auto plan = conn.lookup(id); plan && !poisoned && !hung) {
@@ -278,6 +298,10 @@ int run(const options& o) {
       lap(load_ms);
       for (const auto& e : conn.errors(id))
         if (why.empty()) why = e.message;
+      // Lookahead: the next request's owners ask their stores while this one computes (as vLLM's
+      // scheduler looks up waiting requests while the running batch computes); its step then
+      // finds every answer ready. Every rank begins it at the same point.
+      if (o.lookahead && !poisoned && !hung) conn.begin_lookup(id + 1, prompt_of(o, i + 1));
     }
     for (std::size_t p = 0; p < loaded; ++p) {  // every loaded byte against the reference
       ref.row(p, want);
@@ -285,12 +309,14 @@ int run(const options& o) {
       for (std::size_t b = 0; b < row_bytes; ++b) wrong += want[b] != got[b];
     }
     for (std::size_t p = loaded; p < n; ++p) ref.row(p, want), cache.scatter(seq, p, 1, want);
-    std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(n - loaded) / o.tokens_per_s));
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(static_cast<double>(n - loaded) / o.tokens_per_s));
     std::uint64_t digest = 0;  // the pages of the whole prompt: equal on every rank
     for (std::size_t p = 0; p < n; ++p) {
       cache.gather(seq, p, 1, got);
       std::uint64_t w = 0;
-      for (std::size_t b = 0; b + 8 <= row_bytes; b += 64) std::memcpy(&w, got.data() + b, 8), digest = mix(digest ^ w);
+      for (std::size_t b = 0; b + 8 <= row_bytes; b += 64)
+        std::memcpy(&w, got.data() + b, 8), digest = mix(digest ^ w);
     }
     lap(compute_ms);
     if (o.tier) {
@@ -317,12 +343,12 @@ int run(const options& o) {
     hangs += hung, ++requests, wrong_total += wrong;
     std::printf(
         "{\"rank\":%u,\"i\":%llu,\"t\":%.4f,\"n\":%zu,\"hit\":%llu,\"loaded\":%llu,\"wrong\":%llu,"
-        "\"digest\":\"%016llx\",\"ms\":%.2f,\"phases_ms\":[%.1f,%.1f,%.1f,%.1f],\"hung\":%s,\"poisoned\":%s,\"in_flight\":%zu,\"why\":\"%s\"}\n",
+        "\"digest\":\"%016llx\",\"ms\":%.2f,\"phases_ms\":[%.1f,%.1f,%.1f,%.1f],\"hung\":%s,\"poisoned\":%s,"
+        "\"in_flight\":%zu,\"why\":\"%s\"}\n",
         rank, static_cast<unsigned long long>(i), now_s(t0), n, static_cast<unsigned long long>(hit),
         static_cast<unsigned long long>(loaded), static_cast<unsigned long long>(wrong),
         static_cast<unsigned long long>(digest), now_s(t_req) * 1e3, lookup_ms, load_ms, compute_ms, free_ms,
-        hung ? "true" : "false",
-        poisoned ? "true" : "false", in_flight.size(), json_escape(why).c_str());
+        hung ? "true" : "false", poisoned ? "true" : "false", in_flight.size(), json_escape(why).c_str());
     std::fflush(stdout);
   }
   // Drain: the last saves end by their own deadline.
@@ -335,15 +361,16 @@ int run(const options& o) {
       "\"recoveries\":%llu,\"recover_s\":%.3f,\"lookups\":%llu,\"loads\":%llu,\"loads_cut_short\":%llu,"
       "\"tokens_loaded\":%llu,\"agreement_failures\":%llu,\"chunks_saved\":%llu,\"save_failures\":%llu,"
       "\"store_hits\":%llu,\"store_misses\":%llu,\"store_corrupt\":%llu,\"store_timeouts\":%llu,"
-      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"pages_still_in_flight\":%zu,\"last_error\":\"%s\"}\n",
-      rank, now_s(t0), (unsigned long long)requests, (unsigned long long)wrong_total, (unsigned long long)hangs,
-      (unsigned long long)recoveries, recover_s, (unsigned long long)c.lookups.value(),
-      (unsigned long long)c.loads.value(), (unsigned long long)c.loads_cut_short.value(),
-      (unsigned long long)c.tokens_loaded.value(), (unsigned long long)c.agreement_failures.value(),
-      (unsigned long long)c.chunks_saved.value(), (unsigned long long)c.save_failures.value(),
-      (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.corrupt,
-      (unsigned long long)s.timeouts, (unsigned long long)s.errors, (unsigned long long)s.breaker_trips,
-      (unsigned long long)s.down_refusals, in_flight.size(),
+      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"pages_still_in_flight\":%zu,"
+      "\"last_error\":\"%s\"}\n",
+      rank, now_s(t0), (unsigned long long)requests, (unsigned long long)wrong_total,
+      (unsigned long long)hangs, (unsigned long long)recoveries, recover_s,
+      (unsigned long long)c.lookups.value(), (unsigned long long)c.loads.value(),
+      (unsigned long long)c.loads_cut_short.value(), (unsigned long long)c.tokens_loaded.value(),
+      (unsigned long long)c.agreement_failures.value(), (unsigned long long)c.chunks_saved.value(),
+      (unsigned long long)c.save_failures.value(), (unsigned long long)s.hits, (unsigned long long)s.misses,
+      (unsigned long long)s.corrupt, (unsigned long long)s.timeouts, (unsigned long long)s.errors,
+      (unsigned long long)s.breaker_trips, (unsigned long long)s.down_refusals, in_flight.size(),
       json_escape(store.last_error()).c_str());
   std::fflush(stdout);
   return 0;
