@@ -112,7 +112,7 @@ def main() -> int:
                                                           "breaker_trips", "down_refusals")},
                      "corrupted": f.get("corrupted", 0)})
         r = rows[-1]
-        log(f"table: {kind}: during {during:.0f} tok/s = {r['ratio']:.2f}x the first recompute (before {before:.0f}), hits back "
+        log(f"table: {kind}: during {during:.0f} tok/s = {r['ratio']:.2f}x {'its' if a.paired else 'the first'} recompute (before {before:.0f}), hits back "
             f"{'never' if back is None else f'{back:.2f} s'}, wrong {r['wrong_bytes']}, disagreements "
             f"{r['disagreements']}, hangs {r['hangs']}, recoveries {r['recoveries']} {r['recover_s']}")
     last = recompute_only("recompute_after")

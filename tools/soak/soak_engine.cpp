@@ -241,18 +241,33 @@ int run(const options& o) {
       }
       i = rec.request, poisoned = false;
     }
-    // Go on while every rank's clock says so (one all-reduce: every rank stops at the same request).
+    const auto tokens = prompt_of(o, i);
+    const std::size_t n = tokens.size();
+    const auto id = static_cast<kvtier::request_id>(i + 1);
+    // Go on while every rank's clock says so (one agreed word: every rank stops at the same
+    // request). With the tier the word rides in the connector's step, after this request's lookup
+    // began (with lookahead, during the last request): one all-reduce per step, as an engine's.
     std::uint64_t go = now_s(t0) < o.duration_s ? 1 : 0;
-    if (kvtier::comm::all_reduce_value(comm, go, kvtier::comm::reduce_op::min,
-                                       kvtier::deadline_after(std::chrono::milliseconds(o.step_ms)))) {
+    const auto step_dl = [&] { return kvtier::deadline_after(std::chrono::milliseconds(o.step_ms)); };
+    if (o.tier) {
+      (void)conn.begin_lookup(id, tokens);  // errc::invalid_argument: begun already (lookahead)
+      std::uint64_t word = go + 1;          // the min over ranks: 2 go on, 1 stop, 0 a failed step
+      if (conn.step(step_dl(), {&word, 1}) && comm.poisoned()) {
+        poisoned = true;
+        --i;
+        continue;
+      }
+      if (word == 0) {
+        std::fprintf(stderr, "soak_engine rank %u: step failed: %s\n", rank, conn.last_step_error().c_str());
+        return 6;
+      }
+      go = word == 2;
+    } else if (kvtier::comm::all_reduce_value(comm, go, kvtier::comm::reduce_op::min, step_dl())) {
       poisoned = true;
       --i;
       continue;
     }
     if (!go) break;
-    const auto tokens = prompt_of(o, i);
-    const std::size_t n = tokens.size();
-    const auto id = static_cast<kvtier::request_id>(i + 1);
     const auto t_req = clk::now();
     ref.start(tokens);
     std::string why;
@@ -284,7 +299,6 @@ int run(const options& o) {
     };
     lap(free_ms);  // waiting for pages counts as freeing
     if (o.tier) {
-      conn.begin_lookup(id, tokens);  // with lookahead, begun during the last request (then a no-op)
       step_until([&] { return conn.lookup(id).has_value(); });
       lap(lookup_ms);
       if (const auto plan = conn.lookup(id); plan && !poisoned && !hung) {
