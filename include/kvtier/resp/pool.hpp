@@ -27,11 +27,11 @@
 //
 // A silent server trips it too (a black hole that accepts and never answers, a SIGSTOPped or
 // hung host: the connect succeeds, so the connect backoff never starts), and so does a server
-// that fails every connect or hangs up before any reply (a TLS-only port spoken to in plain
+// that hangs up on every fresh connection before any reply (a TLS-only port spoken to in plain
 // RESP: each call connects and is closed "before any reply"). After
 // pool_options::timeouts_to_trip bad calls in a row (a call that hit its deadline, a connect or
-// handshake that failed whatever the error, a fresh connection closed before a byte came back;
-// on any of the pool's connections), the server is down for a backoff (silence_backoff_min,
+// handshake that got no answer, a fresh connection closed before a byte came back; on any of the
+// pool's connections), the server is down for a backoff (silence_backoff_min,
 // doubling up to silence_backoff_max): every acquire() fails at once, with errc::timeout after
 // timeouts (else the last call's error) and the words ("... 3 calls in a row timed out or failed
 // to connect; the last: ..."), so a store's lookup answers at once (recompute from there) and a
@@ -305,9 +305,14 @@ class connection_pool {
     const bool was_probe = probe_out_ && probe_index_ == index;
     if (was_probe) probe_out_ = false, probe_index_ = npos;
     const std::uint64_t timeouts = after.timeouts - before.timeouts;
-    // A connect or handshake that failed (whatever the error), or a connection opened in this
-    // lease that the server closed before a byte came back (a TLS-only port): no server here.
-    std::uint64_t failed_connects = after.connect_failures - before.connect_failures;
+    // A connect or handshake that got no answer, or a connection opened in this lease that the
+    // server closed before a byte came back (a TLS-only port spoken to in plain RESP). Other
+    // failed connects (refused, a wrong password) put the connection in its reconnect backoff,
+    // which trips the pool already (give_back).
+    std::uint64_t failed_connects = 0;
+    if constexpr (requires { c.last_connect_error(); })
+      if (after.connect_failures > before.connect_failures && c.last_connect_error() == errc::timeout)
+        ++failed_connects;
     if (after.connects > before.connects && after.failures > before.failures &&
         after.bytes_read == before.bytes_read)
       ++failed_connects;
