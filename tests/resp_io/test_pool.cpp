@@ -1,4 +1,5 @@
-// Unit tests of connection_pool: size classes, the deadline to get a connection, lease hand-back.
+// Unit tests of connection_pool: size classes, the deadline to get a connection, lease hand-back, the
+// breaker.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -213,4 +214,74 @@ TEST_CASE("pool: why a call got no connection: deadline already past, or none fr
   REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(1s), a));
   REQUIRE(pool.acquire(request_size::small, deadline_after(20ms), b, &why) == errc::timeout);
   REQUIRE(why.find("no pooled connection came free") != std::string::npos);
+}
+
+namespace {
+
+// A connection to a server that accepts each connect and hangs up before any reply (a TLS-only
+// port spoken to in plain RESP) until told otherwise: every call connects anew and fails.
+class hangup_connection {
+ public:
+  explicit hangup_connection(connection_options opt) : opt_(std::move(opt)) {}
+  static inline std::atomic<bool> server_speaks{false};
+  std::error_code execute(batch&, kvtier::deadline) {
+    ++stats_.batches, ++stats_.connects;
+    if (server_speaks) return ++stats_.bytes_read, std::error_code{};
+    ++stats_.failures;
+    return make_error_code(errc::connection_lost);
+  }
+  std::error_code connect(kvtier::deadline) { return {}; }
+  std::error_code ping(kvtier::deadline dl) {
+    batch b;
+    return execute(b, dl);
+  }
+  void close() {}
+  bool connected() const { return false; }
+  const connection_options& options() const { return opt_; }
+  connection_stats stats() const { return stats_; }
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  connection_options opt_;
+  connection_stats stats_{};
+  std::string last_error_ = "127.0.0.1:1: the server closed the connection before any reply";
+};
+
+}  // namespace
+
+TEST_CASE("pool: a server that hangs up before any reply trips the breaker; the prober brings it back",
+          "[unit]") {
+  using hangup_pool = kvtier::resp::connection_pool<hangup_connection>;
+  hangup_connection::server_speaks = false;
+  hangup_pool pool(connection_options{}, {.connections = 2,
+                                          .reserved_small = 1,
+                                          .timeouts_to_trip = 2,
+                                          .silence_backoff_min = 1ms,
+                                          .silence_backoff_max = 1ms});
+  batch b;
+  b.add({"EXISTS", "k"});
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE_FALSE(pool.breaker().down);
+    hangup_pool::lease l;
+    REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(10s), l));
+    REQUIRE(l.conn().execute(b, deadline_after(10s)) == errc::connection_lost);
+  }
+  REQUIRE(pool.breaker().down);
+  REQUIRE(pool.breaker().trips >= 1);
+  {  // refused at once with the call's own error and words, however long its deadline
+    hangup_pool::lease l;
+    std::string why;
+    REQUIRE(pool.acquire(request_size::large, deadline_after(10s), l, &why) == errc::connection_lost);
+    REQUIRE_FALSE(l);
+    REQUIRE(why.find("server down (failing") != std::string::npos);
+    REQUIRE(why.find("before any reply") != std::string::npos);
+  }
+  // The prober's PINGs (never a caller's call) find the server back.
+  hangup_connection::server_speaks = true;
+  for (int i = 0; i < 2000 && pool.breaker().down; ++i) std::this_thread::sleep_for(5ms);
+  REQUIRE_FALSE(pool.breaker().down);
+  REQUIRE(pool.breaker().probes >= 1);
+  hangup_pool::lease l;
+  REQUIRE_FALSE(pool.acquire(request_size::small, deadline_after(10s), l));
+  REQUIRE_FALSE(l.conn().execute(b, deadline_after(10s)));
 }

@@ -8,6 +8,7 @@ logs and the counters say. Writes table.md and table.json under --out.
 
     tools/soak/failure_table.py --engine build/release/tools/soak/soak_engine --out out/failure_table
     tools/soak/failure_table.py ... --faults blackhole,sigstop --loop readme
+    tools/soak/failure_table.py ... --paired   # each fault's base: a recompute-only run right before it
 """
 from __future__ import annotations
 
@@ -47,8 +48,11 @@ def main() -> int:
     ap.add_argument("--fault-s", type=float, default=10)
     ap.add_argument("--after-s", type=float, default=12)
     ap.add_argument("--maxmemory", default="16mb")
-    ap.add_argument("--loop", default="finished", choices=["finished", "readme"])
+    ap.add_argument("--loop", default="finished", choices=["finished", "readme", "lookahead"])
     ap.add_argument("--label", default="", help="names the code measured (e.g. main, main+s11-avail)")
+    ap.add_argument("--paired", action="store_true",
+                    help="a recompute-only run right before each fault's run is that row's base (a loaded "
+                         "machine's load moves within minutes)")
     ap.add_argument("engine_args", nargs="*")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -72,6 +76,9 @@ def main() -> int:
     log(f"table: recompute only: {first:.0f} prompt tokens/s")
     rows = []
     for kind in [k for k in a.faults.split(",") if k]:
+        base_tps = recompute_only("recompute_" + kind) if a.paired else None
+        if a.paired:
+            log(f"table: recompute only, before {kind}: {base_tps:.0f} prompt tokens/s")
         rig = Rig(os.path.join(a.out, kind), 2, a.maxmemory)
         length = 5.0 if kind == "sigstop" else 0.0 if kind == "restart" else a.fault_s
         try:
@@ -96,7 +103,7 @@ def main() -> int:
                 whys.append(w)
         end = next((e for e in m["ends"] if e["rank"] == a.rank), {})
         rows.append({"kind": kind, "name": NAMES[kind], "during_tps": during, "before_tps": before,
-                     "ratio": during / first, "hits_back_s": back,
+                     "ratio": during / (base_tps or first), "base_tps": base_tps, "hits_back_s": back,
                      "wrong_bytes": m["wrong_bytes"], "disagreements": m["disagreements"], "hangs": m["hangs"],
                      "requests": m["requests"], "rc": m["rc"], "recoveries": m["recoveries"],
                      "recover_s": m["recover_s"], "logs": whys[:2],
@@ -106,14 +113,14 @@ def main() -> int:
                                                           "saves_skipped")},
                      "corrupted": f.get("corrupted", 0)})
         r = rows[-1]
-        log(f"table: {kind}: during {during:.0f} tok/s = {r['ratio']:.2f}x the first recompute (before {before:.0f}), hits back "
+        log(f"table: {kind}: during {during:.0f} tok/s = {r['ratio']:.2f}x {'its' if a.paired else 'the first'} recompute (before {before:.0f}), hits back "
             f"{'never' if back is None else f'{back:.2f} s'}, wrong {r['wrong_bytes']}, disagreements "
             f"{r['disagreements']}, hangs {r['hangs']}, recoveries {r['recoveries']} {r['recover_s']}")
     last = recompute_only("recompute_after")
     recompute_tps = (first + last) / 2
     log(f"table: recompute only, after: {last:.0f} prompt tokens/s")
     for r in rows:
-        r["ratio"] = r["during_tps"] / recompute_tps
+        r["ratio"] = r["during_tps"] / (r["base_tps"] or recompute_tps)
     load1 = os.getloadavg()[0]
     with open(os.path.join(a.out, "table.json"), "w") as fo:
         json.dump({"label": a.label, "loop": a.loop, "recompute_tps": recompute_tps, "recompute_first_last": [first, last], "load_average": [load0, load1],
@@ -127,7 +134,8 @@ def main() -> int:
 
 def render(rows, recompute_tps, a, load0, load1, first_last) -> str:
     out = [f"Code: {a.label or 'this checkout'}; loop: {a.loop}; fault on rank {a.rank}'s server; recompute only: "
-           f"{recompute_tps:.0f} prompt tokens/s (mean of {first_last[0]:.0f} before and {first_last[1]:.0f} after the faults); load average {load0:.1f} at the start, {load1:.1f} at the end.", "",
+           f"{recompute_tps:.0f} prompt tokens/s (mean of {first_last[0]:.0f} before and {first_last[1]:.0f} after the faults"
+           f"{'; each row divided by its own recompute-only run just before it' if a.paired else ''}); load average {load0:.1f} at the start, {load1:.1f} at the end.", "",
            "| fault | during / recompute | tier before the fault | hits back after its end | wrong bytes | "
            "disagreements | hangs | recover() | what the logs and counters say (faulted rank) |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -136,8 +144,10 @@ def render(rows, recompute_tps, a, load0, load1, first_last) -> str:
         c = ", ".join(f"{k} {v}" for k, v in r["counters"].items() if v)
         logs = "; ".join(x[:110].replace("|", "/") for x in r["logs"]) or "(no error words)"
         rec = f"{r['recoveries']}× {sum(r['recover_s']):.1f} s" if r["recoveries"] else "0"
-        out.append(f"| {r['name']} | **{r['ratio']:.2f}** ({r['during_tps']:.0f} tok/s) | "
-                   f"{r['before_tps'] / recompute_tps:.2f}× | {back} | {r['wrong_bytes']} | {r['disagreements']} | "
+        base = r.get("base_tps") or recompute_tps
+        paired = f"; recompute {base:.0f}" if r.get("base_tps") else ""
+        out.append(f"| {r['name']} | **{r['ratio']:.2f}** ({r['during_tps']:.0f} tok/s{paired}) | "
+                   f"{r['before_tps'] / base:.2f}× | {back} | {r['wrong_bytes']} | {r['disagreements']} | "
                    f"{r['hangs']} | {rec} | {logs}. {c} |")
     return "\n".join(out) + "\n"
 

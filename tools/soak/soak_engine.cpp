@@ -8,6 +8,8 @@
 // drives it (servers, faults, sampling, report).
 //
 //   mpiexec -n 2 soak_engine --ports 6400,6401 --duration-s 60 --mode tier --loop finished
+//   (--loop readme: block on each request's saves; lookahead: finished, and the next request's
+//    lookup begun before this one computes)
 //   {"rank":0,"i":17,"t":1.532,"n":488,"hit":384,"loaded":384,"wrong":0,"digest":"9f..","ms":14.2,
 //    "phases_ms":[lookup, load, compute and check, save and free],...}
 #include <mpi.h>
@@ -40,6 +42,7 @@ struct options {
   std::string host = "127.0.0.1";
   bool tier = true;                ///< --mode tier|recompute
   bool free_from_finished = true;  ///< --loop finished|readme (readme: block on the saves)
+  bool lookahead = false;          ///< --loop lookahead: finished, and the next lookup overlaps this compute
   double duration_s = 60, tokens_per_s = 20000, hang_s = 20;
   std::size_t prefixes = 16, prefix_chunks = 6, suffix_chunks = 2, chunk_tokens = 64;
   std::uint64_t seed = 1;
@@ -49,7 +52,7 @@ struct options {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "soak_engine: %s\nusage: mpiexec -n W soak_engine --ports P0,P1,... [--duration-s S] "
-               "[--mode tier|recompute] [--loop finished|readme] [--tokens-per-s R] [--seed N] "
+               "[--mode tier|recompute] [--loop finished|readme|lookahead] [--tokens-per-s R] [--seed N] "
                "[--prefixes K] [--lookup-ms T] [--load-ms T] [--save-ms T] [--step-ms T] [--hang-s S]\n",
                why.c_str());
   std::exit(2);
@@ -76,11 +79,11 @@ options parse(int argc, char** argv) {
       }
     } else if (a == "--mode")
       o.tier = v == "tier" ? true : v == "recompute" ? false : (usage("--mode: tier or recompute"), true);
-    else if (a == "--loop")
-      o.free_from_finished = v == "finished" ? true
-                             : v == "readme" ? false
-                                             : (usage("--loop: finished or readme"), true);
-    else if (a == "--duration-s")
+    else if (a == "--loop") {
+      if (v != "finished" && v != "readme" && v != "lookahead")
+        usage("--loop: finished, readme or lookahead");
+      o.free_from_finished = v != "readme", o.lookahead = v == "lookahead";
+    } else if (a == "--duration-s")
       o.duration_s = num();
     else if (a == "--tokens-per-s")
       o.tokens_per_s = std::max(1.0, num());
@@ -244,18 +247,33 @@ int run(const options& o) {
       }
       i = rec.request, poisoned = false;
     }
-    // Go on while every rank's clock says so (one all-reduce: every rank stops at the same request).
+    const auto tokens = prompt_of(o, i);
+    const std::size_t n = tokens.size();
+    const auto id = static_cast<kvtier::request_id>(i + 1);
+    // Go on while every rank's clock says so (one agreed word: every rank stops at the same
+    // request). With the tier the word rides in the connector's step, after this request's lookup
+    // began (with lookahead, during the last request): one all-reduce per step, as an engine's.
     std::uint64_t go = now_s(t0) < o.duration_s ? 1 : 0;
-    if (kvtier::comm::all_reduce_value(comm, go, kvtier::comm::reduce_op::min,
-                                       kvtier::deadline_after(std::chrono::milliseconds(o.step_ms)))) {
+    const auto step_dl = [&] { return kvtier::deadline_after(std::chrono::milliseconds(o.step_ms)); };
+    if (o.tier) {
+      (void)conn.begin_lookup(id, tokens);  // errc::invalid_argument: begun already (lookahead)
+      std::uint64_t word = go + 1;          // the min over ranks: 2 go on, 1 stop, 0 a failed step
+      if (conn.step(step_dl(), {&word, 1}) && comm.poisoned()) {
+        poisoned = true;
+        --i;
+        continue;
+      }
+      if (word == 0) {
+        std::fprintf(stderr, "soak_engine rank %u: step failed: %s\n", rank, conn.last_step_error().c_str());
+        return 6;
+      }
+      go = word == 2;
+    } else if (kvtier::comm::all_reduce_value(comm, go, kvtier::comm::reduce_op::min, step_dl())) {
       poisoned = true;
       --i;
       continue;
     }
     if (!go) break;
-    const auto tokens = prompt_of(o, i);
-    const std::size_t n = tokens.size();
-    const auto id = static_cast<kvtier::request_id>(i + 1);
     const auto t_req = clk::now();
     ref.start(tokens);
     std::string why;
@@ -287,7 +305,6 @@ int run(const options& o) {
     };
     lap(free_ms);  // waiting for pages counts as freeing
     if (o.tier) {
-      conn.begin_lookup(id, tokens);
       step_until([&] { return conn.lookup(id).has_value(); });
       lap(lookup_ms);
       if (const auto plan = conn.lookup(id); plan && !poisoned && !hung) {
@@ -301,6 +318,10 @@ int run(const options& o) {
       lap(load_ms);
       for (const auto& e : conn.errors(id))
         if (why.empty()) why = e.message;
+      // Lookahead: the next request's owners ask their stores while this one computes (as vLLM's
+      // scheduler looks up waiting requests while the running batch computes); its step then
+      // finds every answer ready. Every rank begins it at the same point.
+      if (o.lookahead && !poisoned && !hung) conn.begin_lookup(id + 1, prompt_of(o, i + 1));
     }
     for (std::size_t p = 0; p < loaded; ++p) {  // every loaded byte against the reference
       ref.row(p, want);

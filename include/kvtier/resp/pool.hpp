@@ -26,15 +26,21 @@
 //   if (l2.pool().down()) skip_the_tier();   // e.g. treat every chunk as a miss, no I/O at all
 //
 // A silent server trips it too (a black hole that accepts and never answers, a SIGSTOPped or
-// hung host: the connect succeeds, so the connect backoff never starts). After
-// pool_options::timeouts_to_trip calls in a row that hit their deadline (on any of the pool's
-// connections), the server is down for a backoff (silence_backoff_min, doubling up to
-// silence_backoff_max): every acquire() fails at once with errc::timeout and the last timeout's
-// words ("... 3 calls in a row timed out ..."), so a store's lookup answers at once (timeout:
-// recompute from there) and a save is skipped, counted in breaker().refusals. After the backoff
-// one call is let through (half-open): if it is answered the server is up again; if it times
-// out too the pool trips again at once, with the backoff doubled; the calls that come while
-// it runs are refused. Any answered call resets the count.
+// hung host: the connect succeeds, so the connect backoff never starts), and so does a server
+// that hangs up on every fresh connection before any reply (a TLS-only port spoken to in plain
+// RESP: each call connects and is closed "before any reply"). After
+// pool_options::timeouts_to_trip bad calls in a row (a call that hit its deadline, a connect or
+// handshake that got no answer, a fresh connection closed before a byte came back; on any of the
+// pool's connections), the server is down for a backoff (silence_backoff_min,
+// doubling up to silence_backoff_max): every acquire() fails at once, with errc::timeout after
+// timeouts (else the last call's error) and the words ("... 3 calls in a row timed out or failed
+// to connect; the last: ..."), so a store's lookup answers at once (recompute from there) and a
+// save is skipped, counted in breaker().refusals. No caller's call is the half-open probe: a
+// prober thread (started at the trip, gone once the server answers) sends a PING with its own
+// deadline (probe_timeout) on a free connection after each backoff; answered, the server is up
+// again; not, the pool trips again with the backoff doubled. Calls are refused until a probe is
+// answered, so no request ever waits on a silent server after the trip. Any answered call resets
+// the count.
 //
 //   pool_options p{.connections = 4, .timeouts_to_trip = 2};  // 0: never trip on silence
 //   if (pool.breaker().down) log(pool.breaker().last_error);
@@ -50,6 +56,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -64,20 +71,21 @@ namespace kvtier::resp {
 struct pool_options {
   std::size_t connections = 4;     ///< connections to the server (at least 1)
   std::size_t reserved_small = 1;  ///< of those, kept for small requests (< connections)
-  /// Calls in a row that time out before the server counts as down (see the header comment);
-  /// 0: never on silence (a refused connect still trips the pool).
+  /// Calls in a row that time out or fail to connect before the server counts as down (see the
+  /// header comment); 0: never (a connection's own reconnect backoff still trips the pool).
   std::size_t timeouts_to_trip = 2;
-  std::chrono::milliseconds silence_backoff_min{250};   ///< first down period after a trip on silence
-  std::chrono::milliseconds silence_backoff_max{4000};  ///< cap of its doubling (each failed probe)
+  std::chrono::milliseconds silence_backoff_min{250};   ///< first down period after a trip
+  std::chrono::milliseconds silence_backoff_max{1000};  ///< cap of its doubling (each failed probe)
+  std::chrono::milliseconds probe_timeout{500};         ///< the prober's PING deadline (off every call)
 };
 
 /// The pool's circuit breaker, as seen by a caller (connection_pool::breaker()).
 struct breaker_status {
   bool down = false;                     ///< calls are refused at once now
-  std::uint64_t trips = 0;               ///< times it tripped on silence (timeouts in a row)
+  std::uint64_t trips = 0;               ///< times it tripped (calls in a row timed out or failed to connect)
   std::uint64_t refusals = 0;            ///< calls refused at once while down (any cause)
-  std::uint64_t probes = 0;              ///< half-open calls let through after a backoff
-  std::size_t consecutive_timeouts = 0;  ///< calls in a row that timed out, now
+  std::uint64_t probes = 0;              ///< half-open probes (the prober's PINGs) sent
+  std::size_t consecutive_timeouts = 0;  ///< calls in a row that timed out or failed to connect, now
   std::string last_error;                ///< why it is (or was last) down, in words
 };
 
@@ -125,6 +133,7 @@ class connection_pool {
         silence_min_(std::max(p.silence_backoff_min, std::chrono::milliseconds(1))),
         silence_max_(std::max(p.silence_backoff_max, silence_min_)),
         silence_backoff_(silence_min_),
+        probe_timeout_(std::max(p.probe_timeout, std::chrono::milliseconds(1))),
         reserved_(std::min(p.reserved_small, std::max<std::size_t>(p.connections, 1) - 1)),
         busy_(std::max<std::size_t>(p.connections, 1), false),
         snapshots_(busy_.size()) {
@@ -133,6 +142,15 @@ class connection_pool {
   }
   connection_pool(const connection_pool&) = delete;
   connection_pool& operator=(const connection_pool&) = delete;
+  /// Waits for a probe under way (bounded by probe_timeout).
+  ~connection_pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+    }
+    prober_cv_.notify_all();
+    if (prober_.joinable()) prober_.join();
+  }
 
   /// Lends a free connection of the request's size class, waiting for one until `dl`.
   /// Fails at once (`out` stays empty) with errc::timeout when `dl` had already passed, and with
@@ -154,8 +172,11 @@ class connection_pool {
   /// try again. Empty once a call may try, and after any call succeeded.
   std::optional<clock::time_point> down_until() const {
     std::lock_guard<std::mutex> lock(mu_);
-    const clock::time_point until = std::max(down_until_, silent_until_);
-    if (clock::now() >= until) return std::nullopt;
+    const auto now = clock::now();
+    clock::time_point until = std::max(down_until_, silent_until_);
+    // the backoff ended but the prober's PING has not answered yet: down until it ends, at most
+    if (silent_ && prober_running_ && until <= now) until = now + probe_timeout_;
+    if (now >= until) return std::nullopt;
     return until;
   }
   bool down() const { return down_until().has_value(); }
@@ -173,7 +194,7 @@ class connection_pool {
     std::lock_guard<std::mutex> lock(mu_);
     breaker_status b;
     const auto now = clock::now();
-    b.down = now < down_until_ || now < silent_until_ || (silent_ && probe_out_);
+    b.down = now < down_until_ || now < silent_until_ || (silent_ && (probe_out_ || prober_running_));
     b.trips = trips_;
     b.refusals = down_refusals_;
     b.probes = probes_;
@@ -243,18 +264,19 @@ class connection_pool {
     const auto now = clock::now();
     if (now >= dl)
       return failed(why, make_error_code(errc::timeout), "the deadline had passed before the call started");
-    if (silent_ && (now < silent_until_ || probe_out_)) {
+    if (silent_ && (now < silent_until_ || probe_out_ || prober_running_)) {
       ++down_refusals_;
       if (why != nullptr) {
-        *why = "server down (silent: ";
-        *why += now < silent_until_ ? "next probe in " + std::to_string(std::chrono::ceil<std::chrono::milliseconds>(
-                                                                            silent_until_ - now)
-                                                                            .count()) +
-                                          " ms"
-                                    : std::string("a probe call is under way");
+        *why = trip_error_ == errc::timeout ? "server down (silent: " : "server down (failing: ";
+        *why += now < silent_until_
+                    ? "next probe in " +
+                          std::to_string(
+                              std::chrono::ceil<std::chrono::milliseconds>(silent_until_ - now).count()) +
+                          " ms"
+                    : std::string("a probe is under way");
         *why += ") after: " + silent_text_;
       }
-      return make_error_code(errc::timeout);
+      return trip_error_;
     }
     if (now < down_until_) {
       ++down_refusals_;
@@ -264,10 +286,10 @@ class connection_pool {
     auto pick = [&] { return (index = find_free(kind)) != npos; };
     if (!kvtier::detail::wait_until(cv_, lock, dl, pick))
       return failed(why, make_error_code(errc::timeout), "no pooled connection came free by the deadline");
-    if (silent_) {  // the backoff ended: this call is the half-open probe, unless one went meanwhile
+    if (silent_) {  // no prober (its thread did not start): this call is the half-open probe
       if (probe_out_ || clock::now() < silent_until_) {
         ++down_refusals_;
-        return failed(why, make_error_code(errc::timeout), "server down (silent) after: " + silent_text_);
+        return failed(why, trip_error_, "server down (silent) after: " + silent_text_);
       }
       probe_out_ = true;
       probe_index_ = index;
@@ -276,38 +298,96 @@ class connection_pool {
     return {};
   }
 
-  // Under mu_: the silence breaker's bookkeeping for a connection given back, from how its
-  // counters moved during the lease (`before`: its snapshot at the last release).
+  // Under mu_: the breaker's bookkeeping for a connection given back, from how its counters
+  // moved during the lease (`before`: its snapshot at the last release).
   void note_outcome(const Connection& c, const connection_stats& before, const connection_stats& after,
                     std::size_t index) {
     const bool was_probe = probe_out_ && probe_index_ == index;
     if (was_probe) probe_out_ = false, probe_index_ = npos;
-    std::uint64_t silent_calls = after.timeouts - before.timeouts;
-    if constexpr (requires { c.last_connect_error(); })  // a connect or handshake that got no answer
+    const std::uint64_t timeouts = after.timeouts - before.timeouts;
+    // A connect or handshake that got no answer, or a connection opened in this lease that the
+    // server closed before a byte came back (a TLS-only port spoken to in plain RESP). Other
+    // failed connects (refused, a wrong password) put the connection in its reconnect backoff,
+    // which trips the pool already (give_back).
+    std::uint64_t failed_connects = 0;
+    if constexpr (requires { c.last_connect_error(); })
       if (after.connect_failures > before.connect_failures && c.last_connect_error() == errc::timeout)
-        ++silent_calls;
-    if (silent_calls > 0) {
-      consecutive_timeouts_ += silent_calls;
+        ++failed_connects;
+    if (after.connects > before.connects && after.failures > before.failures &&
+        after.bytes_read == before.bytes_read)
+      ++failed_connects;
+    if (timeouts + failed_connects > 0) {
+      consecutive_timeouts_ += timeouts + failed_connects;
       if (trip_after_ == 0 || (consecutive_timeouts_ < trip_after_ && !was_probe)) return;
-      // Trip (again): the server let these calls time out.
+      // Trip (again): the server let these calls time out or refused them.
       const auto now = clock::now();
       if (silent_ && now < silent_until_) return;  // a call lent before the trip: already down
       ++trips_;
       silent_ = true;
       silent_until_ = now + std::chrono::duration_cast<clock::duration>(silence_backoff_);
       silence_backoff_ = std::min(silence_backoff_ * 2, silence_max_);
+      trip_error_ = make_error_code(timeouts > 0 ? errc::timeout : errc::connection_lost);
+      if constexpr (requires { c.last_connect_error(); })
+        if (timeouts == 0 && after.connect_failures > before.connect_failures)
+          trip_error_ = c.last_connect_error();
       try {
-        silent_text_ = std::to_string(consecutive_timeouts_) + " calls in a row timed out";
-        if constexpr (requires { c.last_error(); }) silent_text_ += "; the last: " + std::string(c.last_error());
+        silent_text_ = std::to_string(consecutive_timeouts_) +
+                       (failed_connects == 0 ? " calls in a row timed out"
+                                             : " calls in a row timed out or failed to connect");
+        if constexpr (requires { c.last_error(); })
+          silent_text_ += "; the last: " + std::string(c.last_error());
       } catch (...) {  // out of memory: keep the older text
       }
+      start_prober();
     } else if (after.batches > before.batches && after.failures == before.failures) {
       // Answered: the server is up.
       consecutive_timeouts_ = 0;
       silent_ = false;
       silent_until_ = {};
       silence_backoff_ = silence_min_;
+    } else if (was_probe && silent_) {
+      // No verdict (e.g. the connection was in its own reconnect backoff): probe again later.
+      silent_until_ = clock::now() + std::chrono::duration_cast<clock::duration>(silence_backoff_);
     }
+  }
+
+  // Under mu_: starts the prober thread unless it runs. Without one (no thread could start), the
+  // first call after each backoff is the probe (wait_for_free).
+  void start_prober() noexcept {
+    if (prober_running_ || closing_) return;
+    if (prober_.joinable()) prober_.join();  // it has left its loop: ends at once
+    try {
+      prober_ = std::thread([this] { probe_until_up(); });
+      prober_running_ = true;
+    } catch (...) {
+    }
+  }
+
+  // The prober: after each backoff, one PING with its own deadline on a free connection, until a
+  // PING is answered (note_outcome clears silent_) or the pool closes.
+  void probe_until_up() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!closing_ && silent_) {
+      const auto now = clock::now();
+      std::size_t index = npos;
+      if (now < silent_until_ || now < down_until_ || probe_out_ ||
+          (index = find_free(request_size::small)) == npos) {
+        // the backoffs (ours, a connection's reconnect backoff: a PING then would not even try),
+        // or every connection lent (to a call lent before the trip): look again then
+        prober_cv_.wait_until(lock,
+                              std::max({silent_until_, down_until_, now + std::chrono::milliseconds(5)}));
+        continue;
+      }
+      busy_[index] = true;
+      probe_out_ = true;
+      probe_index_ = index;
+      ++probes_;
+      lock.unlock();
+      (void)conns_[index]->ping(deadline_after(probe_timeout_));
+      give_back(index);  // note_outcome: up, or tripped again with the backoff doubled
+      lock.lock();
+    }
+    prober_running_ = false;
   }
 
   static std::error_code failed(std::string* why, std::error_code ec, std::string_view text) {
@@ -345,7 +425,7 @@ class connection_pool {
 
   connection_options opt_;
   std::size_t trip_after_;
-  std::chrono::milliseconds silence_min_, silence_max_, silence_backoff_;
+  std::chrono::milliseconds silence_min_, silence_max_, silence_backoff_, probe_timeout_;
   std::size_t reserved_;
   std::vector<std::unique_ptr<Connection>> conns_;
   mutable std::mutex mu_;
@@ -357,13 +437,18 @@ class connection_pool {
   std::string down_text_;
   std::uint64_t down_refusals_ = 0;
   // The silence breaker (see the header comment).
-  bool silent_ = false;                // tripped on timeouts, no call answered since
-  clock::time_point silent_until_{};   // calls before it are refused; after it, one probe
-  bool probe_out_ = false;             // the half-open probe is lent
-  std::size_t probe_index_ = npos;     // its connection
+  bool silent_ = false;               // tripped on timeouts, no call answered since
+  clock::time_point silent_until_{};  // calls before it are refused; after it, one probe
+  bool probe_out_ = false;            // the half-open probe is lent
+  std::size_t probe_index_ = npos;    // its connection
   std::size_t consecutive_timeouts_ = 0;
   std::uint64_t trips_ = 0, probes_ = 0;
   std::string silent_text_;
+  std::error_code trip_error_ = make_error_code(errc::timeout);  // a refused call's, while silent_
+  std::thread prober_;                                           // the half-open probes (probe_until_up)
+  bool prober_running_ = false;                                  // it is in its loop
+  bool closing_ = false;                                         // the destructor runs
+  std::condition_variable prober_cv_;
 };
 
 }  // namespace kvtier::resp
