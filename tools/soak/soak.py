@@ -120,6 +120,9 @@ def print_report(m: dict, out: str):
         f = m["flat"][r]
         print(f"soak: rank {r}: RSS {f['rss_change'] * 100:+.2f} % after warm-up ({s['rss_kb']:+.0f} kB/min), "
               f"fds first/max/last {f['fds']} ({s['fds']:+.2f}/min), threads {f['threads']} ({s['threads']:+.2f}/min)")
+        if "in_use_kb" in f:
+            print(f"soak: rank {r}: malloc in use {f['in_use_kb'][0]} -> {f['in_use_kb'][1]} kB ({s['in_use_kb']:+.0f} kB/min), "
+                  f"free in its heaps {f['free_kb'][0]} -> {f['free_kb'][1]} kB ({s['free_kb']:+.0f} kB/min)")
     for e in m["ends"]:
         print("soak: rank %d counters: %s" % (e["rank"], json.dumps({k: v for k, v in e.items() if k not in ("rank", "event")})))
     missed = [k for k, ok in m["targets"].items() if not ok]

@@ -10,6 +10,7 @@
 //   mpiexec -n 2 soak_engine --ports 6400,6401 --duration-s 60 --mode tier --loop finished
 //   {"rank":0,"i":17,"t":1.532,"n":488,"hit":384,"loaded":384,"wrong":0,"digest":"9f..","ms":14.2,
 //    "phases_ms":[lookup, load, compute and check, save and free],...}
+#include <malloc.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -38,19 +39,21 @@ namespace {
 struct options {
   std::vector<int> ports;
   std::string host = "127.0.0.1";
-  bool tier = true;             ///< --mode tier|recompute
+  bool tier = true;                ///< --mode tier|recompute
   bool free_from_finished = true;  ///< --loop finished|readme (readme: block on the saves)
   double duration_s = 60, tokens_per_s = 20000, hang_s = 20;
   std::size_t prefixes = 16, prefix_chunks = 6, suffix_chunks = 2, chunk_tokens = 64;
   std::uint64_t seed = 1;
   int lookup_ms = 100, load_ms = 1000, save_ms = 2000, step_ms = 1000;
+  std::size_t leak_bytes = 0;  ///< --leak-kb-per-request: a planted leak (the soak must catch it)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "soak_engine: %s\nusage: mpiexec -n W soak_engine --ports P0,P1,... [--duration-s S] "
                "[--mode tier|recompute] [--loop finished|readme] [--tokens-per-s R] [--seed N] "
-               "[--prefixes K] [--lookup-ms T] [--load-ms T] [--save-ms T] [--step-ms T] [--hang-s S]\n",
+               "[--prefixes K] [--lookup-ms T] [--load-ms T] [--save-ms T] [--step-ms T] [--hang-s S] "
+               "[--leak-kb-per-request K]\n",
                why.c_str());
   std::exit(2);
 }
@@ -77,17 +80,31 @@ options parse(int argc, char** argv) {
     } else if (a == "--mode")
       o.tier = v == "tier" ? true : v == "recompute" ? false : (usage("--mode: tier or recompute"), true);
     else if (a == "--loop")
-      o.free_from_finished = v == "finished" ? true : v == "readme" ? false : (usage("--loop: finished or readme"), true);
-    else if (a == "--duration-s") o.duration_s = num();
-    else if (a == "--tokens-per-s") o.tokens_per_s = std::max(1.0, num());
-    else if (a == "--hang-s") o.hang_s = num();
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(num());
-    else if (a == "--prefixes") o.prefixes = std::max<std::size_t>(1, static_cast<std::size_t>(num()));
-    else if (a == "--lookup-ms") o.lookup_ms = static_cast<int>(num());
-    else if (a == "--load-ms") o.load_ms = static_cast<int>(num());
-    else if (a == "--save-ms") o.save_ms = static_cast<int>(num());
-    else if (a == "--step-ms") o.step_ms = static_cast<int>(num());
-    else usage("unknown option " + a);
+      o.free_from_finished = v == "finished" ? true
+                             : v == "readme" ? false
+                                             : (usage("--loop: finished or readme"), true);
+    else if (a == "--duration-s")
+      o.duration_s = num();
+    else if (a == "--tokens-per-s")
+      o.tokens_per_s = std::max(1.0, num());
+    else if (a == "--hang-s")
+      o.hang_s = num();
+    else if (a == "--seed")
+      o.seed = static_cast<std::uint64_t>(num());
+    else if (a == "--prefixes")
+      o.prefixes = std::max<std::size_t>(1, static_cast<std::size_t>(num()));
+    else if (a == "--lookup-ms")
+      o.lookup_ms = static_cast<int>(num());
+    else if (a == "--load-ms")
+      o.load_ms = static_cast<int>(num());
+    else if (a == "--save-ms")
+      o.save_ms = static_cast<int>(num());
+    else if (a == "--step-ms")
+      o.step_ms = static_cast<int>(num());
+    else if (a == "--leak-kb-per-request")
+      o.leak_bytes = static_cast<std::size_t>(num() * 1024);
+    else
+      usage("unknown option " + a);
   }
   return o;
 }
@@ -133,6 +150,22 @@ struct reference {
 
 double now_s(clk::time_point t0) { return std::chrono::duration<double>(clk::now() - t0).count(); }
 
+// What glibc's malloc holds, so the soak can tell a leak (bytes in use grow) from the allocator
+// keeping freed memory (in use flat, the heap's free bytes grow): one JSON line.
+void print_heap(unsigned rank, double t) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  const struct mallinfo2 m = mallinfo2();
+  std::printf(
+      "{\"rank\":%u,\"event\":\"heap\",\"t\":%.3f,\"in_use_kb\":%zu,\"free_kb\":%zu,\"heap_kb\":%zu,"
+      "\"mmap_kb\":%zu,\"top_kb\":%zu}\n",
+      rank, t, (m.uordblks + m.hblkhd) >> 10, m.fordblks >> 10, m.arena >> 10, m.hblkhd >> 10,
+      m.keepcost >> 10);
+  std::fflush(stdout);
+#else
+  (void)rank, (void)t;
+#endif
+}
+
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -151,10 +184,13 @@ int run(const options& o) {
   constexpr std::uint32_t page = 16, layers = 2, cache_blocks = 1536;
   const std::size_t T = o.chunk_tokens;
   const kvtier::modulo_ownership own(W);
-  const kvtier::chunker<> chunk(
-      {.model = "soak-model", .kv_format = "mla-bf16", .chunk_tokens = static_cast<std::uint32_t>(T), .ownership = own.geometry()});
+  const kvtier::chunker<> chunk({.model = "soak-model",
+                                 .kv_format = "mla-bf16",
+                                 .chunk_tokens = static_cast<std::uint32_t>(T),
+                                 .ownership = own.geometry()});
   const auto make = [](kvtier::comm::mpi_communicator& c, kvtier::deadline dl) {
-    return kvtier::comm::mpi_communicator::create(c, MPI_COMM_WORLD, dl, {.thread_level = MPI_THREAD_MULTIPLE});
+    return kvtier::comm::mpi_communicator::create(c, MPI_COMM_WORLD, dl,
+                                                  {.thread_level = MPI_THREAD_MULTIPLE});
   };
   kvtier::comm::mpi_communicator comm;
   if (make(comm, kvtier::deadline_after(60s))) {
@@ -186,7 +222,8 @@ int run(const options& o) {
     kvtier::request_id id;
     kvtier::host_kv_cache::sequence seq;
   };
-  std::deque<pending> in_flight;  // finished, pages still read by saves
+  std::deque<pending> in_flight;               // finished, pages still read by saves
+  std::vector<std::vector<std::byte>> leaked;  // --leak-kb-per-request: kept (and touched) for good
   const auto free_finished = [&] {
     const auto f = conn.finished();
     conn.drain_events();  // a router would take them; left alone they pile up
@@ -200,20 +237,24 @@ int run(const options& o) {
     return f;
   };
 
-  std::printf("{\"rank\":%u,\"event\":\"start\",\"pid\":%d}\n", rank, static_cast<int>(getpid()));  // for the sampler
+  std::printf("{\"rank\":%u,\"event\":\"start\",\"pid\":%d}\n", rank,
+              static_cast<int>(getpid()));  // for the sampler
   std::fflush(stdout);
   const auto t0 = clk::now();
   std::uint64_t hangs = 0, recoveries = 0, requests = 0, wrong_total = 0;
   double recover_s = 0;
   bool poisoned = false;
+  double heap_at = 0;  // when the last heap line was printed
   for (std::uint64_t i = 0;; ++i) {
+    if (now_s(t0) >= heap_at + 2) print_heap(rank, heap_at = now_s(t0));
     if (poisoned || comm.poisoned()) {  // every rank gets here within one request (recover.hpp)
       const auto t = clk::now();
       const auto rec = kvtier::comm::recover(comm, make, i, 1s, kvtier::deadline_after(60s));
       const double took = std::chrono::duration<double>(clk::now() - t).count();
       recover_s += took, ++recoveries;
-      std::printf("{\"rank\":%u,\"event\":\"recover\",\"t\":%.3f,\"took_s\":%.3f,\"ok\":%s,\"next\":%llu}\n", rank,
-                  now_s(t0), took, rec.ec ? "false" : "true", static_cast<unsigned long long>(rec.request));
+      std::printf("{\"rank\":%u,\"event\":\"recover\",\"t\":%.3f,\"took_s\":%.3f,\"ok\":%s,\"next\":%llu}\n",
+                  rank, now_s(t0), took, rec.ec ? "false" : "true",
+                  static_cast<unsigned long long>(rec.request));
       std::fflush(stdout);
       if (rec.ec) {
         std::fprintf(stderr, "soak_engine rank %u: %s\n", rank, rec.message.c_str());
@@ -285,12 +326,14 @@ int run(const options& o) {
       for (std::size_t b = 0; b < row_bytes; ++b) wrong += want[b] != got[b];
     }
     for (std::size_t p = loaded; p < n; ++p) ref.row(p, want), cache.scatter(seq, p, 1, want);
-    std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(n - loaded) / o.tokens_per_s));
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(static_cast<double>(n - loaded) / o.tokens_per_s));
     std::uint64_t digest = 0;  // the pages of the whole prompt: equal on every rank
     for (std::size_t p = 0; p < n; ++p) {
       cache.gather(seq, p, 1, got);
       std::uint64_t w = 0;
-      for (std::size_t b = 0; b + 8 <= row_bytes; b += 64) std::memcpy(&w, got.data() + b, 8), digest = mix(digest ^ w);
+      for (std::size_t b = 0; b + 8 <= row_bytes; b += 64)
+        std::memcpy(&w, got.data() + b, 8), digest = mix(digest ^ w);
     }
     lap(compute_ms);
     if (o.tier) {
@@ -315,14 +358,15 @@ int run(const options& o) {
     }
     lap(free_ms);
     hangs += hung, ++requests, wrong_total += wrong;
+    if (o.leak_bytes) leaked.emplace_back(o.leak_bytes, std::byte{1});
     std::printf(
         "{\"rank\":%u,\"i\":%llu,\"t\":%.4f,\"n\":%zu,\"hit\":%llu,\"loaded\":%llu,\"wrong\":%llu,"
-        "\"digest\":\"%016llx\",\"ms\":%.2f,\"phases_ms\":[%.1f,%.1f,%.1f,%.1f],\"hung\":%s,\"poisoned\":%s,\"in_flight\":%zu,\"why\":\"%s\"}\n",
+        "\"digest\":\"%016llx\",\"ms\":%.2f,\"phases_ms\":[%.1f,%.1f,%.1f,%.1f],\"hung\":%s,\"poisoned\":%s,"
+        "\"in_flight\":%zu,\"why\":\"%s\"}\n",
         rank, static_cast<unsigned long long>(i), now_s(t0), n, static_cast<unsigned long long>(hit),
         static_cast<unsigned long long>(loaded), static_cast<unsigned long long>(wrong),
         static_cast<unsigned long long>(digest), now_s(t_req) * 1e3, lookup_ms, load_ms, compute_ms, free_ms,
-        hung ? "true" : "false",
-        poisoned ? "true" : "false", in_flight.size(), json_escape(why).c_str());
+        hung ? "true" : "false", poisoned ? "true" : "false", in_flight.size(), json_escape(why).c_str());
     std::fflush(stdout);
   }
   // Drain: the last saves end by their own deadline.
@@ -335,15 +379,16 @@ int run(const options& o) {
       "\"recoveries\":%llu,\"recover_s\":%.3f,\"lookups\":%llu,\"loads\":%llu,\"loads_cut_short\":%llu,"
       "\"tokens_loaded\":%llu,\"agreement_failures\":%llu,\"chunks_saved\":%llu,\"save_failures\":%llu,"
       "\"store_hits\":%llu,\"store_misses\":%llu,\"store_corrupt\":%llu,\"store_timeouts\":%llu,"
-      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"pages_still_in_flight\":%zu,\"last_error\":\"%s\"}\n",
-      rank, now_s(t0), (unsigned long long)requests, (unsigned long long)wrong_total, (unsigned long long)hangs,
-      (unsigned long long)recoveries, recover_s, (unsigned long long)c.lookups.value(),
-      (unsigned long long)c.loads.value(), (unsigned long long)c.loads_cut_short.value(),
-      (unsigned long long)c.tokens_loaded.value(), (unsigned long long)c.agreement_failures.value(),
-      (unsigned long long)c.chunks_saved.value(), (unsigned long long)c.save_failures.value(),
-      (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.corrupt,
-      (unsigned long long)s.timeouts, (unsigned long long)s.errors, (unsigned long long)s.breaker_trips,
-      (unsigned long long)s.down_refusals, in_flight.size(),
+      "\"store_errors\":%llu,\"breaker_trips\":%llu,\"down_refusals\":%llu,\"pages_still_in_flight\":%zu,"
+      "\"last_error\":\"%s\"}\n",
+      rank, now_s(t0), (unsigned long long)requests, (unsigned long long)wrong_total,
+      (unsigned long long)hangs, (unsigned long long)recoveries, recover_s,
+      (unsigned long long)c.lookups.value(), (unsigned long long)c.loads.value(),
+      (unsigned long long)c.loads_cut_short.value(), (unsigned long long)c.tokens_loaded.value(),
+      (unsigned long long)c.agreement_failures.value(), (unsigned long long)c.chunks_saved.value(),
+      (unsigned long long)c.save_failures.value(), (unsigned long long)s.hits, (unsigned long long)s.misses,
+      (unsigned long long)s.corrupt, (unsigned long long)s.timeouts, (unsigned long long)s.errors,
+      (unsigned long long)s.breaker_trips, (unsigned long long)s.down_refusals, in_flight.size(),
       json_escape(store.last_error()).c_str());
   std::fflush(stdout);
   return 0;
