@@ -9,6 +9,8 @@ kvtier_add_test(test_connector_exceptions SOURCES connector/test_connector_excep
 kvtier_add_test(test_connector_stream SOURCES connector/test_connector_stream.cpp LABELS unit tsan TIMEOUT 300)
 # The contract where a review found it broken (issue 26): final reach, slots, agreed settings.
 kvtier_add_test(test_connector_contract SOURCES connector/test_connector_contract.cpp LABELS unit tsan)
+# What a connector keeps between requests (issue 27's soak): idle staging blocks stay few.
+kvtier_add_test(test_connector_memory SOURCES connector/test_connector_memory.cpp LABELS unit tsan)
 kvtier_add_test(test_connector_property SOURCES connector/test_connector_property.cpp LABELS property TIMEOUT 600)
 # Against real redis-server processes, one per rank; needs the Asio transport.
 if(TARGET kvtier::asio)

@@ -12,6 +12,7 @@
 //    lookup begun before this one computes)
 //   {"rank":0,"i":17,"t":1.532,"n":488,"hit":384,"loaded":384,"wrong":0,"digest":"9f..","ms":14.2,
 //    "phases_ms":[lookup, load, compute and check, save and free],...}
+#include <malloc.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -47,13 +48,15 @@ struct options {
   std::size_t prefixes = 16, prefix_chunks = 6, suffix_chunks = 2, chunk_tokens = 64;
   std::uint64_t seed = 1;
   int lookup_ms = 100, load_ms = 1000, save_ms = 2000, step_ms = 1000;
+  std::size_t leak_bytes = 0;  ///< --leak-kb-per-request: a planted leak (the soak must catch it)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "soak_engine: %s\nusage: mpiexec -n W soak_engine --ports P0,P1,... [--duration-s S] "
                "[--mode tier|recompute] [--loop finished|readme|lookahead] [--tokens-per-s R] [--seed N] "
-               "[--prefixes K] [--lookup-ms T] [--load-ms T] [--save-ms T] [--step-ms T] [--hang-s S]\n",
+               "[--prefixes K] [--lookup-ms T] [--load-ms T] [--save-ms T] [--step-ms T] [--hang-s S] "
+               "[--leak-kb-per-request K]\n",
                why.c_str());
   std::exit(2);
 }
@@ -101,6 +104,8 @@ options parse(int argc, char** argv) {
       o.save_ms = static_cast<int>(num());
     else if (a == "--step-ms")
       o.step_ms = static_cast<int>(num());
+    else if (a == "--leak-kb-per-request")
+      o.leak_bytes = static_cast<std::size_t>(num() * 1024);
     else
       usage("unknown option " + a);
   }
@@ -147,6 +152,22 @@ struct reference {
 };
 
 double now_s(clk::time_point t0) { return std::chrono::duration<double>(clk::now() - t0).count(); }
+
+// What glibc's malloc holds, so the soak can tell a leak (bytes in use grow) from the allocator
+// keeping freed memory (in use flat, the heap's free bytes grow): one JSON line.
+void print_heap(unsigned rank, double t) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  const struct mallinfo2 m = mallinfo2();
+  std::printf(
+      "{\"rank\":%u,\"event\":\"heap\",\"t\":%.3f,\"in_use_kb\":%zu,\"free_kb\":%zu,\"heap_kb\":%zu,"
+      "\"mmap_kb\":%zu,\"top_kb\":%zu}\n",
+      rank, t, (m.uordblks + m.hblkhd) >> 10, m.fordblks >> 10, m.arena >> 10, m.hblkhd >> 10,
+      m.keepcost >> 10);
+  std::fflush(stdout);
+#else
+  (void)rank, (void)t;
+#endif
+}
 
 std::string json_escape(const std::string& s) {
   std::string out;
@@ -210,7 +231,8 @@ int run(const options& o) {
     kvtier::request_id id;
     kvtier::host_kv_cache::sequence seq;
   };
-  std::deque<pending> in_flight;  // finished, pages still read by saves
+  std::deque<pending> in_flight;               // finished, pages still read by saves
+  std::vector<std::vector<std::byte>> leaked;  // --leak-kb-per-request: kept (and touched) for good
   const auto free_finished = [&] {
     const auto f = conn.finished();
     conn.drain_events();  // a router would take them; left alone they pile up
@@ -231,7 +253,9 @@ int run(const options& o) {
   std::uint64_t hangs = 0, recoveries = 0, requests = 0, wrong_total = 0;
   double recover_s = 0;
   bool poisoned = false;
+  double heap_at = 0;  // when the last heap line was printed
   for (std::uint64_t i = 0;; ++i) {
+    if (now_s(t0) >= heap_at + 2) print_heap(rank, heap_at = now_s(t0));
     if (poisoned || comm.poisoned()) {  // every rank gets here within one request (recover.hpp)
       const auto t = clk::now();
       const auto rec = kvtier::comm::recover(comm, make, i, 1s, kvtier::deadline_after(60s));
@@ -361,6 +385,7 @@ int run(const options& o) {
     }
     lap(free_ms);
     hangs += hung, ++requests, wrong_total += wrong;
+    if (o.leak_bytes) leaked.emplace_back(o.leak_bytes, std::byte{1});
     std::printf(
         "{\"rank\":%u,\"i\":%llu,\"t\":%.4f,\"n\":%zu,\"hit\":%llu,\"loaded\":%llu,\"wrong\":%llu,"
         "\"digest\":\"%016llx\",\"ms\":%.2f,\"phases_ms\":[%.1f,%.1f,%.1f,%.1f],\"hung\":%s,\"poisoned\":%s,"

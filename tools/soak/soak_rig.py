@@ -346,15 +346,19 @@ def rank_pids(job_pid: int, name: str = "soak_engine") -> list[int]:
 
 
 def sample(pid: int) -> dict | None:
-    """VmRSS (kB), open descriptors and threads of `pid`, or None once it is gone."""
+    """VmRSS (kB) and its anonymous, file and shared-memory parts, open descriptors and threads
+    of `pid`, or None once it is gone."""
+    fields = {"VmRSS:": "rss_kb", "RssAnon:": "anon_kb", "RssFile:": "file_kb", "RssShmem:": "shmem_kb"}
     try:
-        rss = threads = 0
+        out = {"rss_kb": 0, "threads": 0}
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1])
-                elif line.startswith("Threads:"):
-                    threads = int(line.split()[1])
-        return {"rss_kb": rss, "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads}
+                key = line.split(":", 1)[0] + ":"
+                if key in fields:
+                    out[fields[key]] = int(line.split()[1])
+                elif key == "Threads:":
+                    out["threads"] = int(line.split()[1])
+        out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+        return out
     except OSError:
         return None

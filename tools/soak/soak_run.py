@@ -138,6 +138,15 @@ def analyze(res: dict, warmup_s: float, window_s: float = 5.0, settle_s: float =
         flat[r] = {"rss_change": (rss1 - rss0) / rss0 if rss0 else 0.0,
                    "fds": (s[0]["fds"], max(x["fds"] for x in s), s[-1]["fds"]),
                    "threads": (s[0]["threads"], max(x["threads"] for x in s), s[-1]["threads"])}
+        # glibc's view (the engine's heap lines): bytes in use growing is a leak; free bytes
+        # growing while in use stays flat is the allocator keeping what was freed
+        h = [x for x in res["lines"] if x.get("event") == "heap" and x["rank"] == r and x["ts"] >= warmup_s]
+        if len(h) >= 4:
+            qh = max(1, len(h) // 5)
+            slopes[r]["in_use_kb"] = slope_per_min([(x["ts"], x["in_use_kb"]) for x in h])
+            slopes[r]["free_kb"] = slope_per_min([(x["ts"], x["free_kb"]) for x in h])
+            flat[r]["in_use_kb"] = (sum(x["in_use_kb"] for x in h[:qh]) // qh, sum(x["in_use_kb"] for x in h[-qh:]) // qh)
+            flat[r]["free_kb"] = (sum(x["free_kb"] for x in h[:qh]) // qh, sum(x["free_kb"] for x in h[-qh:]) // qh)
     m = {
         "requests": len(lead),
         "ranks": ranks,

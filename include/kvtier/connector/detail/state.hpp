@@ -16,11 +16,11 @@
 #include <span>
 #include <string>
 #include <thread>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
+#include "kvtier/connector/detail/recent_keys.hpp"
 #include "kvtier/connector/types.hpp"
 #include "kvtier/deadline.hpp"
 #include "kvtier/detail/cv_wait.hpp"
@@ -148,8 +148,7 @@ struct connector_shared {
   std::condition_variable saved;   // a save ended
   std::vector<connector_request_ptr> active_loads;
   std::vector<kv_event> events;
-  std::unordered_set<chunk_key, chunk_key_hash> stored;
-  std::deque<chunk_key> stored_order;
+  recent_keys stored{std::size_t{1} << 16};  // the keys this rank stored (the newest 65,536)
 
   /// A completed lookup's statuses: keys this rank stored that now miss are reported evicted.
   void note_evictions(const connector_request& r, const std::vector<chunk_status>& status, rank_t rank) {
@@ -182,21 +181,8 @@ struct connector_shared {
     return {};
   }
 
-  // Under mu: remembers a key this rank stored (the newest 65,536). Throws only bad_alloc, and
-  // then remembers nothing (the set and the order stay in step).
-  void remember_stored_locked(const chunk_key& k) {
-    if (!stored.insert(k).second) return;
-    try {
-      stored_order.push_back(k);
-    } catch (...) {
-      stored.erase(k);
-      throw;
-    }
-    if (stored_order.size() > (std::size_t{1} << 16)) {
-      stored.erase(stored_order.front());
-      stored_order.pop_front();
-    }
-  }
+  // Under mu: remembers a key this rank stored (the newest 65,536; no allocation).
+  void remember_stored_locked(const chunk_key& k) noexcept { stored.insert(k); }
 };
 
 /// One thread that runs run(job) for each submitted job, in submission order: the mover's and
@@ -366,58 +352,87 @@ class quarantine {
 
 /// The staging blocks of a connector's loads. A block goes back to the pool only when its last
 /// holder (the request, a mover batch, the quarantine) lets go, so a block that an abandoned
-/// load's fetch may still write is never handed out again before that fetch completed. Idle
-/// blocks are kept by size, up to `idle_cap` bytes, so a steady stream of loads does not page
-/// fresh memory in for every load.
+/// load's fetch may still write is never handed out again before that fetch completed. The
+/// blocks given back most recently are kept idle (at most max_idle_blocks of them and `idle_cap`
+/// bytes; a load takes the smallest one that holds it), so a steady stream of loads does not
+/// page fresh memory in for every load, while the extra blocks of a burst (loads cut short by a
+/// slow server, their blocks quarantined until each fetch ends) are freed once it is over
+/// instead of staying resident for the life of the process.
 class staging_pool : public std::enable_shared_from_this<staging_pool> {
  public:
+  /// Idle blocks kept at most: a few loads at once reuse blocks; more page fresh memory in.
+  static constexpr std::size_t max_idle_blocks = 4;
+
   explicit staging_pool(std::size_t idle_cap) : idle_cap_(idle_cap) {}
 
-  /// A block of `bytes`, or empty when `max_in_flight` would be exceeded or memory ran out.
+  /// A block of at least `bytes`, or empty when `max_in_flight` would be exceeded or memory ran
+  /// out. `bytes` counts against max_in_flight whatever the size of the idle block reused.
   std::shared_ptr<std::byte[]> take(std::size_t bytes, std::size_t max_in_flight) {
-    std::unique_ptr<std::byte[]> block;
+    idle_block block;
     {
       std::lock_guard lock(mu_);
       if (bytes > max_in_flight - std::min(max_in_flight, in_flight_)) return nullptr;
-      const auto it =
-          std::find_if(idle_.begin(), idle_.end(), [&](const auto& b) { return b.first == bytes; });
-      if (it != idle_.end()) {
-        block = std::move(it->second);
-        idle_bytes_ -= bytes;
-        idle_.erase(it);
+      auto best = idle_.end();
+      for (auto it = idle_.begin(); it != idle_.end(); ++it)
+        if (it->bytes >= bytes && (best == idle_.end() || it->bytes < best->bytes)) best = it;
+      if (best != idle_.end()) {
+        block = std::move(*best);
+        idle_bytes_ -= block.bytes;
+        idle_.erase(best);
       }
       in_flight_ += bytes;
     }
-    if (!block) block.reset(new (std::nothrow) std::byte[bytes]);
-    if (!block) {
+    if (!block.data) block = {std::unique_ptr<std::byte[]>(new (std::nothrow) std::byte[bytes]), bytes};
+    if (!block.data) {
       std::lock_guard lock(mu_);
       in_flight_ -= bytes;
       return nullptr;
     }
-    return {block.release(), [self = shared_from_this(), bytes](std::byte* p) { self->give_back(p, bytes); }};
+    return {block.data.release(), [self = shared_from_this(), bytes, size = block.bytes](std::byte* p) {
+              self->give_back(p, size, bytes);
+            }};
   }
 
   std::size_t in_flight() const {
     std::lock_guard lock(mu_);
     return in_flight_;
   }
+  /// Idle blocks and their bytes, now.
+  std::pair<std::size_t, std::size_t> idle() const {
+    std::lock_guard lock(mu_);
+    return {idle_.size(), idle_bytes_};
+  }
 
  private:
-  void give_back(std::byte* p, std::size_t bytes) noexcept {
-    std::unique_ptr<std::byte[]> block(p);
+  struct idle_block {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t bytes = 0;
+  };
+
+  // `size`: the block's own size; `counted`: what its load counted in flight.
+  void give_back(std::byte* p, std::size_t size, std::size_t counted) noexcept {
+    idle_block block{std::unique_ptr<std::byte[]>(p), size};
+    idle_block dropped;  // the oldest idle block when the pool is full: freed after the lock
     std::lock_guard lock(mu_);
-    in_flight_ -= bytes;
-    if (idle_bytes_ + bytes > idle_cap_) return;
+    in_flight_ -= counted;
+    if (size > idle_cap_) return;
+    if (idle_.size() >= max_idle_blocks || idle_bytes_ + size > idle_cap_) {
+      if (idle_.empty()) return;
+      dropped = std::move(idle_.front());
+      idle_bytes_ -= dropped.bytes;
+      idle_.erase(idle_.begin());
+      if (idle_bytes_ + size > idle_cap_) return;
+    }
     try {
-      idle_.emplace_back(bytes, std::move(block));
-      idle_bytes_ += bytes;
+      idle_.push_back(std::move(block));
+      idle_bytes_ += size;
     } catch (...) {  // no room to remember it: the block is freed
     }
   }
 
   mutable std::mutex mu_;
   std::size_t idle_cap_, in_flight_ = 0, idle_bytes_ = 0;
-  std::vector<std::pair<std::size_t, std::unique_ptr<std::byte[]>>> idle_;
+  std::vector<idle_block> idle_;  // oldest given back first
 };
 
 }  // namespace kvtier::detail
