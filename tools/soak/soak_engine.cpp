@@ -47,7 +47,10 @@ struct options {
   double duration_s = 60, tokens_per_s = 20000, hang_s = 20;
   std::size_t prefixes = 16, prefix_chunks = 6, suffix_chunks = 2, chunk_tokens = 64;
   std::uint64_t seed = 1;
-  int lookup_ms = 100, load_ms = 1000, save_ms = 2000, step_ms = 1000;
+  // save_ms: saves run one at a time, so against a server gone silent the saves queued behind the one
+  // in flight hold their pages for up to save_ms: ~30 requests/s x 0.5 s fit the 1,536 pages (~45
+  // requests); 2 s would not (a rank then waits ~0.6 s for pages at every silent fault).
+  int lookup_ms = 100, load_ms = 1000, save_ms = 500, step_ms = 1000;
   std::size_t leak_bytes = 0;  ///< --leak-kb-per-request: a planted leak (the soak must catch it)
 };
 
