@@ -480,9 +480,9 @@ void bind_connector(py::module_& m) {
                             std::to_string(p.pages->view.layout.num_layers) + " layers");
             const kvtier::layer_wait w = p.with([&](auto& c) { return c.wait_for_layer(layer, dl); });
             if (w.ec)
-              raise_error(w.ec, "Connector.wait_for_layer(" + std::to_string(layer) +
-                                    "): " + (w.ec == kvtier::errc::timeout ? std::string("the deadline passed")
-                                                                           : w.ec.message()) +
+              raise_error(w.ec, "Connector.wait_for_layer(" + std::to_string(layer) + "): " +
+                                    (w.ec == kvtier::errc::timeout ? std::string("the deadline passed")
+                                                                   : w.ec.message()) +
                                     "; recompute from each load's agreed outcome (load_result)");
             py::dict ready;
             for (const kvtier::layer_ready& x : w.loads) ready[py::int_(x.id)] = py::int_(x.ready_end_token);
