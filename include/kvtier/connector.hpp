@@ -829,14 +829,15 @@ class connector {
   void conclude_load(detail::connector_request& r, const detail::load_conclusion& c) {
     const std::size_t chunks = c.chunks;
     const double elapsed_s = static_cast<double>(c.elapsed_us) * 1e-6;
-    if (!c.timed || !opt_.wall_clock_samples) {
-    } else if (opt_.policy == load_policy::always) {
-      if (c.sample) estimator_.record_bytes(chunks * geo_.chunk_bytes, elapsed_s);
-    } else if (r.n > 0) {
-      estimator_.record_bytes(r.n * geo_.chunk_bytes,
-                              detail::slow_tier_guard::sample_seconds(r.n, chunks, elapsed_s));
-      if (slow_tier_.concluded(opt_, r.n * chunk_.chunk_tokens(), chunks == r.n, elapsed_s, r.probe))
-        estimator_.reset();
+    if (c.timed && opt_.wall_clock_samples) {
+      if (opt_.policy == load_policy::always) {
+        if (c.sample) estimator_.record_bytes(chunks * geo_.chunk_bytes, elapsed_s);
+      } else if (r.n > 0) {
+        estimator_.record_bytes(r.n * geo_.chunk_bytes,
+                                detail::slow_tier_guard::sample_seconds(r.n, chunks, elapsed_s));
+        if (slow_tier_.concluded(opt_, r.n * chunk_.chunk_tokens(), chunks == r.n, elapsed_s, r.probe))
+          estimator_.reset();
+      }
     }
     detail::end_load(r, chunks, chunk_.chunk_tokens(), counters_, shared_);
   }
