@@ -271,6 +271,62 @@ inline std::error_code kv_scatter(const kv_cache_view& cache, std::span<const st
   return {};
 }
 
+/// Where a chunk's value lies in the pages, without copying it: appends to `out` the pieces of
+/// the cache whose concatenation, in order, is what kv_gather(cache, slots, chunk, r) writes
+/// into `chunk` (one piece per run of tokens consecutive in a block and plane; neighbours that
+/// touch in memory are merged). A sender writes them from the pages (writev) instead of copying
+/// the value first: remote_store::put_pieces. The same checks as kv_gather, and two more: every
+/// token must be there (a negative slot: field "slots") and a token's heads must be contiguous
+/// (else a piece per head: field "layout"); errc::invalid_argument then, `out` as it was.
+///
+///   std::vector<std::span<const std::byte>> pieces;
+///   if (!kvtier::kv_pieces(cache, slots, {}, pieces)) {       // one chunk: slots.size() tokens
+///     const kvtier::value_pieces value[] = {pieces};
+///     l2.put_pieces(keys, value, {}, st, dl);                     // keys, st: one entry
+///   }
+inline std::error_code kv_pieces(const kv_cache_view& cache, std::span<const std::int64_t> slots,
+                                 layer_range r, std::vector<std::span<const std::byte>>& out,
+                                 kv_layout_error* why = nullptr) {
+  const kv_layout& lay = cache.layout;
+  const std::uint32_t last = r.last == UINT32_MAX ? lay.num_layers : r.last;
+  const std::uint64_t bytes =
+      last >= r.first ? std::uint64_t{last - r.first} * slots.size() * lay.layer_bytes_per_token() : 0;
+  if (auto ec = detail::kv_copy_check(cache, slots, bytes, r, why, /*writes_cache=*/false)) return ec;
+  auto refuse = [why](const char* field, std::string text) {
+    if (why) *why = {field, std::move(text)};
+    return make_error_code(errc::invalid_argument);
+  };
+  if (!lay.heads_contiguous())
+    return refuse("layout",
+                  "the heads of a token are not contiguous in '" + lay.name + "': a piece per head");
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    if (slots[i] < 0)
+      return refuse(
+          "slots", "slots[" + std::to_string(i) + "] is negative: a skipped token has no bytes in the pages");
+  const auto runs = detail::kv_runs(lay, slots);
+  const std::uint64_t row = std::uint64_t{lay.heads} * lay.head_bytes;
+  const bool rows_together = lay.token_stride == row;
+  const std::size_t first_piece = out.size();  // never merged into a piece of an earlier call
+  for (std::uint32_t l = r.first; l < last; ++l)
+    for (std::uint32_t p = 0; p < lay.planes; ++p) {
+      const std::byte* const base = cache.plane(l, p);
+      for (const detail::kv_run& run : runs) {
+        const std::byte* src = base + (run.slot / lay.block_size) * lay.block_stride +
+                               (run.slot % lay.block_size) * lay.token_stride;
+        // A merged run's rows follow each other (kv_runs merges only then); else one row a token.
+        const std::uint64_t per = rows_together ? run.count : 1;
+        for (std::uint64_t t = 0; t < run.count; t += per) {
+          const std::span<const std::byte> piece(src + t * lay.token_stride, per * row);
+          if (out.size() > first_piece && out.back().data() + out.back().size() == piece.data())
+            out.back() = std::span<const std::byte>(out.back().data(), out.back().size() + piece.size());
+          else
+            out.push_back(piece);
+        }
+      }
+    }
+  return {};
+}
+
 /// kv_gather with a block table instead of a slot mapping.
 inline std::error_code kv_gather(const kv_cache_view& cache, block_table_ref table,
                                  std::span<std::byte> chunk, layer_range r = {},

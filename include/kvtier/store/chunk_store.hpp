@@ -82,4 +82,20 @@ concept prehashed_put_store = chunk_store<S> &&
   { s.format() } -> std::convertible_to<value_format>;
 };
 
+/// One value given in pieces (e.g. where a chunk lies in an engine's pages: kv_pieces): its
+/// bytes are the pieces' concatenation, in order.
+using value_pieces = std::span<const std::span<const std::byte>>;
+
+/// A store whose put can take each value in pieces and write it from where they lie, with no
+/// copy into one buffer first (remote_store::put_pieces: the pieces go to the socket with
+/// writev; memory_store::put_pieces: copied once, into the stored value). `digests` is empty
+/// or, for a prehashed_put_store, one per value as for put_prehashed. The connector's saver
+/// puts a chunk from the pages this way when the pages hold it in pieces of a few KiB or more.
+template <class S>
+concept piecewise_put_store = chunk_store<S> &&
+    requires(S& s, std::span<const chunk_key> keys, std::span<const value_pieces> values,
+             std::span<const value_digest> digests, std::span<chunk_status> status, deadline dl) {
+  { s.put_pieces(keys, values, digests, status, dl) } -> std::same_as<std::error_code>;
+};
+
 }  // namespace kvtier

@@ -133,7 +133,19 @@ class basic_memory_store {
   std::error_code put(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
                       std::span<chunk_status> status, deadline dl) {
     if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
-    for (std::size_t i = 0; i < keys.size(); ++i) status[i] = put_one(keys[i], src[i]);
+    for (std::size_t i = 0; i < keys.size(); ++i) status[i] = put_one(keys[i], value_pieces(&src[i], 1));
+    return {};
+  }
+
+  /// put() of values given in pieces (values[i]: their concatenation, e.g. kv_pieces of a
+  /// chunk in an engine's pages): each copied once, straight into the stored value. This store
+  /// keeps no checksums: `digests` must be empty (else invalid_argument, nothing stored).
+  std::error_code put_pieces(std::span<const chunk_key> keys, std::span<const value_pieces> values,
+                             std::span<const value_digest> digests, std::span<chunk_status> status,
+                             deadline dl) {
+    if (!digests.empty()) return make_error_code(errc::invalid_argument);
+    if (auto ec = detail::store_precheck(keys.size(), values.size(), status, dl)) return ec;
+    for (std::size_t i = 0; i < keys.size(); ++i) status[i] = put_one(keys[i], values[i]);
     return {};
   }
 
@@ -195,18 +207,24 @@ class basic_memory_store {
     return lru_.erase(it);
   }
 
-  chunk_status put_one(const chunk_key& key, std::span<const std::byte> value) {
-    if (value.size() > capacity_) {
+  // Stores the concatenation of `pieces` under `key`.
+  chunk_status put_one(const chunk_key& key, value_pieces pieces) {
+    std::size_t size = 0;
+    for (const auto& p : pieces) size += p.size();
+    if (size > capacity_) {
       std::lock_guard lock(mu_);
       ++stats_.rejected;
       return chunk_status::error;
     }
     block data;
     try {  // allocate and copy before taking the lock
-      if (!value.empty()) {
-        std::byte* p = traits::allocate(alloc_, value.size());
-        data = block(p, block_deleter{alloc_, value.size()});  // frees p itself if this throws
-        std::memcpy(p, value.data(), value.size());
+      if (size != 0) {
+        std::byte* p = traits::allocate(alloc_, size);
+        data = block(p, block_deleter{alloc_, size});  // frees p itself if this throws
+        for (const auto& piece : pieces) {
+          if (!piece.empty()) std::memcpy(p, piece.data(), piece.size());
+          p += piece.size();
+        }
       }
     } catch (...) {
       std::lock_guard lock(mu_);
@@ -218,13 +236,13 @@ class basic_memory_store {
       drop(it->second);
       index_.erase(it);
     }
-    while (used_ + value.size() > capacity_ && !lru_.empty()) {
+    while (used_ + size > capacity_ && !lru_.empty()) {
       index_.erase(lru_.back().key);
       drop(std::prev(lru_.end()));
       ++stats_.evictions;
     }
     try {
-      lru_.push_front(entry{key, std::move(data), value.size()});
+      lru_.push_front(entry{key, std::move(data), size});
       try {
         index_.emplace(key, lru_.begin());
       } catch (...) {
@@ -235,7 +253,7 @@ class basic_memory_store {
       ++stats_.rejected;
       return chunk_status::error;
     }
-    used_ += value.size();
+    used_ += size;
     ++stats_.stores;
     return chunk_status::stored;
   }
@@ -253,5 +271,6 @@ class basic_memory_store {
 using memory_store = basic_memory_store<>;
 
 static_assert(chunk_store<memory_store>);
+static_assert(piecewise_put_store<memory_store>);
 
 }  // namespace kvtier

@@ -67,6 +67,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
@@ -136,7 +137,8 @@ class remote_store {
   /// or has one entry per key (else invalid_argument). How a caller tells a destination of the
   /// wrong size from a damaged value (kvtier.Store.get in Python raises InvalidArgument then).
   std::error_code get(std::span<const chunk_key> keys, std::span<const std::span<std::byte>> dst,
-                      std::span<chunk_status> status, deadline dl, std::span<std::size_t> stored_bytes) noexcept {
+                      std::span<chunk_status> status, deadline dl,
+                      std::span<std::size_t> stored_bytes) noexcept {
     if (auto ec = codec_.check_batch(keys, dst, status)) return ec;
     if (!stored_bytes.empty() && stored_bytes.size() != keys.size())
       return make_error_code(errc::invalid_argument);
@@ -261,7 +263,8 @@ class remote_store {
   ///   /* copy into staging, h.update(piece) per piece */
   ///   std::vector<kvtier::value_digest> d{h.digest()};
   ///   l2.put_prehashed(keys, src, d, st, dl);
-  std::error_code put_prehashed(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+  std::error_code put_prehashed(std::span<const chunk_key> keys,
+                                std::span<const std::span<const std::byte>> src,
                                 std::span<const value_digest> digests, std::span<chunk_status> status,
                                 deadline dl) noexcept {
     if (auto ec = codec_.check_batch(keys, src, status)) return ec;
@@ -275,6 +278,38 @@ class remote_store {
           },
           [&](detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r,
               const std::string& name) { return codec_.put_status(r, src[i].size(), where_, name); });
+    });
+  }
+
+  /// put_prehashed() of values given in pieces (`values[i]`: the pieces whose concatenation is
+  /// the value, e.g. from kv_pieces: where a chunk lies in an engine's pages), written to the
+  /// socket from where they lie (writev), with no copy into one buffer first. `digests` empty:
+  /// each value's pieces are hashed just before its piece of the batch is sent, as put() does.
+  ///
+  ///   std::vector<std::span<const std::byte>> pieces;
+  ///   kvtier::kv_pieces(cache, slots, {}, pieces);                 // no copy: where the bytes lie
+  ///   const kvtier::value_pieces v[] = {pieces};
+  ///   l2.put_pieces(keys, v, {}, st, dl);                          // keys: one key
+  std::error_code put_pieces(std::span<const chunk_key> keys, std::span<const value_pieces> values,
+                             std::span<const value_digest> digests, std::span<chunk_status> status,
+                             deadline dl) noexcept {
+    if (keys.size() != values.size() || keys.size() != status.size())
+      return make_error_code(errc::invalid_argument);
+    return guarded(status, "SET", [&] {
+      std::vector<std::size_t> lengths(values.size(), 0);
+      for (std::size_t i = 0; i < values.size(); ++i)
+        for (const auto& p : values[i]) lengths[i] += p.size();
+      if (auto ec = codec_.check_lengths(keys, lengths, status)) return ec;
+      if (!digests.empty())
+        if (auto ec = codec_.check_digests(lengths, digests)) return ec;
+      return run(
+          keys, status, dl, size_class(lengths), value_bytes(lengths),
+          [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
+            codec_.add_put_pieces(s, j, keys[i], name, values[i], lengths[i],
+                                  digests.empty() ? nullptr : &digests[i]);
+          },
+          [&](detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r,
+              const std::string& name) { return codec_.put_status(r, lengths[i], where_, name); });
     });
   }
 
@@ -322,18 +357,26 @@ class remote_store {
     }
   }
 
-  template <class Span>
-  static resp::request_size size_class(Span spans) noexcept {
+  // A value's payload length: a span's size, or a length given as a number (put_pieces).
+  template <class Value>
+  static std::size_t length_of(const Value& v) noexcept {
+    if constexpr (std::is_integral_v<Value>)
+      return v;
+    else
+      return v.size();
+  }
+  template <class Values>
+  static resp::request_size size_class(const Values& values) noexcept {
     std::size_t bytes = 0;
-    for (const auto& x : spans) bytes += x.size();
+    for (const auto& x : values) bytes += length_of(x);
     return bytes > small_request_bytes ? resp::request_size::large : resp::request_size::small;
   }
   // Bytes each value puts in flight (header + payload): what a piece of the batch is cut by.
-  template <class Span>
-  std::vector<std::size_t> value_bytes(Span spans) const {
-    std::vector<std::size_t> b(spans.size());
-    for (std::size_t i = 0; i < spans.size(); ++i)
-      b[i] = spans[i].size() + codec_.format().header_size(spans[i].size());
+  template <class Values>
+  std::vector<std::size_t> value_bytes(const Values& values) const {
+    std::vector<std::size_t> b(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      b[i] = length_of(values[i]) + codec_.format().header_size(length_of(values[i]));
     return b;
   }
 

@@ -1,6 +1,7 @@
 // kvtier/connector/detail/saver.hpp: the saves of kvtier::connector (kvtier/connector.hpp):
-// a thread of its own gathers an owner's chunks from the pages and puts them in the store with
-// the save deadline, one save at a time in the order save() was called. Not public API.
+// a thread of its own puts an owner's chunks in the store from the pages (from where they lie,
+// for a store that takes values in pieces; else gathered into a buffer first) with the save
+// deadline, one save at a time in the order save() was called. Not public API.
 //
 // The saver calls the store itself rather than fetch_queue::put: a put on the queue would hold
 // one of the fetch workers for up to the save deadline (2 s by default), so a slow save could
@@ -86,6 +87,8 @@ class connector_saver {
         counters_(counters),
         save_timeout_(save_timeout),
         rank_(rank) {
+    // A packaged task keeps what its put throws for the saver thread's future.get().
+    slice_putter_.start([](std::packaged_task<void()>& put) { put(); }, [](std::packaged_task<void()>&) {});
     worker_.start([this](save_job& job) { run(job); }, [this](save_job& job) { escaped(job); });
   }
 
@@ -161,7 +164,10 @@ class connector_saver {
   }
 
   /// Runs the saves already submitted, then joins the thread (idempotent).
-  void stop() { worker_.stop(); }
+  void stop() {
+    worker_.stop();
+    slice_putter_.stop();
+  }
 
   /// connector::finish of r: true when none of its saves still runs (its save failure, if any,
   /// goes to the next finished()'s save_errors); else r is kept until finished() lists it.
@@ -274,23 +280,42 @@ class connector_saver {
     return job.by_layer ? job.by_layer->why : job.why;
   }
 
-  // A whole save in slices of about slice_bytes: each slice is gathered (and hashed, in the
-  // gather) while the slice before it is put, on a helper thread, so a save costs about its put
-  // plus one slice's gather. One deadline for every slice's put.
+  // A whole save in slices of about slice_bytes: each slice is made ready (its chunks hashed
+  // where they lie in the pages, or gathered and hashed in the gather) while the slice before it
+  // is put, on the slice putter's thread, so a save costs about its put plus one slice's preparation. One
+  // deadline for every slice's put.
+  //
+  // A piecewise_put_store is handed each chunk as it lies in the pages (kv_pieces), so no copy
+  // runs before the send: the pages are the request's until its saves end (connector::save), and
+  // bytes changed under the send fail their checksum on read, never a hit. A chunk with a skipped
+  // token, or in pieces under min_piece_bytes on average, is gathered into the save's buffer.
   void run_whole(save_job& job, save_end& end, bool& in_store) {
     const std::size_t n = job.chunks.size(), cb = geo_.chunk_bytes;
+    std::vector<std::vector<std::span<const std::byte>>> pieces(n);  // each chunk's bytes, in order
+    std::vector<bool> from_pages(n, false);
+    bool gathers = false;
+    for (std::size_t k = 0; k < n; ++k)
+      gathers |= !(from_pages[k] = in_pages(job.chunks[k], job.slots, pieces[k]));
     // One buffer for every whole save (saves run one at a time on this thread): no fresh pages
     // to fault in and zero per save. Every byte a put sends is gathered first (or its chunk failed).
-    if (whole_values_.size() < n * cb) whole_values_.resize(n * cb);
-    const std::span<std::byte> values = std::span(whole_values_).first(n * cb);
+    if (gathers && whole_values_.size() < n * cb) whole_values_.resize(n * cb);
+    const std::span<std::byte> values =
+        gathers ? std::span(whole_values_).first(n * cb) : std::span<std::byte>();
+    std::vector<value_pieces> ready(n);  // chunk k's pieces once made ready
     std::vector<bool> failed(n, false);
     std::vector<value_hasher> hashers(hashing() ? n : 0);
     const deadline dl = deadline_after(save_timeout_);
     const std::size_t per = std::max<std::size_t>(1, slice_bytes / std::max<std::size_t>(cb, 1));
     std::optional<request_error> put_why;  // the puts' first failure (the helper's while one runs)
     save_end slice_end;                    // the slice in flight's outcome (the helper's while it runs)
-    std::future<void> in_flight;           // last: a gather that throws waits here for the put it overlaps
-    auto settle = [&] {                    // the put in flight ended: its outcome joins the save's
+    std::future<void> in_flight;           // the put of the slice before (on slice_putter_)
+    struct wait_for_put {                  // last: a gather that throws waits here for the put it overlaps
+      std::future<void>& put;
+      ~wait_for_put() {
+        if (put.valid()) put.wait();
+      }
+    } const put_waited{in_flight};
+    auto settle = [&] {  // the put in flight ended: its outcome joins the save's
       if (!in_flight.valid()) return;
       in_store = true;
       in_flight.get();  // rethrows what the put threw
@@ -302,33 +327,59 @@ class connector_saver {
     for (std::size_t first = 0; first < n; first += per) {
       const std::size_t last = std::min(n, first + per);
       for (std::size_t k = first; k < last; ++k) {
-        if (!hashers.empty()) hashers[k].begin(store_format(), cb);
-        gather(job, job.chunks[k], job.slots, values, k, {}, failed, job.why,
-               hashers.empty() ? nullptr : &hashers[k]);
+        value_hasher* const h = hashers.empty() ? nullptr : &hashers[k];
+        if (h) h->begin(store_format(), cb);
+        if (from_pages[k]) {
+          if (h)
+            for (const auto& p : pieces[k]) h->update(p);
+        } else {
+          gather(job, job.chunks[k], job.slots, values, k, {}, failed, job.why, h);
+          pieces[k].assign(1, values.subspan(k * cb, cb));
+        }
+        ready[k] = pieces[k];
       }
       settle();
-      in_flight = std::async(std::launch::async, [&, first, last,
-                                                  slice_failed = std::vector<bool>(
-                                                      failed.begin() + static_cast<std::ptrdiff_t>(first),
-                                                      failed.begin() + static_cast<std::ptrdiff_t>(last))] {
-        bool helper_in_store = false;
-        put(job, std::span(job.chunks).subspan(first, last - first),
-            values.subspan(first * cb, (last - first) * cb), slice_failed, put_why, slice_end,
-            helper_in_store,
-            hashers.empty() ? std::span<const value_hasher>()
-                            : std::span<const value_hasher>(hashers).subspan(first, last - first),
-            dl);
-      });
+      std::packaged_task<void()> slice_put(
+          [&, first, last,
+           slice_failed = std::vector<bool>(failed.begin() + static_cast<std::ptrdiff_t>(first),
+                                            failed.begin() + static_cast<std::ptrdiff_t>(last))] {
+            bool helper_in_store = false;
+            put(job, std::span(job.chunks).subspan(first, last - first),
+                std::span<const value_pieces>(ready).subspan(first, last - first), slice_failed, put_why,
+                slice_end, helper_in_store,
+                hashers.empty() ? std::span<const value_hasher>()
+                                : std::span<const value_hasher>(hashers).subspan(first, last - first),
+                dl);
+          });
+      in_flight = slice_put.get_future();
+      slice_putter_.submit(std::move(slice_put));
     }
     settle();
     if (!job.why) job.why = put_why;
     if (whole_values_.size() > kept_buffer_bytes) std::vector<std::byte>().swap(whole_values_);
   }
 
-  // A whole save is put in slices of about this many bytes, each while the next is gathered.
+  // Chunk c's bytes where they lie in the pages, into `out`, for a store that puts from pieces;
+  // false (out empty) when the chunk is to be gathered instead (see run_whole).
+  bool in_pages(std::size_t c, std::span<const std::int64_t> slots,
+                std::vector<std::span<const std::byte>>& out) {
+    if constexpr (piecewise_put_store<Store>) {
+      // A slot the pages do not have fails here and again in the gather, which reports it.
+      if (!kv_pieces(geo_.cache, geo_.chunk_slots(slots, c), {}, out) &&
+          out.size() * min_piece_bytes <= geo_.chunk_bytes)
+        return true;
+      out.clear();
+    }
+    return false;
+  }
+
+  // A whole save is put in slices of about this many bytes, each while the next is made ready.
   static constexpr std::size_t slice_bytes = std::size_t{8} << 20;
   // run_whole's buffer is kept between saves up to this size (a larger one is given back).
   static constexpr std::size_t kept_buffer_bytes = std::size_t{256} << 20;
+  // Pieces smaller than this on average (a page of a few tokens, or a token's rows apart) cost a
+  // system call's iovec each: such a chunk is gathered into one buffer instead.
+  static constexpr std::size_t min_piece_bytes = 4096;
 
   // The store takes checksums computed in the gather (one pass over the bytes: copy and hash).
   static constexpr bool hashing() noexcept { return prehashed_put_store<Store>; }
@@ -374,8 +425,12 @@ class connector_saver {
       end.failed = true;
       return true;
     }
-    put(job, ls.chunks, ls.values, ls.failed, ls.why, end, in_store, ls.hashers,
-        deadline_after(save_timeout_));
+    std::vector<std::span<const std::byte>> whole(ls.chunks.size());
+    std::vector<value_pieces> values(ls.chunks.size());
+    for (std::size_t k = 0; k < whole.size(); ++k)
+      whole[k] = std::span<const std::byte>(ls.values).subspan(k * geo_.chunk_bytes, geo_.chunk_bytes),
+      values[k] = value_pieces(&whole[k], 1);
+    put(job, ls.chunks, values, ls.failed, ls.why, end, in_store, ls.hashers, deadline_after(save_timeout_));
     return true;
   }
 
@@ -401,33 +456,40 @@ class connector_saver {
     }
   }
 
-  // Puts the gathered chunks (those not failed) with the save deadline: `end` gets the keys
-  // stored and whether the save failed, `why` its first failure.
-  // `hashers` (one per chunk, or none): the checksums computed in the gathers, put with the
-  // values when every one is complete (else the store hashes).
-  void put(const save_job& job, std::span<const std::size_t> chunks, std::span<const std::byte> values,
+  // Puts the chunks (those not failed; values[k]: chunk k's bytes in pieces, in the pages or
+  // one piece gathered) with the save deadline: `end` gets the keys stored and whether the save
+  // failed, `why` its first failure. `hashers` (one per chunk, or none): the checksums computed
+  // in the pages or the gathers, put with the values when every one is complete (else the
+  // store hashes).
+  void put(const save_job& job, std::span<const std::size_t> chunks, std::span<const value_pieces> values,
            const std::vector<bool>& failed, std::optional<request_error>& why, save_end& end, bool& in_store,
            std::span<const value_hasher> hashers, deadline dl) {
     std::vector<chunk_key> keys;
     std::vector<std::size_t> chunk_of;  // the prompt chunk of each key
-    std::vector<std::span<const std::byte>> src;
+    std::vector<value_pieces> src;
     std::vector<value_digest> digests;
     bool hashed = hashers.size() == chunks.size();
     for (std::size_t k = 0; k < chunks.size(); ++k) {
       if (failed[k]) continue;
       keys.push_back(job.r->keys[chunks[k]]);
       chunk_of.push_back(chunks[k]);
-      src.push_back(values.subspan(k * geo_.chunk_bytes, geo_.chunk_bytes));
+      src.push_back(values[k]);
       if (hashed && (hashed = hashers[k].complete())) digests.push_back(hashers[k].digest());
     }
     if (!hashed) digests.clear();
     std::vector<chunk_status> st(keys.size(), chunk_status::error);
     in_store = true;
     std::error_code ec;
-    if constexpr (prehashed_put_store<Store>)
-      ec = store_.put_prehashed(keys, src, digests, st, dl);
-    else
-      ec = store_.put(keys, src, st, dl);
+    if constexpr (piecewise_put_store<Store>) {
+      ec = store_.put_pieces(keys, src, digests, st, dl);
+    } else {  // a value not from the pages is one piece: the buffer it was gathered into
+      std::vector<std::span<const std::byte>> whole;
+      for (const value_pieces& v : src) whole.push_back(v.front());
+      if constexpr (prehashed_put_store<Store>)
+        ec = store_.put_prehashed(keys, whole, digests, st, dl);
+      else
+        ec = store_.put(keys, whole, st, dl);
+    }
     in_store = false;
     for (std::size_t k = 0; k < keys.size(); ++k) {
       if (st[k] == chunk_status::stored) {
@@ -507,7 +569,9 @@ class connector_saver {
   std::vector<connector_request_ptr> finishing_;  // finished with saves pending (under shared.mu)
   std::vector<request_error> ended_errors_;       // of requests whose saves had ended at finish()
   std::vector<std::byte> whole_values_;           // run_whole's buffer, kept between saves (saver thread)
-  serial_worker<save_job> worker_;                // last: it stops before the members above go
+  serial_worker<std::packaged_task<void()>>
+      slice_putter_;                // run_whole's puts, each while the next slice is made ready
+  serial_worker<save_job> worker_;  // last: it stops before the members above go (the slice putter too)
 };
 
 }  // namespace kvtier::detail

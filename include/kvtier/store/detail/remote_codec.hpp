@@ -40,7 +40,8 @@ struct remote_scratch {
   std::vector<std::span<std::byte>> parts;
   std::vector<value_check> checks;  ///< entry j's framing: header gate and running checksum
   std::vector<std::span<const std::byte>> out_parts;
-  std::vector<std::string> names;  ///< the entries' key names
+  std::vector<std::span<const std::byte>> piece_parts;  ///< a put in pieces: the entry being added
+  std::vector<std::string> names;                       ///< the entries' key names
 
   /// Room for n entries; call before adding any (the gates' addresses must not move).
   void size_for(std::size_t n) {
@@ -77,11 +78,25 @@ class remote_codec {
     for (std::size_t i = 0; ok && i < values.size(); ++i) ok = format_.valid_for(values[i].size());
     return ok ? std::error_code{} : make_error_code(errc::invalid_argument);
   }
+  /// check_batch() of values given by their lengths (a put in pieces).
+  std::error_code check_lengths(std::span<const chunk_key> keys, std::span<const std::size_t> lengths,
+                                std::span<const chunk_status> status) const noexcept {
+    bool ok = keys.size() == lengths.size() && keys.size() == status.size();
+    for (std::size_t i = 0; ok && i < lengths.size(); ++i) ok = format_.valid_for(lengths[i]);
+    return ok ? std::error_code{} : make_error_code(errc::invalid_argument);
+  }
   /// A prehashed put's check: one digest per value, each of this store's format and its value's length.
   std::error_code check_digests(std::span<const std::span<const std::byte>> values,
                                 std::span<const value_digest> digests) const noexcept {
     bool ok = values.size() == digests.size();
     for (std::size_t i = 0; ok && i < values.size(); ++i) ok = digests[i].fits(format_, values[i].size());
+    return ok ? std::error_code{} : make_error_code(errc::invalid_argument);
+  }
+  /// check_digests() of values given by their lengths.
+  std::error_code check_digests(std::span<const std::size_t> lengths,
+                                std::span<const value_digest> digests) const noexcept {
+    bool ok = lengths.size() == digests.size();
+    for (std::size_t i = 0; ok && i < lengths.size(); ++i) ok = digests[i].fits(format_, lengths[i]);
     return ok ? std::error_code{} : make_error_code(errc::invalid_argument);
   }
 
@@ -181,6 +196,27 @@ class remote_codec {
     s.out_parts[2 * j + 1] = src;
     s.batch.add_with_payload({"SET", name},
                              std::span<const std::span<const std::byte>>(s.out_parts).subspan(2 * j, 2));
+  }
+
+  /// add_put() of a value of `length` bytes given in `pieces` (their concatenation), each written
+  /// from where it lies. Without `digest` the pieces are hashed here, in full, first (as add_put).
+  void add_put_pieces(remote_scratch& s, std::size_t j, const chunk_key& key, std::string_view name,
+                      std::span<const std::span<const std::byte>> pieces, std::size_t length,
+                      const value_digest* digest = nullptr) const {
+    value_digest own;
+    if (digest == nullptr) {
+      value_hasher h;
+      h.begin(format_, length);
+      for (const auto& p : pieces) h.update(p);
+      own = h.digest();
+      digest = &own;
+    }
+    s.headers[j].resize(format_.header_size(length));
+    encode_value_header(*digest, fingerprint_, key, s.headers[j]);
+    s.piece_parts.clear();  // the batch copies the list: one list serves every entry
+    s.piece_parts.push_back(std::span<const std::byte>(s.headers[j]));
+    s.piece_parts.insert(s.piece_parts.end(), pieces.begin(), pieces.end());
+    s.batch.add_with_payload({"SET", name}, s.piece_parts);
   }
 
   /// Verdict on an EXISTS reply. `where` names the server for the error text.
