@@ -280,15 +280,16 @@ class connector_saver {
     return job.by_layer ? job.by_layer->why : job.why;
   }
 
-  // A whole save in slices of about slice_bytes: each slice is made ready (its chunks hashed
-  // where they lie in the pages, or gathered and hashed in the gather) while the slice before it
-  // is put, on the slice putter's thread, so a save costs about its put plus one slice's preparation. One
-  // deadline for every slice's put.
-  //
-  // A piecewise_put_store is handed each chunk as it lies in the pages (kv_pieces), so no copy
-  // runs before the send: the pages are the request's until its saves end (connector::save), and
-  // bytes changed under the send fail their checksum on read, never a hit. A chunk with a skipped
-  // token, or in pieces under min_piece_bytes on average, is gathered into the save's buffer.
+  // A whole save. A piecewise_put_store is handed each chunk as it lies in the pages
+  // (kv_pieces), so no copy runs before the send: the pages are the request's until its saves end
+  // (connector::save), and bytes changed under the send fail their checksum on read, never a hit.
+  // When every chunk is there, that is one put, the store hashing each value just before it
+  // sends it (as a put of already gathered bytes does: the pages are read once to hash, once to
+  // send, nothing written). A chunk with a skipped token, or in pieces under min_piece_bytes on
+  // average, is gathered into the save's buffer; such a save (and every save to another store)
+  // goes in slices of about slice_bytes: each slice is made ready (gathered and hashed in the
+  // gather, or hashed in the pages) while the slice before it is put on the slice putter's
+  // thread, so it costs about its put plus one slice's gather. One deadline for every put.
   void run_whole(save_job& job, save_end& end, bool& in_store) {
     const std::size_t n = job.chunks.size(), cb = geo_.chunk_bytes;
     std::vector<std::vector<std::span<const std::byte>>> pieces(n);  // each chunk's bytes, in order
@@ -296,6 +297,12 @@ class connector_saver {
     bool gathers = false;
     for (std::size_t k = 0; k < n; ++k)
       gathers |= !(from_pages[k] = in_pages(job.chunks[k], job.slots, pieces[k]));
+    if (!gathers) {
+      const std::vector<value_pieces> all(pieces.begin(), pieces.end());
+      put(job, job.chunks, all, std::vector<bool>(n, false), job.why, end, in_store, {},
+          deadline_after(save_timeout_));
+      return;
+    }
     // One buffer for every whole save (saves run one at a time on this thread): no fresh pages
     // to fault in and zero per save. Every byte a put sends is gathered first (or its chunk failed).
     if (gathers && whole_values_.size() < n * cb) whole_values_.resize(n * cb);
