@@ -233,8 +233,19 @@ def render_connector(runs):
             we, se = red["forward_end_ms"]["whole"][i], red["forward_end_ms"]["streamed"][i]
             rows.append([run_label(js), compute, "%.1f / %.1f (%s)" % (w0, s0, ratio(s0 / w0) if w0 else "—"),
                          "%.1f / %.1f (%s)" % (we, se, ratio(se / we) if we else "—")])
-    return out + [""] + table(["run", "compute per layer", "layer 0 ready ms: whole chunks / streamed",
-                               "forward ends ms: whole chunks / streamed"], rows)
+    out += [""] + table(["run", "compute per layer", "layer 0 ready ms: whole chunks / streamed",
+                         "forward ends ms: whole chunks / streamed"], rows)
+    rows = []
+    for js in runs:
+        for store in ("memory", "redis"):
+            s = js.get(store, {})
+            if s.get("save_ms") and s.get("plain_put_ms"):
+                rows.append([run_label(js), store, f2(s["save_ms"]), f2(s["plain_put_ms"]),
+                             ratio(s["save_ms"] / s["plain_put_ms"])])
+    if rows:
+        out += [""] + table(["run", "stores", "save of the prompt from the pages ms",
+                             "baseline: plain put of the same bytes, gathered ms", "save / put"], rows)
+    return out
 
 
 def headline_get(js):
