@@ -43,6 +43,7 @@ using kvtier::test::test_ns;
 
 static_assert(kvtier::chunk_store<cluster_store<asio_connection>>);
 static_assert(kvtier::chunk_store<cluster_store<uring_connection>>);
+static_assert(kvtier::piecewise_put_store<cluster_store<asio_connection>>);
 
 namespace {
 
@@ -290,6 +291,63 @@ TEST_CASE("cluster_store: value format 2 (group checksums) across the masters; f
   tiny.format = kvtier::value_format::v2(1);
   cluster_store<asio_connection> t(test_ns("cluster-v2"), tiny);
   REQUIRE(t.get(keys, d, st, deadline_after(10s)) == errc::invalid_argument);
+}
+
+TEST_CASE("cluster_store: put_pieces stores each value's pieces as one value, over every master; "
+          "digests checked", "[integration]") {
+  cluster_options o = options_for(cluster().url());
+  o.format = kvtier::value_format::v2(8192);
+  cluster_store<asio_connection> store(test_ns("cluster-pieces"), o);
+  const auto keys = keys_n(24, 31, key_base);
+  std::vector<std::vector<std::byte>> src;
+  for (unsigned i = 0; i < keys.size(); ++i) src.push_back(pattern(30000 + 1009 * i, 500 + i));
+  // Each value in pieces of uneven sizes that straddle the 8 KiB groups, one of them empty.
+  std::vector<std::vector<std::span<const std::byte>>> pieces(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const std::span<const std::byte> v(src[i]);
+    for (std::size_t at = 0, k = 0; at < v.size(); ++k) {
+      const std::size_t n = std::min(v.size() - at, std::size_t{3000} + 2500 * (k % 5));
+      pieces[i].push_back(v.subspan(at, n));
+      if (k == 2) pieces[i].push_back(v.subspan(at + n, 0));
+      at += n;
+    }
+  }
+  const std::vector<kvtier::value_pieces> values(pieces.begin(), pieces.end());
+  std::vector<chunk_status> st(keys.size());
+  // Half the values with the caller's checksums (hashed over the pieces), half hashed by the store.
+  const std::size_t half = keys.size() / 2;
+  std::vector<kvtier::value_digest> digests;
+  for (std::size_t i = 0; i < half; ++i) {
+    kvtier::value_hasher h;
+    h.begin(o.format, src[i].size());
+    for (const auto& p : pieces[i]) h.update(p);
+    digests.push_back(h.digest());
+  }
+  const auto first = std::span(keys).first(half), second = std::span(keys).subspan(half);
+  REQUIRE_FALSE(store.put_pieces(first, std::span(values).first(half), digests, std::span(st).first(half),
+                                 deadline_after(10s)));
+  REQUIRE_FALSE(store.put_pieces(second, std::span(values).subspan(half), {}, std::span(st).subspan(half),
+                                 deadline_after(10s)));
+  for (auto s : st) REQUIRE(s == chunk_status::stored);
+  std::set<std::uint16_t> masters;
+  for (const auto& k : keys) masters.insert(store.node_of(k)->port);
+  REQUIRE(masters.size() >= 2);
+  std::vector<std::vector<std::byte>> dst;
+  for (const auto& s : src) dst.emplace_back(s.size(), std::byte{0x5a});
+  auto d = spans(dst);
+  REQUIRE_FALSE(store.get(keys, d, st, deadline_after(10s)));
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    INFO("key " << i);
+    REQUIRE(st[i] == chunk_status::hit);
+    REQUIRE(dst[i] == src[i]);
+  }
+  // Digests of another length than their values: refused, nothing sent.
+  const auto other = keys_n(2, 32, key_base);
+  std::vector<chunk_status> ost(other.size(), chunk_status::miss);
+  REQUIRE(store.put_pieces(other, std::span(values).first(2), std::span(digests).subspan(1, 2), ost,
+                           deadline_after(10s)) == errc::invalid_argument);
+  REQUIRE_FALSE(store.exists(other, ost, deadline_after(10s)));
+  for (auto s : ost) REQUIRE(s == chunk_status::miss);
 }
 
 TEST_CASE("cluster_store: pinned placement keeps a rank's keys on one master", "[integration]") {

@@ -137,7 +137,8 @@ class cluster_store {
   }
 
   /// put() with each value's checksums already known (see remote_store::put_prehashed).
-  std::error_code put_prehashed(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+  std::error_code put_prehashed(std::span<const chunk_key> keys,
+                                std::span<const std::span<const std::byte>> src,
                                 std::span<const value_digest> digests, std::span<chunk_status> status,
                                 deadline dl) {
     if (auto ec = codec_.check_batch(keys, src, status)) return ec;
@@ -150,6 +151,23 @@ class cluster_store {
         },
         [&](const detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r, const node& n,
             const std::string& name) { return codec_.put_status(r, src[i].size(), n.where, name); });
+  }
+
+  /// put_prehashed() of values given in pieces, each written from where it lies (see
+  /// remote_store::put_pieces).
+  std::error_code put_pieces(std::span<const chunk_key> keys, std::span<const value_pieces> values,
+                             std::span<const value_digest> digests, std::span<chunk_status> status,
+                             deadline dl) {
+    std::vector<std::size_t> lengths;
+    if (auto ec = codec_.check_pieces(keys, values, digests, status, lengths)) return ec;
+    return run(
+        keys, status, dl, size_class(lengths), value_bytes(lengths),
+        [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
+          codec_.add_put_pieces(s, j, keys[i], name, values[i], lengths[i],
+                                digests.empty() ? nullptr : &digests[i]);
+        },
+        [&](const detail::remote_scratch&, std::size_t, std::size_t i, const resp::value& r, const node& n,
+            const std::string& name) { return codec_.put_status(r, lengths[i], n.where, name); });
   }
 
   /// Loads the slot map now (otherwise the first call does), from the known masters, then the seeds.
@@ -229,19 +247,19 @@ class cluster_store {
     bool retry_later = false;           // TRYAGAIN / CLUSTERDOWN / node unreachable
   };
 
-  template <class Span>
-  resp::request_size size_class(Span spans) const noexcept {
+  template <class Values>
+  resp::request_size size_class(const Values& values) const noexcept {
     std::size_t bytes = 0;
-    for (const auto& x : spans) bytes += x.size();
+    for (const auto& x : values) bytes += detail::payload_length(x);
     return bytes > opt_.small_request_bytes ? resp::request_size::large : resp::request_size::small;
   }
 
   // Bytes each value puts in flight (header + payload): what a master's piece is cut by.
-  template <class Span>
-  std::vector<std::size_t> value_bytes(Span spans) const {
-    std::vector<std::size_t> b(spans.size());
-    for (std::size_t i = 0; i < spans.size(); ++i)
-      b[i] = spans[i].size() + opt_.format.header_size(spans[i].size());
+  template <class Values>
+  std::vector<std::size_t> value_bytes(const Values& values) const {
+    std::vector<std::size_t> b(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      b[i] = detail::payload_length(values[i]) + opt_.format.header_size(detail::payload_length(values[i]));
     return b;
   }
 

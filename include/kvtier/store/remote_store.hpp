@@ -67,7 +67,6 @@
 #include <span>
 #include <string>
 #include <system_error>
-#include <type_traits>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
@@ -293,15 +292,9 @@ class remote_store {
   std::error_code put_pieces(std::span<const chunk_key> keys, std::span<const value_pieces> values,
                              std::span<const value_digest> digests, std::span<chunk_status> status,
                              deadline dl) noexcept {
-    if (keys.size() != values.size() || keys.size() != status.size())
-      return make_error_code(errc::invalid_argument);
-    return guarded(status, "SET", [&] {
-      std::vector<std::size_t> lengths(values.size(), 0);
-      for (std::size_t i = 0; i < values.size(); ++i)
-        for (const auto& p : values[i]) lengths[i] += p.size();
-      if (auto ec = codec_.check_lengths(keys, lengths, status)) return ec;
-      if (!digests.empty())
-        if (auto ec = codec_.check_digests(lengths, digests)) return ec;
+    return guarded(status, "SET", [&] {  // the lengths' vector may not be allocated
+      std::vector<std::size_t> lengths;
+      if (auto ec = codec_.check_pieces(keys, values, digests, status, lengths)) return ec;
       return run(
           keys, status, dl, size_class(lengths), value_bytes(lengths),
           [&](detail::remote_scratch& s, std::size_t j, std::size_t i, const std::string& name) {
@@ -357,18 +350,10 @@ class remote_store {
     }
   }
 
-  // A value's payload length: a span's size, or a length given as a number (put_pieces).
-  template <class Value>
-  static std::size_t length_of(const Value& v) noexcept {
-    if constexpr (std::is_integral_v<Value>)
-      return v;
-    else
-      return v.size();
-  }
   template <class Values>
   static resp::request_size size_class(const Values& values) noexcept {
     std::size_t bytes = 0;
-    for (const auto& x : values) bytes += length_of(x);
+    for (const auto& x : values) bytes += detail::payload_length(x);
     return bytes > small_request_bytes ? resp::request_size::large : resp::request_size::small;
   }
   // Bytes each value puts in flight (header + payload): what a piece of the batch is cut by.
@@ -376,7 +361,8 @@ class remote_store {
   std::vector<std::size_t> value_bytes(const Values& values) const {
     std::vector<std::size_t> b(values.size());
     for (std::size_t i = 0; i < values.size(); ++i)
-      b[i] = length_of(values[i]) + codec_.format().header_size(length_of(values[i]));
+      b[i] =
+          detail::payload_length(values[i]) + codec_.format().header_size(detail::payload_length(values[i]));
     return b;
   }
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
@@ -32,6 +33,24 @@
 namespace kvtier {
 
 namespace detail {
+
+/// A value's payload length: a span's size, or a length given as a number (a put in pieces).
+template <class Value>
+std::size_t payload_length(const Value& v) noexcept {
+  if constexpr (std::is_integral_v<Value>)
+    return v;
+  else
+    return v.size();
+}
+
+/// The payload lengths of values given in pieces (their sum per value).
+inline std::vector<std::size_t> piece_lengths(
+    std::span<const std::span<const std::span<const std::byte>>> values) {
+  std::vector<std::size_t> lengths(values.size(), 0);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (const auto& p : values[i]) lengths[i] += p.size();
+  return lengths;
+}
 
 /// A batch and the per-entry buffers of one call on one connection (keep one per connection).
 struct remote_scratch {
@@ -98,6 +117,18 @@ class remote_codec {
     bool ok = lengths.size() == digests.size();
     for (std::size_t i = 0; ok && i < lengths.size(); ++i) ok = digests[i].fits(format_, lengths[i]);
     return ok ? std::error_code{} : make_error_code(errc::invalid_argument);
+  }
+
+  /// A put in pieces' argument check (check_lengths, and check_digests when there are digests);
+  /// `lengths` gets each value's payload length, the sum of its pieces.
+  std::error_code check_pieces(std::span<const chunk_key> keys, std::span<const value_pieces> values,
+                               std::span<const value_digest> digests, std::span<const chunk_status> status,
+                               std::vector<std::size_t>& lengths) const {
+    if (keys.size() != values.size() || keys.size() != status.size())
+      return make_error_code(errc::invalid_argument);
+    lengths = piece_lengths(values);
+    if (auto ec = check_lengths(keys, lengths, status)) return ec;
+    return digests.empty() ? std::error_code{} : check_digests(lengths, digests);
   }
 
   /// The server-side key name of `key`.
