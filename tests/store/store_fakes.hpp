@@ -6,8 +6,8 @@
 //   key stored and keeps nothing).
 // jitter_store<S>: forwards to S after a random short sleep (stress tests).
 // throwing_store: every call throws (exactly-once completion on exceptions).
-// digest_store: a memory_store with a value format whose put_prehashed keeps the digests it was
-//   given per key (forwarding tests of tiered_store and rendezvous_store).
+// digest_store: a memory_store with a value format whose put_prehashed and put_pieces keep the
+//   digests they were given per key (forwarding tests of tiered_store and rendezvous_store).
 #pragma once
 
 #include <chrono>
@@ -201,6 +201,24 @@ class digest_store {
     for (std::size_t i = 0; i < k.size(); ++i) given_[k[i]] = digests[i];
     return inner_.put(k, src, s, dl);
   }
+  /// put_prehashed() of values in pieces (kept whole by the inner store); counted in piece_puts.
+  std::error_code put_pieces(std::span<const chunk_key> k, std::span<const value_pieces> values,
+                             std::span<const value_digest> digests, std::span<chunk_status> s, deadline dl) {
+    if (!digests.empty() && digests.size() != k.size()) return make_error_code(errc::invalid_argument);
+    for (std::size_t i = 0; i < digests.size(); ++i) {
+      std::size_t length = 0;
+      for (const auto& p : values[i]) length += p.size();
+      if (!digests[i].fits(format_, length)) return make_error_code(errc::invalid_argument);
+    }
+    std::lock_guard lock(mu_);
+    ++piece_puts_;
+    for (std::size_t i = 0; i < digests.size(); ++i) given_[k[i]] = digests[i];
+    return inner_.put_pieces(k, values, {}, s, dl);
+  }
+  std::size_t piece_puts() const {
+    std::lock_guard lock(mu_);
+    return piece_puts_;
+  }
   /// The digest put_prehashed was given for `k` (none: an empty one).
   value_digest given(const chunk_key& k) const {
     std::lock_guard lock(mu_);
@@ -222,7 +240,7 @@ class digest_store {
   memory_store inner_{64 << 20};
   mutable std::mutex mu_;
   std::map<chunk_key, value_digest, key_less> given_;
-  std::size_t plain_puts_ = 0;
+  std::size_t plain_puts_ = 0, piece_puts_ = 0;
 };
 
 /// A digest of a payload of `length` bytes in format `f` whose checksums all say `tag` (the fakes
@@ -233,6 +251,7 @@ inline value_digest tagged_digest(value_format f, std::size_t length, std::uint6
 
 static_assert(chunk_store<gated_store>);
 static_assert(prehashed_put_store<digest_store>);
+static_assert(piecewise_put_store<digest_store>);
 static_assert(chunk_store<throwing_store>);
 
 }  // namespace kvtier::test

@@ -2,6 +2,7 @@
 // code runs over remote_stores): stable placement, balance, growth moves few keys, caller order.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -151,14 +152,22 @@ TEST_CASE("rendezvous_store: removing any instance moves only its own keys (abou
     REQUIRE(forward.name(forward.instance_of(key)) == backward.name(backward.instance_of(key)));
 }
 
+// Three digest-keeping instances of format f (the forwarding tests below).
+struct digest_instances {
+  explicit digest_instances(kvtier::value_format f) {
+    for (int i = 0; i < 3; ++i)
+      owned.push_back(std::make_unique<kvtier::test::digest_store>(f)), ptrs.push_back(owned.back().get());
+  }
+  std::vector<std::unique_ptr<kvtier::test::digest_store>> owned;
+  std::vector<kvtier::test::digest_store*> ptrs;
+};
+
 // Issue 28: put_prehashed through the instances: each gets exactly its keys' digests.
 TEST_CASE("rendezvous_store: put_prehashed gives each instance its own keys' digests", "[unit]") {
   using kvtier::test::digest_store;
   const kvtier::value_format f = kvtier::value_format::v2(8);
-  std::vector<std::unique_ptr<digest_store>> owned;
-  std::vector<digest_store*> ptrs;
-  for (int i = 0; i < 3; ++i)
-    owned.push_back(std::make_unique<digest_store>(f)), ptrs.push_back(owned.back().get());
+  digest_instances three(f);
+  const std::vector<digest_store*>& ptrs = three.ptrs;
   rendezvous_store<digest_store> r(ptrs, {"a", "b", "c"});
   static_assert(kvtier::prehashed_put_store<rendezvous_store<digest_store>>);
   REQUIRE(r.format().group_bytes == 8);
@@ -182,4 +191,48 @@ TEST_CASE("rendezvous_store: put_prehashed gives each instance its own keys' dig
 
   std::vector<kvtier::value_digest> short_list(digests.begin(), digests.begin() + 3);
   CHECK(r.put_prehashed(keys, src, short_list, st, deadline_after(5s)) == kvtier::errc::invalid_argument);
+}
+
+TEST_CASE("rendezvous_store: put_pieces gives each instance its own keys' values in pieces and digests",
+          "[unit]") {
+  using kvtier::test::digest_store;
+  const kvtier::value_format f = kvtier::value_format::v2(8);
+  digest_instances three(f);
+  const std::vector<digest_store*>& ptrs = three.ptrs;
+  rendezvous_store<digest_store> r(ptrs, {"a", "b", "c"});
+  static_assert(kvtier::piecewise_put_store<rendezvous_store<digest_store>>);
+
+  const auto keys = keys_n(48);
+  // Value i: 20 bytes i, i+1, ..., in two pieces of 12 and 8.
+  std::vector<std::vector<std::byte>> bytes(keys.size());
+  std::vector<std::array<std::span<const std::byte>, 2>> pieces(keys.size());
+  std::vector<kvtier::value_pieces> values;
+  std::vector<kvtier::value_digest> digests;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    for (std::size_t j = 0; j < 20; ++j) bytes[i].push_back(static_cast<std::byte>(i + j));
+    pieces[i] = {std::span<const std::byte>(bytes[i]).first(12),
+                 std::span<const std::byte>(bytes[i]).subspan(12)};
+    values.emplace_back(pieces[i]);
+    digests.push_back(kvtier::test::tagged_digest(f, 20, 2000 + i));
+  }
+  std::vector<chunk_status> st(keys.size(), chunk_status::error);
+  REQUIRE_FALSE(r.put_pieces(keys, values, digests, st, deadline_after(5s)));
+  std::vector<std::byte> got(20);
+  const std::span<std::byte> dst[1] = {got};
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    INFO("key " << i);
+    CHECK(st[i] == chunk_status::stored);
+    digest_store& home = *ptrs[r.instance_of(keys[i])];
+    CHECK(home.given(keys[i]).hashes == digests[i].hashes);
+    chunk_status gs[1];
+    REQUIRE_FALSE(home.get(std::span(keys).subspan(i, 1), dst, gs, deadline_after(5s)));
+    CHECK(gs[0] == chunk_status::hit);
+    CHECK(got == bytes[i]);
+  }
+  std::size_t piecewise = 0;
+  for (digest_store* s : ptrs) piecewise += s->piece_puts() == 1 && s->plain_puts() == 0;
+  CHECK(piecewise == 3);
+
+  std::vector<kvtier::value_digest> short_list(digests.begin(), digests.begin() + 3);
+  CHECK(r.put_pieces(keys, values, short_list, st, deadline_after(5s)) == kvtier::errc::invalid_argument);
 }

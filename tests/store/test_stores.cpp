@@ -571,3 +571,66 @@ TEST_CASE("tiered_store: put_prehashed gives L2 the digests, L1 only those that 
     CHECK(t.put_prehashed(keys, src, wrong, st, deadline_after(1s)) == errc::invalid_argument);
   }
 }
+
+TEST_CASE("tiered_store: put_pieces gives each tier the pieces, L2 the digests, L1 only those that fit",
+          "[unit]") {
+  using test::digest_store;
+  const value_format v2 = value_format::v2(4), v1 = value_format::v1();
+  const auto a = bytes(16, 5), b = bytes(10, 9);
+  // Value 0 in three pieces (one empty), value 1 in one: what each tier stores is their concatenation.
+  const std::span<const std::byte> p0[3] = {std::span(a).first(7), std::span(a).subspan(7, 0),
+                                            std::span(a).subspan(7)};
+  const std::span<const std::byte> p1[1] = {b};
+  const value_pieces values[2] = {p0, p1};
+  const chunk_key keys[2] = {key(50), key(51)};
+  const std::vector<value_digest> d = {test::tagged_digest(v2, 16, 7), test::tagged_digest(v2, 10, 8)};
+  chunk_status st[2];
+  auto holds = [&](auto& store) {
+    std::vector<std::byte> x(16), y(10);
+    const std::span<std::byte> dst[2] = {x, y};
+    chunk_status gs[2];
+    REQUIRE_FALSE(store.get(keys, dst, gs, deadline_after(1s)));
+    return gs[0] == chunk_status::hit && gs[1] == chunk_status::hit && x == a && y == b;
+  };
+
+  SECTION("write-through: L1 (memory_store) copies the pieces; L2 gets them with the digests") {
+    memory_store l1(1 << 20);
+    digest_store l2(v2);
+    tiered_store t(l1, l2);
+    static_assert(piecewise_put_store<decltype(t)>);
+    REQUIRE_FALSE(t.put_pieces(keys, values, d, st, deadline_after(1s)));
+    CHECK(st[0] == chunk_status::stored);
+    CHECK(st[1] == chunk_status::stored);
+    CHECK(holds(l1));
+    CHECK(holds(l2));
+    CHECK(l2.piece_puts() == 1);
+    CHECK(l2.plain_puts() == 0);
+    CHECK(l2.given(keys[0]).hashes == d[0].hashes);
+    CHECK(l2.given(keys[1]).hashes == d[1].hashes);
+  }
+  SECTION("L1 of another format gets none of the digests; L1 of the same format gets them") {
+    digest_store other(v1), same(v2), l2(v2);
+    tiered_store t_other(other, l2), t_same(same, l2);
+    REQUIRE_FALSE(t_other.put_pieces(keys, values, d, st, deadline_after(1s)));
+    CHECK(other.piece_puts() == 1);
+    CHECK(other.given(keys[0]).hashes.empty());
+    CHECK(holds(other));
+    REQUIRE_FALSE(t_same.put_pieces(keys, values, d, st, deadline_after(1s)));
+    CHECK(same.given(keys[1]).hashes == d[1].hashes);
+  }
+  SECTION("l1_only and l2_only write one tier; digests L2 refuses are its error") {
+    memory_store l1(1 << 20);
+    digest_store l2(v2);
+    tiered_store one(l1, l2, {.writes = write_policy::l1_only}),
+        two(l1, l2, {.writes = write_policy::l2_only});
+    REQUIRE_FALSE(one.put_pieces(keys, values, d, st, deadline_after(1s)));
+    CHECK(holds(l1));
+    CHECK(l2.piece_puts() == 0);
+    l1.clear();
+    REQUIRE_FALSE(two.put_pieces(keys, values, d, st, deadline_after(1s)));
+    CHECK_FALSE(l1.contains(keys[0]));
+    CHECK(holds(l2));
+    const std::vector<value_digest> wrong = {test::tagged_digest(v2, 15, 1), test::tagged_digest(v2, 10, 1)};
+    CHECK(two.put_pieces(keys, values, wrong, st, deadline_after(1s)) == errc::invalid_argument);
+  }
+}

@@ -26,6 +26,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
@@ -121,6 +122,13 @@ class rendezvous_store {
                                 deadline dl) requires prehashed_put_store<Store> {
     return put_split(keys, src, digests, status, dl);
   }
+  /// put_prehashed() of values given in pieces (see remote_store::put_pieces): each instance
+  /// gets its keys' values and digests (`digests` empty, or one per key).
+  std::error_code put_pieces(std::span<const chunk_key> keys, std::span<const value_pieces> values,
+                             std::span<const value_digest> digests, std::span<chunk_status> status,
+                             deadline dl) requires piecewise_put_store<Store> {
+    return put_split(keys, values, digests, status, dl);
+  }
   /// Instance 0's value format (the instances of one partition share one).
   value_format format() const requires prehashed_put_store<Store> { return parts_.front()->format(); }
 
@@ -133,26 +141,30 @@ class rendezvous_store {
     std::error_code ec;
   };
 
-  // put() and put_prehashed() (`digests` empty, or one per key).
-  std::error_code put_split(std::span<const chunk_key> keys, std::span<const std::span<const std::byte>> src,
+  // put(), put_prehashed() and put_pieces() (`digests` empty, or one per key); Value is a whole
+  // value (a span) or one in pieces.
+  template <class Value>
+  std::error_code put_split(std::span<const chunk_key> keys, std::span<const Value> src,
                             std::span<const value_digest> digests, std::span<chunk_status> status,
                             deadline dl) {
     if (keys.size() != src.size() || keys.size() != status.size() ||
         (!digests.empty() && digests.size() != keys.size()))
       return make_error_code(errc::invalid_argument);
     return split(keys, status, /*parallel=*/true, [&](Store& s, part& p) {
-      std::vector<std::span<const std::byte>> d;
+      std::vector<Value> d;
       d.reserve(p.index.size());
       for (std::size_t i : p.index) d.push_back(src[i]);
-      if constexpr (prehashed_put_store<Store>) {
-        if (!digests.empty()) {
-          std::vector<value_digest> h;
-          h.reserve(p.index.size());
-          for (std::size_t i : p.index) h.push_back(digests[i]);
-          return s.put_prehashed(p.keys, d, h, p.status, dl);
-        }
+      std::vector<value_digest> h;
+      h.reserve(digests.empty() ? 0 : p.index.size());
+      for (std::size_t i : p.index)
+        if (!digests.empty()) h.push_back(digests[i]);
+      if constexpr (std::is_same_v<Value, value_pieces>) {
+        return s.put_pieces(p.keys, d, h, p.status, dl);
+      } else {
+        if constexpr (prehashed_put_store<Store>)
+          if (!h.empty()) return s.put_prehashed(p.keys, d, h, p.status, dl);
+        return s.put(p.keys, d, p.status, dl);
       }
-      return s.put(p.keys, d, p.status, dl);
     });
   }
 

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/chunker.hpp"
@@ -142,6 +143,15 @@ class tiered_store {
     return put_prehashed_any(keys, src, digests, status, dl);
   }
 
+  /// put() of values given in pieces (see remote_store::put_pieces), each tier writing them from
+  /// where they lie: `digests` empty or in L2's format, L1 given them only when they fit its
+  /// format (as put_prehashed).
+  std::error_code put_pieces(std::span<const chunk_key> keys, std::span<const value_pieces> values,
+                             std::span<const value_digest> digests, std::span<chunk_status> status,
+                             deadline dl) requires piecewise_put_store<L1> && piecewise_put_store<L2> {
+    return put_prehashed_any(keys, values, digests, status, dl);
+  }
+
   stats_type stats() const {
     std::lock_guard lock(mu_);
     return stats_;
@@ -180,47 +190,60 @@ class tiered_store {
       if (status[i] == chunk_status::hit) bytes += dst[i].size();
     if (bytes) m.bytes_read.add(bytes);
   }
-  // put() and put_prehashed(): `digests` empty, or in L2's format.
-  std::error_code put_prehashed_any(std::span<const chunk_key> keys,
-                                    std::span<const std::span<const std::byte>> src,
+  // put(), put_prehashed() and put_pieces(): `digests` empty, or in L2's format. Value: a whole
+  // value (a span) or one in pieces (value_pieces).
+  template <class Value>
+  std::error_code put_prehashed_any(std::span<const chunk_key> keys, std::span<const Value> src,
                                     std::span<const value_digest> digests, std::span<chunk_status> status,
                                     deadline dl) {
     if (auto ec = detail::store_precheck(keys.size(), src.size(), status, dl)) return ec;
+    std::vector<std::size_t> lengths(src.size(), 0);
+    for (std::size_t i = 0; i < src.size(); ++i) lengths[i] = length_of(src[i]);
     tier_metrics* m1 = opt_.metrics ? &opt_.metrics->l1 : nullptr;
     tier_metrics* m2 = opt_.metrics ? &opt_.metrics->l2 : nullptr;
-    const std::span<const value_digest> d1 = l1_digests(src, digests);
-    if (opt_.writes == write_policy::l1_only) return put_tier(l1_, m1, keys, src, d1, status, dl);
-    if (opt_.writes == write_policy::l2_only) return put_tier(l2_, m2, keys, src, digests, status, dl);
+    const std::span<const value_digest> d1 = l1_digests(lengths, digests);
+    if (opt_.writes == write_policy::l1_only) return put_tier(l1_, m1, keys, src, lengths, d1, status, dl);
+    if (opt_.writes == write_policy::l2_only)
+      return put_tier(l2_, m2, keys, src, lengths, digests, status, dl);
     std::vector<chunk_status> s1(status.size(), chunk_status::error);
-    const std::error_code ec1 = put_tier(l1_, m1, keys, src, d1, s1, dl);
-    const std::error_code ec2 = put_tier(l2_, m2, keys, src, digests, status, dl);
+    const std::error_code ec1 = put_tier(l1_, m1, keys, src, lengths, d1, s1, dl);
+    const std::error_code ec2 = put_tier(l2_, m2, keys, src, lengths, digests, status, dl);
     for (std::size_t i = 0; i < status.size(); ++i)
       if (status[i] == chunk_status::stored && s1[i] != chunk_status::stored) status[i] = s1[i];
     return ec2 ? ec2 : ec1;
   }
 
-  // L2's digests when they describe `src` in L1's format too, else none: L1 of another format
-  // (or one without put_prehashed) hashes for itself rather than refusing them.
-  std::span<const value_digest> l1_digests(std::span<const std::span<const std::byte>> src,
+  static std::size_t length_of(std::span<const std::byte> v) noexcept { return v.size(); }
+  static std::size_t length_of(value_pieces v) noexcept {
+    std::size_t n = 0;
+    for (const auto& p : v) n += p.size();
+    return n;
+  }
+
+  // L2's digests when they describe values of `lengths` in L1's format too, else none: L1 of
+  // another format (or one without put_prehashed) hashes for itself rather than refusing them.
+  std::span<const value_digest> l1_digests(const std::vector<std::size_t>& lengths,
                                            std::span<const value_digest> digests) const {
     if constexpr (prehashed_put_store<L1>) {
-      if (digests.size() != src.size()) return {};
+      if (digests.size() != lengths.size()) return {};
       const value_format f = l1_.format();
-      for (std::size_t i = 0; i < src.size(); ++i)
-        if (!digests[i].fits(f, src[i].size())) return {};
+      for (std::size_t i = 0; i < lengths.size(); ++i)
+        if (!digests[i].fits(f, lengths[i])) return {};
       return digests;
     } else {
       return {};
     }
   }
 
-  template <chunk_store S>
+  template <chunk_store S, class Value>
   static std::error_code put_tier(S& s, tier_metrics* m, std::span<const chunk_key> keys,
-                                  std::span<const std::span<const std::byte>> src,
+                                  std::span<const Value> src, const std::vector<std::size_t>& lengths,
                                   std::span<const value_digest> digests, std::span<chunk_status> status,
                                   deadline dl) {
     std::error_code ec;
-    if constexpr (prehashed_put_store<S>) {
+    if constexpr (std::is_same_v<Value, value_pieces>) {
+      ec = s.put_pieces(keys, src, digests, status, dl);
+    } else if constexpr (prehashed_put_store<S>) {
       ec = digests.empty() ? s.put(keys, src, status, dl) : s.put_prehashed(keys, src, digests, status, dl);
     } else {
       ec = s.put(keys, src, status, dl);
@@ -228,7 +251,7 @@ class tiered_store {
     if (!m) return ec;
     std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < src.size(); ++i)
-      if (status[i] == chunk_status::stored) bytes += src[i].size();
+      if (status[i] == chunk_status::stored) bytes += lengths[i];
     if (bytes) m->bytes_written.add(bytes);
     return ec;
   }
