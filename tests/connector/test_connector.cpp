@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include "connector/connector_rig.hpp"
+#include "connector/pages_save.hpp"
 #include "kvtier/comm/inproc.hpp"
 #include "kvtier/comm/recording.hpp"
 #include "kvtier/connector.hpp"
@@ -225,6 +226,14 @@ TEST_CASE("connector: a save of a request never looked up is keyed as a lookup i
     calls[c.rank()] = rec.calls();  // each rank its own entry
   });
   CHECK(calls[0] == calls[1]);
+}
+
+TEST_CASE(
+    "connector: a save puts chunks from the pages where they lie and gathers a chunk in small pieces; "
+    "it loads back byte for byte",
+    "[connector]") {
+  memory_store store(16 << 20);  // piecewise, no checksums: the saver hands it no digests
+  require_save_from_pages_loads_back(store, /*expect_digests=*/false);
 }
 
 TEST_CASE("connector: selective writes save a chunk only after it was looked up N times", "[connector]") {

@@ -1,6 +1,8 @@
 // The connector's lifecycle against real redis-server processes, one per rank (remote_store,
 // value format 2 with one checksum per layer group): loaded byte for byte, and a byte flipped
-// in one layer group of one stored value shortens the agreed prefix on every rank to that chunk.
+// in one layer group of one stored value shortens the agreed prefix on every rank to that chunk;
+// a save puts chunks from the pages (put_pieces, with the checksums computed in the pages) and a
+// chunk in small pieces gathered, in one batch, and they load back byte for byte.
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -9,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "connector/connector_rig.hpp"
+#include "connector/pages_save.hpp"
 #include "kvtier/connector.hpp"
 #include "kvtier/kv_copy.hpp"
 #include "kvtier/resp/asio_connection.hpp"
@@ -89,4 +92,16 @@ TEST_CASE("connector on redis: a flipped byte in one layer group is recomputed f
     CHECK(rep.wrong == 0);
     CHECK(rep.calls == reps[0].calls);
   }
+}
+
+TEST_CASE(
+    "connector on redis: a save puts chunks from the pages with their checksums, a chunk in small "
+    "pieces gathered, and loads back byte for byte",
+    "[connector]") {
+  redis_server srv;
+  l2_store l2(rig_ns(modulo_ownership(1).geometry()),
+              resp::connection_options{.server = resp::parse_url(srv.url()).value},
+              value_format::v2(layer_group_bytes(rig_layout(), T, per_group)));
+  require_save_from_pages_loads_back(l2, /*expect_digests=*/true);
+  CHECK(l2.stats().bad_checksum == 0);
 }

@@ -300,3 +300,192 @@ TEST_CASE("host_kv_cache: blocks, sequences, and a chunk moved between sequences
     CHECK(std::string(e.what()).find("heads") != std::string::npos);
   }
 }
+
+namespace {
+
+// The pieces of kv_pieces put end to end.
+std::vector<std::byte> concat(std::span<const std::span<const std::byte>> pieces) {
+  std::vector<std::byte> all;
+  for (const auto& p : pieces) all.insert(all.end(), p.begin(), p.end());
+  return all;
+}
+
+// kv_gather of `slots`, layers r, into a fresh chunk.
+std::vector<std::byte> gathered(const kv_cache_view& v, std::span<const std::int64_t> slots,
+                                layer_range r = {}) {
+  std::vector<std::byte> chunk(std::size_t{r.end(v.layout) - r.first} * slots.size() *
+                               v.layout.layer_bytes_per_token());
+  REQUIRE_FALSE(kv_gather(v, slots, chunk, r));
+  return chunk;
+}
+
+// vLLM FlashAttention NHD with each token's row followed by 16 bytes of padding (token_stride >
+// heads * head_bytes): no two rows of a block touch.
+kv_layout padded_layout() {
+  auto l = kv_layout::vllm_flash_attn(2, 4, 4, 2, 8, 2, kv_order::nhd);  // a row: 2 heads of 16 bytes
+  l.token_stride = 48;
+  l.block_stride = 4 * l.token_stride;
+  l.plane_stride = 4 * l.block_stride;
+  l.layer_stride = 2 * l.plane_stride;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("kv_pieces: the pieces put end to end are what kv_gather writes", "[unit]") {
+  // Slots in runs and apart, out of order, across blocks; every layout with a token's heads together.
+  const std::vector<std::int64_t> slots{5, 6, 7, 8, 9, 2, 14, 0, 13, 12};
+  struct named {
+    const char* what;
+    kv_layout layout;
+  };
+  for (const named& n : {named{"vllm_mla", kv_layout::vllm_mla(3, 4, 4, 2, 16)},
+                         named{"vllm_flash_attn nhd (K and V)", kv_layout::vllm_flash_attn(3, 4, 4, 2, 8)},
+                         named{"flashinfer nhd", kv_layout::flashinfer(3, 4, 4, 2, 8, 2, kv_order::nhd)},
+                         named{"padded token_stride", padded_layout()}}) {
+    REQUIRE_FALSE(n.layout.validate());
+    for (const view_kind kind : {view_kind::one_base, view_kind::per_layer, view_kind::per_plane}) {
+      const auto c = test::make_cache(n.layout, kind, 21);
+      const std::uint32_t layers = n.layout.num_layers;
+      for (const layer_range r : {layer_range{}, layer_range{1, layers}, layer_range{1, 2}}) {
+        INFO(n.what << ", view " << static_cast<int>(kind) << ", layers [" << r.first << ", "
+                    << r.end(n.layout) << ")");
+        std::vector<std::span<const std::byte>> pieces;
+        kv_layout_error why;
+        REQUIRE_FALSE(kv_pieces(c.view, slots, r, pieces, &why));
+        CHECK(concat(pieces) == gathered(c.view, slots, r));
+      }
+    }
+  }
+}
+
+TEST_CASE("kv_pieces: a padded token_stride gives one piece per token row, none merged", "[unit]") {
+  const kv_layout lay = padded_layout();
+  const auto c = test::make_cache(lay, view_kind::per_layer, 22);
+  const std::vector<std::int64_t> slots{4, 5, 6, 7, 8};  // block 1 whole, then block 2's first token
+  std::vector<std::span<const std::byte>> pieces;
+  REQUIRE_FALSE(kv_pieces(c.view, slots, {}, pieces));
+  REQUIRE(pieces.size() == std::size_t{lay.num_layers} * lay.planes * slots.size());
+  for (const auto& p : pieces) CHECK(p.size() == 32u);  // one row: 2 heads of 16 bytes, no padding
+  // Piece i of (layer, plane) is token i's row, where the formula puts it.
+  for (std::uint32_t l = 0; l < lay.num_layers; ++l)
+    for (std::uint32_t p = 0; p < lay.planes; ++p)
+      for (std::size_t i = 0; i < slots.size(); ++i)
+        CHECK(pieces[(l * lay.planes + p) * slots.size() + i].data() ==
+              test::ref_entry(c.view, l, p, static_cast<std::uint64_t>(slots[i]), 0));
+  CHECK(concat(pieces) == gathered(c.view, slots));
+}
+
+TEST_CASE("kv_pieces: neighbours that touch in memory are merged into one piece", "[unit]") {
+  SECTION("vllm_mla, consecutive blocks, per-layer pointers: one piece per layer") {
+    const auto lay = kv_layout::vllm_mla(2, 6, 4, 2, 16);
+    const auto c = test::make_cache(lay, view_kind::per_layer, 23);
+    std::vector<std::int64_t> slots;
+    for (std::int64_t s = 4; s < 16; ++s) slots.push_back(s);  // blocks 1, 2, 3 in order
+    std::vector<std::span<const std::byte>> pieces;
+    REQUIRE_FALSE(kv_pieces(c.view, slots, {}, pieces));
+    REQUIRE(pieces.size() == 2);
+    for (std::uint32_t l = 0; l < 2; ++l) {
+      CHECK(pieces[l].data() == c.view.plane(l, 0) + 4 * lay.token_stride);
+      CHECK(pieces[l].size() == 12 * lay.layer_bytes_per_token());
+    }
+    CHECK(concat(pieces) == gathered(c.view, slots));
+  }
+  SECTION("vllm_mla over one base, every slot in order: the whole cache is one piece") {
+    const auto lay = kv_layout::vllm_mla(3, 2, 4, 2, 16);
+    const auto c = test::make_cache(lay, view_kind::one_base, 24);
+    const std::vector<std::int64_t> slots{0, 1, 2, 3, 4, 5, 6, 7};
+    std::vector<std::span<const std::byte>> pieces;
+    REQUIRE_FALSE(kv_pieces(c.view, slots, {}, pieces));
+    REQUIRE(pieces.size() == 1);
+    CHECK(pieces[0].data() == c.buffers[0].data());
+    CHECK(pieces[0].size() == c.buffers[0].size());
+  }
+  SECTION("vllm_flash_attn nhd, blocks 1 and 2 in order: one piece per layer and plane") {
+    const auto lay = kv_layout::vllm_flash_attn(2, 4, 4, 2, 8);
+    const auto c = test::make_cache(lay, view_kind::per_layer, 25);
+    const std::vector<std::int64_t> slots{4, 5, 6, 7, 8, 9, 10, 11};
+    std::vector<std::span<const std::byte>> pieces;
+    REQUIRE_FALSE(kv_pieces(c.view, slots, {}, pieces));
+    REQUIRE(pieces.size() == 4);
+    for (std::uint32_t l = 0; l < 2; ++l)
+      for (std::uint32_t p = 0; p < 2; ++p) {
+        CHECK(pieces[l * 2 + p].data() == c.view.plane(l, p) + lay.block_stride);
+        CHECK(pieces[l * 2 + p].size() == 8 * lay.token_stride);
+      }
+    CHECK(concat(pieces) == gathered(c.view, slots));
+  }
+  SECTION("tokens in reverse order touch only backwards: one piece per token row") {
+    const auto lay = kv_layout::vllm_mla(1, 2, 4, 2, 16);
+    const auto c = test::make_cache(lay, view_kind::per_layer, 26);
+    const std::vector<std::int64_t> slots{3, 2, 1, 0};
+    std::vector<std::span<const std::byte>> pieces;
+    REQUIRE_FALSE(kv_pieces(c.view, slots, {}, pieces));
+    CHECK(pieces.size() == 4);
+    CHECK(concat(pieces) == gathered(c.view, slots));
+  }
+}
+
+TEST_CASE("kv_pieces: a second call appending to the same vector never merges into the first call's pieces",
+          "[unit]") {
+  const auto lay = kv_layout::vllm_mla(1, 2, 4, 2, 16);
+  const auto c = test::make_cache(lay, view_kind::per_layer, 27);
+  const std::vector<std::int64_t> first{0, 1}, second{2, 3};  // slot 2's row starts where slot 1's ends
+  std::vector<std::span<const std::byte>> pieces;
+  REQUIRE_FALSE(kv_pieces(c.view, first, {}, pieces));
+  REQUIRE(pieces.size() == 1);
+  const std::span<const std::byte> one = pieces[0];
+  REQUIRE_FALSE(kv_pieces(c.view, second, {}, pieces));
+  REQUIRE(pieces.size() == 2);
+  CHECK(pieces[0].data() == one.data());
+  CHECK(pieces[0].size() == one.size());                           // the first call's piece kept its length
+  CHECK(pieces[1].data() == pieces[0].data() + pieces[0].size());  // they do touch
+  CHECK(concat(std::span(pieces).first(1)) == gathered(c.view, first));
+  CHECK(concat(std::span(pieces).subspan(1)) == gathered(c.view, second));
+}
+
+TEST_CASE("kv_pieces: refusals name the field and leave the pieces as they were", "[unit]") {
+  const std::byte mark[3] = {};
+  const std::vector<std::span<const std::byte>> before{std::span<const std::byte>(mark)};
+  auto refused = [&](const kv_cache_view& v, std::span<const std::int64_t> slots, layer_range r) {
+    std::vector<std::span<const std::byte>> pieces = before;
+    kv_layout_error why;
+    const std::error_code ec = kv_pieces(v, slots, r, pieces, &why);
+    CHECK(ec == errc::invalid_argument);
+    CHECK(pieces.size() == 1);
+    CHECK(pieces[0].data() == mark);
+    CHECK(pieces[0].size() == 3);
+    return why;
+  };
+  const auto mla = test::make_cache(kv_layout::vllm_mla(2, 4, 4, 2, 16), view_kind::per_layer, 28);
+  SECTION("a skipped token (negative slot): slots") {
+    const std::vector<std::int64_t> slots{0, -1, 2};
+    const auto why = refused(mla.view, slots, {});
+    CHECK(why.field == "slots");
+    CHECK(why.message.find("slots[1] is negative") != std::string::npos);
+  }
+  SECTION("a token's heads apart (HND): layout") {
+    const auto hnd = test::make_cache(kv_layout::vllm_flash_attn(2, 4, 4, 2, 8, 2, kv_order::hnd),
+                                      view_kind::per_layer, 29);
+    const std::vector<std::int64_t> slots{0, 1, 2};
+    const auto why = refused(hnd.view, slots, {});
+    CHECK(why.field == "layout");
+    CHECK(why.message.find("vllm_flash_attn_hnd") != std::string::npos);
+  }
+  SECTION("kv_gather's checks: a slot past the cache, a layer range outside, a plane missing") {
+    const std::vector<std::int64_t> past{0, 16}, fine{0, 1};
+    CHECK(refused(mla.view, past, {}).field == "slots");
+    CHECK(refused(mla.view, fine, {1, 3}).field == "layers");
+    CHECK(refused(mla.view, fine, {2, 1}).field == "layers");
+    auto missing = mla.view;
+    missing.planes.pop_back();
+    CHECK(refused(missing, fine, {}).field == "planes");
+  }
+  // An HND layout with one head has its heads together: accepted.
+  const auto one_head =
+      test::make_cache(kv_layout::vllm_flash_attn(1, 4, 4, 1, 8, 2, kv_order::hnd), view_kind::per_layer, 30);
+  const std::vector<std::int64_t> slots{1, 2, 3};
+  std::vector<std::span<const std::byte>> pieces;
+  REQUIRE_FALSE(kv_pieces(one_head.view, slots, {}, pieces));
+  CHECK(concat(pieces) == gathered(one_head.view, slots));
+}

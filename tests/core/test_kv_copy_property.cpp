@@ -4,11 +4,15 @@
 //   - scatter after gather is the identity on the cache (into a cache of other bytes, exactly the
 //     gathered entries change, to the source's bytes), and gather after scatter on the chunk;
 //   - scatter touches exactly the reference's bytes: skipped slots and every other byte unchanged;
-//   - gathers of consecutive layer ranges concatenate to the gather of the whole range.
+//   - gathers of consecutive layer ranges concatenate to the gather of the whole range;
+//   - kv_pieces: the pieces put end to end are the gather, none touching the next (merged), the
+//     pieces of an earlier call kept as they were (the slots in two calls), a skipped token or
+//     heads apart refused.
 // The shared default case count per property (tests/support/property.hpp; KVTIER_PROPERTY_CASES
 // overrides).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -117,6 +121,57 @@ TEST_CASE("kv_copy: layer ranges concatenate to the whole", "[property]") {
     for (layer_range r : {layer_range{0, a}, layer_range{a, b}, layer_range{b, k.layout.num_layers}})
       RC_ASSERT(!kv_gather(c.view, k.slots, chunk_layers(k.layout, n, std::span<std::byte>(parts), r), r));
     RC_ASSERT(parts == whole);
+  });
+}
+
+TEST_CASE("kv_pieces: the pieces end to end are the gather; a skipped token or heads apart are refused",
+          "[property]") {
+  prop("concat(kv_pieces) == gather, merged; refused with a negative slot or heads apart", [] {
+    const kv_case k = gen_case();
+    const layer_range r = gen_range(k.layout);
+    owned_cache c = make_cache(k.layout, k.kind, k.seed);
+    const std::byte mark[5] = {};
+    std::vector<std::span<const std::byte>> pieces{std::span<const std::byte>(mark)};  // an earlier call's
+    kv_layout_error why;
+    const std::error_code ec = kv_pieces(c.view, k.slots, r, pieces, &why);
+    RC_ASSERT(pieces.front().data() == mark);
+    RC_ASSERT(pieces.front().size() == 5u);
+    const bool skipped = std::any_of(k.slots.begin(), k.slots.end(), [](std::int64_t s) { return s < 0; });
+    if (!k.layout.heads_contiguous() || skipped) {
+      RC_ASSERT(ec == errc::invalid_argument);
+      RC_ASSERT(why.field == (k.layout.heads_contiguous() ? "slots" : "layout"));
+      RC_ASSERT(pieces.size() == 1u);
+      return;
+    }
+    RC_ASSERT(!ec);
+    std::vector<std::byte> all;
+    for (std::size_t i = 1; i < pieces.size(); ++i) {
+      RC_ASSERT(!pieces[i].empty());
+      if (i + 1 < pieces.size()) RC_ASSERT(pieces[i].data() + pieces[i].size() != pieces[i + 1].data());
+      all.insert(all.end(), pieces[i].begin(), pieces[i].end());
+    }
+    std::vector<std::byte> chunk(chunk_bytes(k.layout, k.slots.size(), r));
+    RC_ASSERT(!kv_gather(c.view, k.slots, chunk, r));
+    RC_ASSERT(all == chunk);
+
+    // The slots in two calls into one vector (the second's first piece may touch the first's
+    // last): the first call's pieces stay as they were, the second's are its own gather.
+    const std::size_t m = *rc::gen::inRange<std::size_t>(0, k.slots.size() + 1);
+    const std::span<const std::int64_t> head = std::span(k.slots).first(m),
+                                        tail = std::span(k.slots).subspan(m);
+    std::vector<std::span<const std::byte>> two;
+    RC_ASSERT(!kv_pieces(c.view, head, r, two));
+    const std::vector<std::span<const std::byte>> first_call = two;
+    RC_ASSERT(!kv_pieces(c.view, tail, r, two));
+    RC_ASSERT(two.size() >= first_call.size());
+    for (std::size_t i = 0; i < first_call.size(); ++i)
+      RC_ASSERT(two[i].data() == first_call[i].data() && two[i].size() == first_call[i].size());
+    std::vector<std::byte> second;
+    for (std::size_t i = first_call.size(); i < two.size(); ++i)
+      second.insert(second.end(), two[i].begin(), two[i].end());
+    std::vector<std::byte> tail_chunk(chunk_bytes(k.layout, tail.size(), r));
+    RC_ASSERT(!kv_gather(c.view, tail, tail_chunk, r));
+    RC_ASSERT(second == tail_chunk);
   });
 }
 

@@ -13,6 +13,12 @@
 //     once the server runs again the key that had no value is a miss and the key that had one
 //     still holds the old bytes (a hit): nothing partial is readable as a hit. Then, the server
 //     running, puts cut at deadlines from 1 ms up read back as the old or the new value whole.
+//
+// Both take how the check's puts are made as a last argument: whole_put (put(), the default) or
+// piecewise_put (put_pieces(), each value in consecutive slices of 64 KiB, no digests: the store
+// hashes each value's pieces before sending them, as the connector's saver sends from the pages).
+//
+//   kvtier::test::require_cut_put_leaves_no_hit(store, srv, 0x2a0, kvtier::test::piecewise_put{});
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -32,10 +38,40 @@
 #include "kvtier/chunk_status.hpp"
 #include "kvtier/chunker.hpp"
 #include "kvtier/deadline.hpp"
+#include "kvtier/store/chunk_store.hpp"
 #include "resp_io/io_test_util.hpp"
 #include "support/redis_server.hpp"
 
 namespace kvtier::test {
+
+/// A check's puts through put(): each value from one span.
+struct whole_put {
+  template <class Store>
+  std::error_code operator()(Store& store, std::span<const chunk_key> keys,
+                             std::span<const std::span<const std::byte>> src, std::span<chunk_status> status,
+                             deadline dl) const {
+    return store.put(keys, src, status, dl);
+  }
+};
+
+/// A check's puts through put_pieces(): each value given as consecutive slices of `piece` bytes
+/// (the last one shorter), no digests.
+struct piecewise_put {
+  std::size_t piece = 64u << 10;
+  template <class Store>
+  std::error_code operator()(Store& store, std::span<const chunk_key> keys,
+                             std::span<const std::span<const std::byte>> src, std::span<chunk_status> status,
+                             deadline dl) const {
+    std::vector<std::vector<std::span<const std::byte>>> slices(src.size());
+    std::vector<value_pieces> values;
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      for (std::size_t at = 0; at < src[i].size(); at += piece)
+        slices[i].push_back(src[i].subspan(at, std::min(piece, src[i].size() - at)));
+      values.push_back(slices[i]);
+    }
+    return store.put_pieces(keys, values, {}, status, dl);
+  }
+};
 
 /// True when `v` is a state a forward rewrite of `a` into `b`, block by block, passes through:
 /// blocks [0, k) are b's, block k any mix of the two (the block being written), the rest a's.
@@ -50,8 +86,8 @@ inline bool forward_rewrite_state(std::span<const std::byte> v, std::span<const 
   return k >= v.size() || std::equal(v.begin() + k, v.end(), a.begin() + k);
 }
 
-template <class Store>
-void require_torn_source_never_a_mixed_hit(Store& store, std::uint64_t salt) {
+template <class Store, class Put = whole_put>
+void require_torn_source_never_a_mixed_hit(Store& store, std::uint64_t salt, Put put = {}) {
   using namespace std::chrono_literals;
   constexpr std::size_t bytes = 4u << 20, block = 64u << 10;
   const std::vector<std::byte> a = pattern(bytes, 71), b = pattern(bytes, 72);
@@ -74,7 +110,7 @@ void require_torn_source_never_a_mixed_hit(Store& store, std::uint64_t salt) {
     const std::span<std::byte> out(dst);
     std::vector<chunk_status> st(1);
     go = true;
-    const std::error_code put_ec = store.put(keys, std::span(&in, 1), st, deadline_after(30s));
+    const std::error_code put_ec = put(store, keys, std::span(&in, 1), st, deadline_after(30s));
     writer.join();
     INFO("round " << round << ": put " << put_ec.message() << ", " << to_string(st[0]));
     REQUIRE(st[0] == chunk_status::stored);
@@ -96,7 +132,7 @@ void require_torn_source_never_a_mixed_hit(Store& store, std::uint64_t salt) {
   const std::span<const std::byte> in(src);
   const std::span<std::byte> out(dst);
   std::vector<chunk_status> st(1);
-  REQUIRE_FALSE(store.put(keys, std::span(&in, 1), st, deadline_after(30s)));
+  REQUIRE_FALSE(put(store, keys, std::span(&in, 1), st, deadline_after(30s)));
   REQUIRE_FALSE(store.get(keys, std::span(&out, 1), st, deadline_after(30s)));
   REQUIRE(st[0] == chunk_status::hit);
   const bool same = dst == src;  // (not REQUIRE(dst == src): Catch would print megabytes)
@@ -134,8 +170,9 @@ std::error_code retry_while_refused(Call&& call) {
   return ec;
 }
 
-template <class Store>
-void require_cut_put_leaves_no_hit(Store& store, const redis_server& server, std::uint64_t salt) {
+template <class Store, class Put = whole_put>
+void require_cut_put_leaves_no_hit(Store& store, const redis_server& server, std::uint64_t salt,
+                                   Put put = {}) {
   using namespace std::chrono_literals;
   // More than the loopback socket buffers take (tcp_wmem + tcp_rmem, 36 MB at most here): with the
   // server stopped, the write stops mid-value.
@@ -145,15 +182,15 @@ void require_cut_put_leaves_no_hit(Store& store, const redis_server& server, std
   std::vector<chunk_status> st(2);
   {
     const std::span<const std::byte> in(old_value);
-    REQUIRE_FALSE(store.put(std::span(keys).first(1), std::span(&in, 1), std::span(st).first(1),
-                            deadline_after(30s)));
+    REQUIRE_FALSE(
+        put(store, std::span(keys).first(1), std::span(&in, 1), std::span(st).first(1), deadline_after(30s)));
     REQUIRE(st[0] == chunk_status::stored);
   }
   {
     stopped_server paused(server);
     const std::span<const std::byte> in[2] = {new_value, new_value};
     const kvtier::deadline dl = deadline_after(400ms);
-    const std::error_code ec = store.put(keys, in, st, dl);
+    const std::error_code ec = put(store, keys, in, st, dl);
     require_returned_by(dl);
     INFO("put: " << ec.message() << "; " << store.last_error());
     REQUIRE(ec == errc::timeout);
@@ -163,7 +200,8 @@ void require_cut_put_leaves_no_hit(Store& store, const redis_server& server, std
   std::vector<std::byte> dst(bytes);
   const std::span<std::byte> out(dst);
   const std::error_code got_old = retry_while_refused([&] {
-    return store.get(std::span(keys).first(1), std::span(&out, 1), std::span(st).first(1), deadline_after(30s));
+    return store.get(std::span(keys).first(1), std::span(&out, 1), std::span(st).first(1),
+                     deadline_after(30s));
   });
   INFO("last error: " << store.last_error());
   REQUIRE_FALSE(got_old);
@@ -171,7 +209,8 @@ void require_cut_put_leaves_no_hit(Store& store, const redis_server& server, std
   const bool old_kept = dst == old_value;
   REQUIRE(old_kept);
   const std::error_code got_fresh = retry_while_refused([&] {
-    return store.get(std::span(keys).subspan(1), std::span(&out, 1), std::span(st).first(1), deadline_after(30s));
+    return store.get(std::span(keys).subspan(1), std::span(&out, 1), std::span(st).first(1),
+                     deadline_after(30s));
   });
   REQUIRE_FALSE(got_fresh);
   REQUIRE(st[0] == chunk_status::miss);
@@ -188,10 +227,12 @@ void require_cut_put_leaves_no_hit(Store& store, const redis_server& server, std
     const std::vector<chunk_key> pair = {{salt, 10}, {salt, 100 + round}};
     const std::span<const std::byte> old_in(old_part), in[2] = {new_part, new_part};
     const std::error_code put_old = retry_while_refused([&] {
-      return store.put(std::span(pair).first(1), std::span(&old_in, 1), std::span(st).first(1), deadline_after(30s));
+      return put(store, std::span(pair).first(1), std::span(&old_in, 1), std::span(st).first(1),
+                 deadline_after(30s));
     });
     REQUIRE_FALSE(put_old);
-    const std::error_code ec = store.put(pair, in, st, deadline_after(std::chrono::milliseconds(1 << round)));
+    const std::error_code ec =
+        put(store, pair, in, st, deadline_after(std::chrono::milliseconds(1 << round)));
     INFO("round " << round << ": put " << ec.message());
     for (std::size_t k = 0; k < 2; ++k) {
       const chunk_status put_status = st[k];

@@ -5,9 +5,9 @@
 // cleanly (errc::tls_failed, OpenSSL's reason in last_error()), by the deadline; a silent peer
 // ends the handshake at the deadline; a mid-exchange stall ends the call at its deadline and a
 // server closing mid-batch is a lost connection; a put's source rewritten while it is sent is
-// never a mixed hit and a put cut mid-value leaves nothing readable as a hit (put_safety.hpp); a
-// 3-master cluster over TLS (resp+cluster+tls://, --tls-cluster yes) routes and follows MOVED
-// to TLS ports.
+// never a mixed hit and a put cut mid-value leaves nothing readable as a hit, through put() and
+// through put_pieces (put_safety.hpp); a 3-master cluster over TLS (resp+cluster+tls://,
+// --tls-cluster yes) routes and follows MOVED to TLS ports.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -120,13 +120,24 @@ TEMPLATE_TEST_CASE("tls: 12.4 MB values round-trip bit-exact over rediss://", "[
   for (int i = 0; i < 2000; ++i) REQUIRE(b.reply(static_cast<std::size_t>(i)).str == std::to_string(i));
 }
 
-TEMPLATE_TEST_CASE("tls: a put's source rewritten while it is sent is never a mixed hit; a put cut mid-value "
-                   "leaves nothing readable as a hit",
-                   "[integration]", KVTIER_TLS_CONNECTIONS) {
+TEMPLATE_TEST_CASE(
+    "tls: a put's source rewritten while it is sent is never a mixed hit; a put cut mid-value "
+    "leaves nothing readable as a hit",
+    "[integration]", KVTIER_TLS_CONNECTIONS) {
   redis_server srv(tls_server());
   kvtier::remote_store<TestType> store(kvtier::test::test_ns("tls-put"), tls_options_for(srv));
   kvtier::test::require_torn_source_never_a_mixed_hit(store, 0x28f);
   kvtier::test::require_cut_put_leaves_no_hit(store, srv, 0x290);
+}
+
+TEMPLATE_TEST_CASE(
+    "tls: put_pieces, a source rewritten while it is sent from its pieces is never a mixed hit; "
+    "cut mid-value it leaves nothing readable as a hit",
+    "[integration]", KVTIER_TLS_CONNECTIONS) {
+  redis_server srv(tls_server());
+  kvtier::remote_store<TestType> store(kvtier::test::test_ns("tls-put-pieces"), tls_options_for(srv));
+  kvtier::test::require_torn_source_never_a_mixed_hit(store, 0x2a6, kvtier::test::piecewise_put{});
+  kvtier::test::require_cut_put_leaves_no_hit(store, srv, 0x2a7, kvtier::test::piecewise_put{});
 }
 
 TEMPLATE_TEST_CASE("tls: a wrong CA, a wrong name, an expired certificate, a plaintext server fail cleanly",

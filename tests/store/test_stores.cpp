@@ -17,6 +17,7 @@
 #include "kvtier/store/memory_store.hpp"
 #include "kvtier/store/rank_view.hpp"
 #include "kvtier/store/tiered_store.hpp"
+#include "kvtier/store/value_header.hpp"
 #include "store_fakes.hpp"
 
 using namespace kvtier;
@@ -143,6 +144,91 @@ TEST_CASE("memory_store: values live in the allocator's memory and are all freed
     REQUIRE(out == v);
   }
   REQUIRE(live_bytes == 0);
+}
+
+TEST_CASE("memory_store: put_pieces stores each value as its pieces end to end", "[unit]") {
+  memory_store s(1 << 20);
+  const auto a = bytes(1000, 7), b = bytes(300, 8);
+  // Value 0: four pieces of uneven lengths, an empty one among them; value 1: one piece;
+  // value 2: no bytes at all (one empty piece).
+  const std::vector<std::span<const std::byte>> p0 = {std::span(a).first(1), std::span(a).subspan(1, 499),
+                                                      std::span(a).subspan(500, 0),
+                                                      std::span(a).subspan(500)},
+                                                p1 = {std::span(b)}, p2 = {std::span(b).first(0)};
+  const value_pieces values[3] = {p0, p1, p2};
+  const std::vector<chunk_key> keys{key(1), key(2), key(3)};
+  std::vector<chunk_status> st(3);
+  REQUIRE_FALSE(s.put_pieces(keys, values, {}, st, deadline_after(1s)));
+  REQUIRE(st == std::vector<chunk_status>(3, chunk_status::stored));
+  std::vector<std::byte> out(1000), out_b(300), none;
+  REQUIRE(get1(s, key(1), out) == chunk_status::hit);
+  CHECK(out == a);
+  REQUIRE(get1(s, key(2), out_b) == chunk_status::hit);
+  CHECK(out_b == b);
+  REQUIRE(get1(s, key(3), none) == chunk_status::hit);
+  CHECK(s.size_bytes() == 1300);
+  // Pieces in another order make another value (the order is the value's).
+  const std::vector<std::span<const std::byte>> swapped = {std::span(a).subspan(500),
+                                                           std::span(a).first(500)};
+  const value_pieces one[1] = {swapped};
+  REQUIRE_FALSE(s.put_pieces(std::span(keys).first(1), one, {}, std::span(st).first(1), deadline_after(1s)));
+  REQUIRE(get1(s, key(1), out) == chunk_status::hit);
+  std::vector<std::byte> want(a.begin() + 500, a.end());
+  want.insert(want.end(), a.begin(), a.begin() + 500);
+  CHECK(out == want);
+  CHECK(s.size_bytes() == 1300);
+}
+
+TEST_CASE("memory_store: put_pieces refuses digests, mismatched sizes and a passed deadline, storing nothing",
+          "[unit]") {
+  memory_store s(1 << 20);
+  const auto a = bytes(64, 9);
+  const std::vector<std::span<const std::byte>> p = {std::span(a).first(10), std::span(a).subspan(10)};
+  const value_pieces values[2] = {p, p};
+  const std::vector<chunk_key> keys{key(1), key(2)};
+  std::vector<chunk_status> st(2, chunk_status::cancelled);
+  SECTION("digests: this store keeps no checksums") {
+    value_hasher h;
+    h.begin(value_format::v1(), a.size());
+    h.update(a);
+    REQUIRE(h.complete());
+    const std::vector<value_digest> digests(2, h.digest());
+    CHECK(s.put_pieces(keys, values, digests, st, deadline_after(1s)) == errc::invalid_argument);
+  }
+  SECTION("fewer values than keys") {
+    CHECK(s.put_pieces(keys, std::span(values).first(1), {}, st, deadline_after(1s)) ==
+          errc::invalid_argument);
+  }
+  SECTION("fewer statuses than keys") {
+    CHECK(s.put_pieces(keys, values, {}, std::span(st).first(1), deadline_after(1s)) ==
+          errc::invalid_argument);
+  }
+  SECTION("a passed deadline: timeout for every key") {
+    CHECK(s.put_pieces(keys, values, {}, st, clock::now() - 1ms) == errc::timeout);
+    CHECK(st == std::vector<chunk_status>(2, chunk_status::timeout));
+  }
+  CHECK(s.entry_count() == 0);
+  CHECK(s.size_bytes() == 0);
+  CHECK(s.stats().stores == 0);
+  if (st[0] != chunk_status::timeout) CHECK(st == std::vector<chunk_status>(2, chunk_status::cancelled));
+}
+
+TEST_CASE("memory_store: put_pieces counts a value's pieces together against the capacity", "[unit]") {
+  memory_store s(100);
+  const auto a = bytes(60, 10);
+  const std::vector<std::span<const std::byte>> p = {std::span(a), std::span(a)};  // 120 bytes in all
+  const value_pieces values[1] = {p};
+  const chunk_key k = key(1);
+  chunk_status st[1];
+  REQUIRE_FALSE(s.put_pieces(std::span(&k, 1), values, {}, st, deadline_after(1s)));
+  CHECK(st[0] == chunk_status::error);
+  CHECK(s.entry_count() == 0);
+  CHECK(s.stats().rejected == 1);
+  const std::vector<std::span<const std::byte>> fits = {std::span(a).first(50), std::span(a).first(50)};
+  const value_pieces ok[1] = {fits};
+  REQUIRE_FALSE(s.put_pieces(std::span(&k, 1), ok, {}, st, deadline_after(1s)));
+  CHECK(st[0] == chunk_status::stored);
+  CHECK(s.size_bytes() == 100);
 }
 
 TEST_CASE("tiered_store: L2 hits are promoted into L1; per-tier counters", "[unit]") {
