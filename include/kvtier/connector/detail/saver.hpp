@@ -285,11 +285,12 @@ class connector_saver {
   // (connector::save), and bytes changed under the send fail their checksum on read, never a hit.
   // When every chunk is there, that is one put, the store hashing each value just before it
   // sends it (as a put of already gathered bytes does: the pages are read once to hash, once to
-  // send, nothing written). A chunk in pieces under min_piece_bytes on average (or with a skipped
-  // token, which connector::save refuses before it queues), is gathered into the save's buffer; such a save
-  // (and every save to another store) goes in slices of about slice_bytes: each slice is made ready (gathered
-  // and hashed in the gather, or hashed in the pages) while the slice before it is put on the slice putter's
-  // thread, so it costs about its put plus one slice's gather. One deadline for every put.
+  // send, nothing written). A chunk in pieces under min_piece_bytes on average (or with a
+  // skipped token, which connector::save refuses before it queues) is gathered into the save's
+  // buffer; such a save (and every save to another store) goes in slices of about slice_bytes:
+  // each slice is made ready (gathered and hashed in the gather, or hashed in the pages) while
+  // the slice before it is put on the slice putter's thread, so it costs about its put plus one
+  // slice's gather. One deadline for every put.
   void run_whole(save_job& job, save_end& end, bool& in_store) {
     const std::size_t n = job.chunks.size(), cb = geo_.chunk_bytes;
     std::vector<std::vector<std::span<const std::byte>>> pieces(n);  // each chunk's bytes, in order
