@@ -17,13 +17,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <future>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -87,8 +90,7 @@ class connector_saver {
         counters_(counters),
         save_timeout_(save_timeout),
         rank_(rank) {
-    // A packaged task keeps what its put throws for the saver thread's future.get().
-    slice_putter_.start([](std::packaged_task<void()>& put) { put(); }, [](std::packaged_task<void()>&) {});
+    slice_putter_.start([](std::function<void()>& put) { put(); }, [](std::function<void()>&) {});
     worker_.start([this](save_job& job) { run(job); }, [this](save_job& job) { escaped(job); });
   }
 
@@ -280,6 +282,27 @@ class connector_saver {
     return job.by_layer ? job.by_layer->why : job.why;
   }
 
+  // One slice's put on the slice putter's thread: its end, and what it threw in words (the saver
+  // throws them again as an exception of its own, so no exception object crosses threads).
+  struct slice_put {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::optional<exception_words> threw;
+    void finish(std::optional<exception_words> t) noexcept {
+      {
+        std::lock_guard lock(mu);
+        threw = std::move(t);
+        done = true;
+      }
+      cv.notify_all();
+    }
+    void wait() {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [this] { return done; });
+    }
+  };
+
   // A whole save. A piecewise_put_store is handed each chunk as it lies in the pages
   // (kv_pieces), so no copy runs before the send: the pages are the request's until its saves end
   // (connector::save), and bytes changed under the send fail their checksum on read, never a hit.
@@ -316,18 +339,23 @@ class connector_saver {
     const std::size_t per = std::max<std::size_t>(1, slice_bytes / std::max<std::size_t>(cb, 1));
     std::optional<request_error> put_why;  // the puts' first failure (the helper's while one runs)
     save_end slice_end;                    // the slice in flight's outcome (the helper's while it runs)
-    std::future<void> in_flight;           // the put of the slice before (on slice_putter_)
+    std::shared_ptr<slice_put> in_flight;  // the put of the slice before (on slice_putter_)
     struct wait_for_put {                  // last: a gather that throws waits here for the put it overlaps
-      std::future<void>& put;
+      std::shared_ptr<slice_put>& put;
       ~wait_for_put() {
-        if (put.valid()) put.wait();
+        if (put) put->wait();
       }
     } const put_waited{in_flight};
     auto settle = [&] {  // the put in flight ended: its outcome joins the save's
-      if (!in_flight.valid()) return;
-      in_store = true;
-      in_flight.get();  // rethrows what the put threw
-      in_store = false;
+      if (!in_flight) return;
+      in_flight->wait();
+      const std::optional<exception_words> threw = std::move(in_flight->threw);
+      in_flight.reset();
+      if (threw) {  // what the put threw, thrown again here: run() names it (the store threw)
+        in_store = true;
+        if (threw->out_of_memory) throw std::bad_alloc();
+        throw std::runtime_error(threw->what);
+      }
       end.stored.insert(end.stored.end(), slice_end.stored.begin(), slice_end.stored.end());
       end.failed |= slice_end.failed;
       slice_end = {};
@@ -347,20 +375,26 @@ class connector_saver {
         ready[k] = pieces[k];
       }
       settle();
-      std::packaged_task<void()> slice_put(
-          [&, first, last,
+      auto next = std::make_shared<slice_put>();
+      slice_putter_.submit(
+          [&, next, first, last,
            slice_failed = std::vector<bool>(failed.begin() + static_cast<std::ptrdiff_t>(first),
                                             failed.begin() + static_cast<std::ptrdiff_t>(last))] {
-            bool helper_in_store = false;
-            put(job, std::span(job.chunks).subspan(first, last - first),
-                std::span<const value_pieces>(ready).subspan(first, last - first), slice_failed, put_why,
-                slice_end, helper_in_store,
-                hashers.empty() ? std::span<const value_hasher>()
-                                : std::span<const value_hasher>(hashers).subspan(first, last - first),
-                dl);
+            std::optional<exception_words> threw;
+            try {
+              bool helper_in_store = false;
+              put(job, std::span(job.chunks).subspan(first, last - first),
+                  std::span<const value_pieces>(ready).subspan(first, last - first), slice_failed, put_why,
+                  slice_end, helper_in_store,
+                  hashers.empty() ? std::span<const value_hasher>()
+                                  : std::span<const value_hasher>(hashers).subspan(first, last - first),
+                  dl);
+            } catch (...) {
+              threw = current_exception_words();
+            }
+            next->finish(std::move(threw));
           });
-      in_flight = slice_put.get_future();
-      slice_putter_.submit(std::move(slice_put));
+      in_flight = std::move(next);  // only once queued: a put never queued is never waited for
     }
     settle();
     if (!job.why) job.why = put_why;
@@ -577,7 +611,7 @@ class connector_saver {
   std::vector<connector_request_ptr> finishing_;  // finished with saves pending (under shared.mu)
   std::vector<request_error> ended_errors_;       // of requests whose saves had ended at finish()
   std::vector<std::byte> whole_values_;           // run_whole's buffer, kept between saves (saver thread)
-  serial_worker<std::packaged_task<void()>>
+  serial_worker<std::function<void()>>
       slice_putter_;                // run_whole's puts, each while the next slice is made ready
   serial_worker<save_job> worker_;  // last: it stops before the members above go (the slice putter too)
 };
