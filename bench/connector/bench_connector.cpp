@@ -232,16 +232,16 @@ int main(int argc, char** argv) {
   };
   std::printf(
       "{\"bench\":\"connector\",\"chunks\":%zu,\"chunk_bytes\":%zu,\"ranks\":%u,\"reps\":%d,"
-      "\"memory\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f,\"save_ms\":%.2f,\"plain_put_ms\":%.2f},"
+      "\"memory\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f,\"save_ms\":%.2f,\"plain_put_"
+      "ms\":%.2f},"
       "\"redis\":{\"fetch_ms\":%.2f,\"hand_ms\":%.2f,\"connector_ms\":%.2f,\"streamed_ms\":%.2f,"
       "\"save_ms\":%.2f,\"plain_put_ms\":%.2f,"
       "\"forward_end_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]},"
       "\"first_layer_ms\":{\"whole\":[%.2f,%.2f],\"streamed\":[%.2f,%.2f]}},"
       "\"load_average\":%.2f}\n",
       load_rig::C, load_rig::chunk_bytes(), W, reps, m(mem.fetch), m(mem.hand), m(mem.conn), m(mem.save),
-      m(mem.plain_put), m(red.fetch),
-      m(red.hand), m(red.conn), m(red.streamed), m(red.save), m(red.plain_put), fm(0, 0, &ft::forward_end),
-      fm(0, 1, &ft::forward_end), fm(1, 0, &ft::forward_end), fm(1, 1, &ft::forward_end),
-      fm(0, 0, &ft::first_layer), fm(0, 1, &ft::first_layer), fm(1, 0, &ft::first_layer),
-      fm(1, 1, &ft::first_layer), kvtier_bench::load_average());
+      m(mem.plain_put), m(red.fetch), m(red.hand), m(red.conn), m(red.streamed), m(red.save),
+      m(red.plain_put), fm(0, 0, &ft::forward_end), fm(0, 1, &ft::forward_end), fm(1, 0, &ft::forward_end),
+      fm(1, 1, &ft::forward_end), fm(0, 0, &ft::first_layer), fm(0, 1, &ft::first_layer),
+      fm(1, 0, &ft::first_layer), fm(1, 1, &ft::first_layer), kvtier_bench::load_average());
 }

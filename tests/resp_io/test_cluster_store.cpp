@@ -293,8 +293,10 @@ TEST_CASE("cluster_store: value format 2 (group checksums) across the masters; f
   REQUIRE(t.get(keys, d, st, deadline_after(10s)) == errc::invalid_argument);
 }
 
-TEST_CASE("cluster_store: put_pieces stores each value's pieces as one value, over every master; "
-          "digests checked", "[integration]") {
+TEST_CASE(
+    "cluster_store: put_pieces stores each value's pieces as one value, over every master; "
+    "digests checked",
+    "[integration]") {
   cluster_options o = options_for(cluster().url());
   o.format = kvtier::value_format::v2(8192);
   cluster_store<asio_connection> store(test_ns("cluster-pieces"), o);
